@@ -1,0 +1,4 @@
+//! draftc-runtime: weights, tokenizer, executor, KV cache, speculative decoding
+//! engine, and the command implementations behind the `draftc` binary.
+
+pub mod cli;
