@@ -1,0 +1,209 @@
+//! The typed graph ("typed graph" layer): SSA values in definition order,
+//! each with its op, inputs, type and weight binding; plus the graph-level
+//! facts (drafter settings, outputs, hidden-state emits, memory streams).
+//!
+//! **Invariant:** `nodes` is topologically ordered (inputs precede users) and
+//! every node's `ty` satisfies its op's shape rule; `lower` guarantees both
+//! and `verify` re-checks them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::ast::ItemKind;
+use crate::dim::Dim;
+use crate::op::{Mask, Op, StateName};
+use crate::span::Span;
+use crate::types::TensorType;
+
+/// Index of a node in `Graph::nodes`. `Display` is the `%N` form used in debug output.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node {
+    /// Unique SSA name in the description syntax (the binding's name, or a
+    /// generated `op_N` for nested calls).
+    pub name: String,
+    pub op: Op,
+    pub inputs: Vec<ValueId>,
+    pub ty: TensorType,
+    /// Tensor-name prefix of this node's weights (`model.layers.3.mlp`).
+    pub weights: Option<String>,
+}
+
+/// How a drafter produces drafts (DESIGN.md §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DrafterKind {
+    /// One pass proposes `l` tokens (SpecFormer, Medusa).
+    Parallel,
+    /// Step by step with its own state (Beagle, SPIRe).
+    Autoregressive,
+    /// The target itself with sparse attention (MagicDec).
+    SelfSpeculative,
+}
+
+impl DrafterKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DrafterKind::Parallel => "parallel",
+            DrafterKind::Autoregressive => "autoregressive",
+            DrafterKind::SelfSpeculative => "self_speculative",
+        }
+    }
+}
+
+/// Draft tree shape requested by a drafter.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TreeSpec {
+    Chain,
+    /// Branching factor per depth, e.g. `static(4, 2, 1)`.
+    Static(Vec<i64>),
+    /// EAGLE-2 style: expand top-k of the most probable nodes up to `depth`, keep `nodes`.
+    Dynamic { depth: i64, topk: i64, nodes: i64 },
+}
+
+impl fmt::Display for TreeSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TreeSpec::Chain => write!(f, "chain"),
+            TreeSpec::Static(b) => {
+                let v: Vec<String> = b.iter().map(|x| x.to_string()).collect();
+                write!(f, "static({})", v.join(", "))
+            }
+            TreeSpec::Dynamic { depth, topk, nodes } => {
+                write!(f, "dynamic(depth={depth}, topk={topk}, nodes={nodes})")
+            }
+        }
+    }
+}
+
+/// File-level facts that are not values.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Meta {
+    pub drafter_kind: Option<DrafterKind>,
+    /// Draft length `l` (symbolic in dims; this is its value).
+    pub draft_len: Option<i64>,
+    pub tree: Option<TreeSpec>,
+    /// Self-speculation: the model the drafter is built from and the mask it uses.
+    pub base: Option<String>,
+    pub base_mask: Option<Mask>,
+    /// Model files: tensor prefixes that `target.embed`/`target.norm`/`target.lm_head` bind to.
+    pub exports: BTreeMap<String, String>,
+    /// Integer settings of the file itself (e.g. `w 64`), in source order of keys.
+    pub ints: BTreeMap<String, i64>,
+}
+
+/// A memory stream (`memory mem[0] = target.hidden[28]`): rows of width
+/// `width` per position; committed positions hold target hidden state `seed`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MemoryDecl {
+    pub name: StateName,
+    pub width: Dim,
+    pub seed: i64,
+}
+
+/// Source spans of nodes, parallel to `Graph::nodes`. Provenance, not
+/// meaning: always equal, so a re-parsed graph compares equal to the original.
+#[derive(Clone, Debug, Default)]
+pub struct Spans(pub Vec<Span>);
+
+impl PartialEq for Spans {
+    fn eq(&self, _: &Spans) -> bool {
+        true
+    }
+}
+
+impl Eq for Spans {}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Graph {
+    pub kind: ItemKind,
+    pub name: String,
+    pub meta: Meta,
+    pub nodes: Vec<Node>,
+    pub inputs: Vec<ValueId>,
+    pub outputs: Vec<ValueId>,
+    /// `emit hidden[i] = x`: (stream, index, value).
+    pub emits: Vec<(String, i64, ValueId)>,
+    pub memories: Vec<MemoryDecl>,
+    /// `append mem[i] = x`.
+    pub appends: Vec<(StateName, ValueId)>,
+    /// Values of the symbols that stay symbolic in dims (`l`), for evaluation.
+    pub symbol_values: BTreeMap<String, i64>,
+    pub spans: Spans,
+}
+
+/// One weight tensor a graph needs.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Param {
+    /// Full tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`.
+    pub name: String,
+    pub shape: Vec<Dim>,
+    /// First node that uses it.
+    pub node: ValueId,
+}
+
+impl Graph {
+    pub fn node(&self, id: ValueId) -> &Node {
+        &self.nodes[id.index()]
+    }
+
+    pub fn span(&self, id: ValueId) -> Span {
+        self.spans.0.get(id.index()).copied().unwrap_or_default()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = ValueId> {
+        (0..self.nodes.len() as u32).map(ValueId)
+    }
+
+    /// Every weight tensor the graph binds, in first-use order, deduplicated
+    /// (tied weights appear once).
+    pub fn params(&self) -> Vec<Param> {
+        let mut out: Vec<Param> = Vec::new();
+        for id in self.ids() {
+            let node = self.node(id);
+            let Some(prefix) = &node.weights else { continue };
+            let inputs: Vec<&TensorType> = node.inputs.iter().map(|i| &self.node(*i).ty).collect();
+            for (suffix, shape) in crate::lower::param_shapes(&node.op, &inputs, &node.ty) {
+                let name = format!("{prefix}.{suffix}");
+                if !out.iter().any(|p| p.name == name) {
+                    out.push(Param { name, shape, node: id });
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether each node is needed by an output, emit or append.
+    pub fn live(&self) -> Vec<bool> {
+        let mut live = vec![false; self.nodes.len()];
+        let roots = self
+            .outputs
+            .iter()
+            .chain(self.emits.iter().map(|e| &e.2))
+            .chain(self.appends.iter().map(|a| &a.1));
+        for r in roots {
+            live[r.index()] = true;
+        }
+        for i in (0..self.nodes.len()).rev() {
+            if live[i] {
+                for inp in &self.nodes[i].inputs {
+                    live[inp.index()] = true;
+                }
+            }
+        }
+        live
+    }
+}
