@@ -1,0 +1,132 @@
+//! The fused flash-style attention kernel: Q·Kᵀ, mask, online softmax and ·V
+//! in one launch, one unit per (query row, query head).
+//!
+//! Each unit keeps its query (pre-scaled by 1/√hd) and its output accumulator
+//! in local arrays of `cap` vectors (f32, whatever the storage type), walks
+//! the keys of its sequence in order, skips masked ones, and maintains the
+//! running max `m` and denominator `l` of the online softmax (FlashAttention,
+//! Dao et al. 2022). The mask kind is a comptime code (see `mask::code`);
+//! its predicates are the ones in `mask.rs`. Grouped-query attention: query
+//! head `h` reads KV head `h / group`.
+//!
+//! Per-row metadata `meta[row * 4 ..]` = `(q_pos, k_begin, k_end, tree_base)`:
+//! the query's position, the half-open key-row range of its sequence, and the
+//! first key row holding tree nodes (tree mask only). Launches cover the query
+//! rows `row_offset .. row_offset + rows`; chunked launches differ only in
+//! `row_offset`, so every row is computed by the same code in the same order.
+
+use cubecl::prelude::*;
+
+use super::mask::code;
+
+/// Sentinel for the running max before any key was seen (finite, so that
+/// `exp(m - m_new)` never sees `inf - inf` under fast math).
+const NEG_BIG: f32 = -1.0e30;
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
+    q: &Array<Vector<F, N>>,
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    out: &mut Array<Vector<F, N>>,
+    meta: &Array<u32>,
+    k_pos: &Array<u32>,
+    anc: &Array<u32>,
+    row_offset: u32,
+    rows: u32,
+    heads: u32,
+    group: u32,
+    kv_heads: u32,
+    hdv: u32,
+    scale: f32,
+    p0: u32,
+    p1: u32,
+    words: u32,
+    #[comptime] mask: u32,
+    #[comptime] cap: usize,
+) {
+    let idx = ABSOLUTE_POS;
+    if idx < (rows * heads) as usize {
+        let local = idx as u32;
+        let row = row_offset + local / heads;
+        let head = local % heads;
+        let kvh = head / group;
+        let mb = (row * 4) as usize;
+        let qp = meta[mb];
+        let k_begin = meta[mb + 1];
+        let k_end = meta[mb + 2];
+        let tree_base = meta[mb + 3];
+        let hdv_u = hdv as usize;
+
+        let q_base = ((row * heads + head) * hdv) as usize;
+        let mut qv = Array::<Vector<f32, N>>::new(cap);
+        let mut acc = Array::<Vector<f32, N>>::new(cap);
+        let scale_v = Vector::<f32, N>::new(scale);
+        for d in 0..hdv_u {
+            qv[d] = Vector::cast_from(q[q_base + d]) * scale_v;
+            acc[d] = Vector::new(0.0);
+        }
+
+        let mut m = f32::new(NEG_BIG);
+        let mut l = f32::new(0.0);
+        for j in k_begin..k_end {
+            let mut vis = true;
+            if comptime!(mask == code::CAUSAL) {
+                vis = k_pos[j as usize] <= qp;
+            }
+            if comptime!(mask == code::CROSS_DIAGONAL) {
+                vis = k_pos[j as usize] < qp;
+            }
+            if comptime!(mask == code::INVERSE_BLOCK) {
+                // p0 = window k, p1 = offset ε; win(p) = (p + k - 1 - ε) / k.
+                let kw = (k_pos[j as usize] + p0 - 1 - p1) / p0;
+                let qw = (qp + p0 - 1 - p1) / p0;
+                vis = kw < qw;
+            }
+            if comptime!(mask == code::SLIDING_SINK) {
+                // p0 = window w, p1 = sink s.
+                let kp = k_pos[j as usize];
+                vis = kp <= qp && (kp < p1 || qp - kp < p0);
+            }
+            if comptime!(mask == code::TREE) {
+                if j >= tree_base {
+                    let node = j - tree_base;
+                    let bits = anc[(row * words + node / 32) as usize];
+                    vis = ((bits >> (node % 32)) & 1) == 1;
+                }
+            }
+            if vis {
+                let k_base = ((j * kv_heads + kvh) * hdv) as usize;
+                let mut dotv = Vector::<f32, N>::new(0.0);
+                for d in 0..hdv_u {
+                    dotv += qv[d] * Vector::cast_from(k[k_base + d]);
+                }
+                let mut s = f32::new(0.0);
+                #[unroll]
+                for i in 0..N::value() {
+                    s += dotv[i];
+                }
+                let m_new = m.max(s);
+                let corr = f32::exp(m - m_new);
+                let p = f32::exp(s - m_new);
+                l = l * corr + p;
+                let corr_v = Vector::<f32, N>::new(corr);
+                let p_v = Vector::<f32, N>::new(p);
+                for d in 0..hdv_u {
+                    acc[d] = acc[d] * corr_v + p_v * Vector::cast_from(v[k_base + d]);
+                }
+                m = m_new;
+            }
+        }
+
+        let mut inv = f32::new(0.0);
+        if l > 0.0 {
+            inv = f32::new(1.0) / l;
+        }
+        let inv_v = Vector::<f32, N>::new(inv);
+        for d in 0..hdv_u {
+            out[q_base + d] = Vector::cast_from(acc[d] * inv_v);
+        }
+    }
+}

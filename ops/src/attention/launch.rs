@@ -1,0 +1,270 @@
+//! Safe launch functions of the fused attention kernel.
+//!
+//! [`AttnMeta`] uploads the per-row metadata of a [`SeqBatch`] once;
+//! [`attention_rows`] launches the kernel over a range of query rows (what
+//! chunking and the runtime need); [`attention`] is the one-call form;
+//! [`draft_dim_attention`] is the paper-000 draft-axis attention in chunks.
+//! Everything is validated on the host before anything is launched.
+
+use std::ops::Range;
+
+use cubecl::prelude::*;
+
+use super::kernel::fused_attention;
+use super::mask::{Mask, SeqBatch};
+use super::AttnDims;
+use crate::error::{OpsError, Result};
+use crate::launch::{
+    cube_count, expect_bindable, expect_dtype, expect_float, expect_shape, finish,
+};
+use crate::tensor::DeviceTensor;
+
+/// Units per cube (one unit per query row and head).
+const CUBE_UNITS: u32 = 64;
+
+/// Per-row metadata of a [`SeqBatch`] in device memory, for one mask.
+pub struct AttnMeta<R: Runtime> {
+    /// `[total_q, 4]`: `(q_pos, k_begin, k_end, tree_base)` per query row.
+    meta: DeviceTensor<R>,
+    k_pos: DeviceTensor<R>,
+    /// Tree ancestor bits `[total_q, words]` (a single zero word otherwise).
+    anc: DeviceTensor<R>,
+    words: usize,
+    total_q: usize,
+    total_k: usize,
+    mask: Mask,
+}
+
+impl<R: Runtime> AttnMeta<R> {
+    /// Validates `batch` for `mask` and uploads its metadata.
+    pub fn new(client: &ComputeClient<R>, batch: &SeqBatch, mask: Mask) -> Result<Self> {
+        batch.validate("attention", &mask)?;
+        let (q_starts, k_starts) = (batch.q_starts(), batch.k_starts());
+        let mut meta = Vec::with_capacity(batch.total_q() * 4);
+        for s in 0..batch.batch() {
+            let tree_base = k_starts[s + 1] - batch.q_lens[s].min(batch.k_lens[s]);
+            for row in q_starts[s]..q_starts[s + 1] {
+                meta.extend([
+                    batch.q_pos[row],
+                    k_starts[s] as u32,
+                    k_starts[s + 1] as u32,
+                    tree_base as u32,
+                ]);
+            }
+        }
+        let (anc, words) = if mask == Mask::Tree {
+            batch.ancestor_bits()
+        } else {
+            (vec![0], 0)
+        };
+        let k_pos = if batch.k_pos.is_empty() {
+            vec![0]
+        } else {
+            batch.k_pos.clone()
+        };
+        Ok(AttnMeta {
+            meta: DeviceTensor::upload_u32(client, &meta, &[batch.total_q(), 4])?,
+            k_pos: DeviceTensor::upload_u32(client, &k_pos, &[k_pos.len()])?,
+            anc: DeviceTensor::upload_u32(client, &anc, &[anc.len()])?,
+            words,
+            total_q: batch.total_q(),
+            total_k: batch.total_k(),
+            mask,
+        })
+    }
+
+    /// Total query rows of the batch.
+    pub fn total_q(&self) -> usize {
+        self.total_q
+    }
+
+    /// Total key rows of the batch.
+    pub fn total_k(&self) -> usize {
+        self.total_k
+    }
+
+    /// The mask this metadata was built for.
+    pub fn mask(&self) -> Mask {
+        self.mask
+    }
+}
+
+/// Fused attention over a whole batch: `out = softmax(mask(q·kᵀ/√hd))·v`.
+///
+/// `q`, `out`: `[Σ q_lens, heads, head_dim]`; `k`, `v`: `[Σ k_lens, kv_heads,
+/// head_dim]`; all the same float dtype. Masks: see [`Mask`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &DeviceTensor<R>,
+    k: &DeviceTensor<R>,
+    v: &DeviceTensor<R>,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    dims.validate("attention")?;
+    let meta = AttnMeta::new(client, batch, mask)?;
+    attention_rows(client, q, k, v, dims, &meta, 0..meta.total_q, out)
+}
+
+/// Launches the kernel for the query rows `rows` of the batch behind `meta`
+/// only (other rows of `out` are left untouched). Tensor shapes as in
+/// [`attention`].
+#[allow(clippy::too_many_arguments)]
+pub fn attention_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &DeviceTensor<R>,
+    k: &DeviceTensor<R>,
+    v: &DeviceTensor<R>,
+    dims: AttnDims,
+    meta: &AttnMeta<R>,
+    rows: Range<usize>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "attention";
+    dims.validate(OP)?;
+    let AttnDims {
+        heads,
+        kv_heads,
+        head_dim,
+    } = dims;
+    expect_float(client, OP, "q", q)?;
+    expect_shape(OP, "q", q, &[meta.total_q, heads, head_dim])?;
+    expect_shape(OP, "k", k, &[meta.total_k, kv_heads, head_dim])?;
+    expect_shape(OP, "v", v, &[meta.total_k, kv_heads, head_dim])?;
+    expect_shape(OP, "out", out, &[meta.total_q, heads, head_dim])?;
+    for (arg, t) in [("k", k), ("v", v), ("out", out)] {
+        expect_dtype(OP, arg, t, q.dtype())?;
+    }
+    for (arg, t) in [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("out", out),
+        ("meta", &meta.meta),
+        ("anc", &meta.anc),
+    ] {
+        expect_bindable(OP, arg, t)?;
+    }
+    if meta.total_k == 0 {
+        return Err(OpsError::EmptyInput {
+            op: OP,
+            arg: "k",
+            shape: k.shape().to_vec(),
+        });
+    }
+    if rows.start > rows.end || rows.end > meta.total_q {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("row range {rows:?} is not within 0..{}", meta.total_q),
+        });
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let vec = [4usize, 2, 1]
+        .into_iter()
+        .find(|n| head_dim % n == 0)
+        .unwrap_or(1);
+    let cap_scalars = [16usize, 64, 128, 256]
+        .into_iter()
+        .find(|&c| c >= head_dim)
+        .unwrap_or(256);
+    let units = rows.len() * heads;
+    let count = cube_count(OP, units.div_ceil(CUBE_UNITS as usize))?;
+    let (code, p0, p1) = meta.mask.kernel_args();
+    crate::dispatch_float!(q.dtype(), OP, F => {
+        // SAFETY: shapes, metadata ranges (built by `AttnMeta::new` from a
+        // validated batch) and the row range were checked above; the kernel
+        // guards `idx < rows * heads` and reads only inside those ranges.
+        unsafe {
+            fused_attention::launch_unchecked::<F, R>(
+                client,
+                count,
+                CubeDim::new_1d(CUBE_UNITS),
+                vec,
+                q.array_arg(),
+                k.array_arg(),
+                v.array_arg(),
+                out.array_arg(),
+                meta.meta.array_arg(),
+                meta.k_pos.array_arg(),
+                meta.anc.array_arg(),
+                rows.start as u32,
+                rows.len() as u32,
+                heads as u32,
+                (heads / kv_heads) as u32,
+                kv_heads as u32,
+                (head_dim / vec) as u32,
+                1.0 / (head_dim as f32).sqrt(),
+                p0,
+                p1,
+                meta.words as u32,
+                code,
+                cap_scalars / vec,
+            )
+        }
+    })?;
+    finish(client, OP)
+}
+
+/// Draft-dim attention (paper 000 §3.3, SpecFormer's "Draft Bidirectional
+/// Attention"): `q`/`out` `[bt, l, heads·head_dim]`, `k`/`v`
+/// `[bt, l, kv_heads·head_dim]`; each of the `bt` rows attends
+/// bidirectionally within its own `l` draft positions. At most `chunk` rows
+/// are launched at a time (the paper used 3072); the result is bit-identical
+/// to a single launch. `chunk == 0` is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn draft_dim_attention<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &DeviceTensor<R>,
+    k: &DeviceTensor<R>,
+    v: &DeviceTensor<R>,
+    dims: AttnDims,
+    chunk: usize,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "draft_dim_attention";
+    dims.validate(OP)?;
+    if chunk == 0 {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: "chunk size must be >= 1".into(),
+        });
+    }
+    let &[bt, l, width] = q.shape() else {
+        return Err(OpsError::ShapeMismatch {
+            op: OP,
+            arg: "q",
+            expected: "[bt, l, heads*head_dim]".into(),
+            found: q.shape().to_vec(),
+        });
+    };
+    if width != dims.heads * dims.head_dim || bt == 0 || l == 0 {
+        return Err(OpsError::ShapeMismatch {
+            op: OP,
+            arg: "q",
+            expected: format!("[bt >= 1, l >= 1, {}]", dims.heads * dims.head_dim),
+            found: q.shape().to_vec(),
+        });
+    }
+    let kv_shape = [bt, l, dims.kv_heads * dims.head_dim];
+    expect_shape(OP, "k", k, &kv_shape)?;
+    expect_shape(OP, "v", v, &kv_shape)?;
+    expect_shape(OP, "out", out, q.shape())?;
+    expect_dtype(OP, "out", out, q.dtype())?;
+    let meta = AttnMeta::new(client, &SeqBatch::uniform(bt, l), Mask::Full)?;
+    let q3 = q.reshape(&[bt * l, dims.heads, dims.head_dim])?;
+    let k3 = k.reshape(&[bt * l, dims.kv_heads, dims.head_dim])?;
+    let v3 = v.reshape(&[bt * l, dims.kv_heads, dims.head_dim])?;
+    let o3 = out.reshape(&[bt * l, dims.heads, dims.head_dim])?;
+    let mut start = 0;
+    while start < bt {
+        let end = (start + chunk).min(bt);
+        attention_rows(client, &q3, &k3, &v3, dims, &meta, start * l..end * l, &o3)?;
+        start = end;
+    }
+    Ok(())
+}

@@ -1,0 +1,64 @@
+//! Attention family: one fused flash-style kernel (Q·Kᵀ, mask, online softmax,
+//! ·V in one launch) with the mask kind chosen at comptime, grouped-query
+//! heads, scale 1/√head_dim, masks defined on token positions, and batches of
+//! sequences of different lengths.
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | `mask.rs` | [`Mask`] and its exact definitions (paper citations there), [`SeqBatch`] |
+//! | `reference.rs` | [`attention_ref`], the plain-Rust oracle |
+//! | `kernel.rs` | the `#[cube]` kernel |
+//! | `launch.rs` | safe launch functions: [`attention`], [`draft_dim_attention`], [`AttnMeta`] |
+//!
+//! Layouts (row-major, contiguous): `q`, `out` `[Σ q_lens, heads, head_dim]`;
+//! `k`, `v` `[Σ k_lens, kv_heads, head_dim]`; sequences packed one after the
+//! other (see [`SeqBatch`]). Draft-dim attention (paper 000 §3.3) views a
+//! `[b·t, l, heads·head_dim]` tensor as `b·t` sequences of `l` rows with the
+//! `Full` mask and launches at most `chunk` of them at a time.
+//!
+//! Limits: `head_dim <= 256` (per-unit accumulators), positions `< 2^31`,
+//! every buffer within the 128 MiB binding limit.
+
+mod kernel;
+mod launch;
+mod mask;
+mod reference;
+
+pub use launch::{attention, attention_rows, draft_dim_attention, AttnMeta};
+pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TREE_ROOT};
+pub use reference::attention_ref;
+
+/// Largest supported head dimension.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Head counts and head size of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AttnDims {
+    /// Query heads `h`.
+    pub heads: usize,
+    /// Key/value heads `hkv`; `heads % kv_heads == 0` (grouped-query attention).
+    pub kv_heads: usize,
+    /// Size of one head; the softmax scale is `1/√head_dim`.
+    pub head_dim: usize,
+}
+
+impl AttnDims {
+    /// Checks `h, hkv, hd >= 1`, `h % hkv == 0`, `hd <= MAX_HEAD_DIM`.
+    pub fn validate(&self, op: &'static str) -> crate::Result<()> {
+        let AttnDims {
+            heads,
+            kv_heads,
+            head_dim,
+        } = *self;
+        let reason = if heads == 0 || kv_heads == 0 || head_dim == 0 {
+            format!("heads, kv_heads and head_dim must be >= 1, got {self:?}")
+        } else if heads % kv_heads != 0 {
+            format!("heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+        } else if head_dim > MAX_HEAD_DIM {
+            format!("head_dim {head_dim} exceeds the supported maximum {MAX_HEAD_DIM}")
+        } else {
+            return Ok(());
+        };
+        Err(crate::OpsError::InvalidArgument { op, reason })
+    }
+}

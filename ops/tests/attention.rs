@@ -1,0 +1,323 @@
+//! Fused attention kernel vs `attention_ref` on the wgpu runtime: every mask
+//! kind, grouped-query heads, batches of ragged sequences, f32 and f16;
+//! draft-dim chunking is bit-identical to one launch; invalid input is an
+//! `Err`, never a launch.
+
+use draftc_ops::attention::{
+    attention, attention_ref, draft_dim_attention, AttnDims, Mask, SeqBatch, TREE_ROOT,
+};
+use draftc_ops::testing::{assert_close, config, float_dtype, random_f32, random_u32, wgpu_client};
+use draftc_ops::{DType, DeviceTensor, OpsError};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+type R = cubecl::wgpu::WgpuRuntime;
+
+/// Runs kernel and reference on random data and compares them.
+fn check(
+    dtype: DType,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let client = wgpu_client();
+    let (tq, tk) = (batch.total_q(), batch.total_k());
+    let q = random_f32(seed, tq * dims.heads * dims.head_dim, -2.0, 2.0, dtype);
+    let k = random_f32(
+        seed + 1,
+        tk * dims.kv_heads * dims.head_dim,
+        -2.0,
+        2.0,
+        dtype,
+    );
+    let v = random_f32(
+        seed + 2,
+        tk * dims.kv_heads * dims.head_dim,
+        -1.0,
+        1.0,
+        dtype,
+    );
+    let up = |data: &[f32], rows: usize, h: usize| {
+        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, dims.head_dim], dtype).unwrap()
+    };
+    let (qt, kt, vt) = (
+        up(&q, tq, dims.heads),
+        up(&k, tk, dims.kv_heads),
+        up(&v, tk, dims.kv_heads),
+    );
+    // Poison the output so that a kernel that never ran cannot pass.
+    let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
+    attention(&client, &qt, &kt, &vt, dims, batch, mask, &out)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let got = out.download_f32(&client).unwrap();
+    let want = attention_ref(&q, &k, &v, dims, batch, mask);
+    assert_close(&format!("{mask:?} {dims:?} {dtype}"), &got, &want, dtype)
+}
+
+fn dims_strategy() -> impl Strategy<Value = AttnDims> {
+    (
+        prop_oneof![Just(1usize), Just(3), Just(9)],
+        prop_oneof![Just(3usize), Just(8), Just(50), Just(64)],
+        0..2usize,
+    )
+        .prop_map(|(kv_heads, head_dim, g)| AttnDims {
+            heads: kv_heads * [1, 3][g],
+            kv_heads,
+            head_dim,
+        })
+}
+
+fn mask_strategy() -> impl Strategy<Value = Mask> {
+    prop_oneof![
+        Just(Mask::Full),
+        Just(Mask::Causal),
+        Just(Mask::CrossDiagonal),
+        (1u32..6)
+            .prop_flat_map(|w| (Just(w), 0..w))
+            .prop_map(|(window, offset)| Mask::InverseBlock { window, offset }),
+        (1u32..9, 0u32..3).prop_map(|(window, sink)| Mask::SlidingSink { window, sink }),
+    ]
+}
+
+/// 1–3 sequences; each has `tk` keys at positions `base..base+tk` and its
+/// queries are the last `tq` of them. Sizes include 1, 3, 50 and 783 keys.
+fn batch_strategy() -> impl Strategy<Value = SeqBatch> {
+    let seq = (
+        prop_oneof![Just(1usize), Just(3), Just(50), Just(783), 1..80usize],
+        1..8usize,
+        0u32..40,
+    );
+    prop::collection::vec(seq, 1..=3).prop_map(|seqs| {
+        let mut b = SeqBatch::default();
+        for (tk, tq_raw, base) in seqs {
+            let tq = if tk > 100 {
+                tq_raw.min(3)
+            } else {
+                tq_raw.min(tk).max(1)
+            };
+            let k_pos: Vec<u32> = (base..base + tk as u32).collect();
+            b.q_pos.extend_from_slice(&k_pos[tk - tq..]);
+            b.k_pos.extend_from_slice(&k_pos);
+            b.q_lens.push(tq);
+            b.k_lens.push(tk);
+        }
+        b
+    })
+}
+
+/// A random tree of `n` nodes over `committed` keys: each node's parent is an
+/// earlier node or the root marker.
+fn tree_batch(committed: usize, n: usize, seed: u64) -> SeqBatch {
+    let r = random_u32(seed, n, 1 << 16);
+    let parents: Vec<u32> = (0..n)
+        .map(|i| {
+            if i == 0 || r[i] % 5 == 0 {
+                TREE_ROOT
+            } else {
+                r[i] % i as u32
+            }
+        })
+        .collect();
+    SeqBatch::tree(committed, &parents).unwrap()
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    #[test]
+    fn positional_masks_match_reference(
+        dtype in float_dtype(), dims in dims_strategy(), mask in mask_strategy(),
+        batch in batch_strategy(), seed in 0u64..1000,
+    ) {
+        check(dtype, dims, &batch, mask, seed)?;
+    }
+
+    #[test]
+    fn tree_mask_matches_reference(
+        dtype in float_dtype(), dims in dims_strategy(),
+        committed in prop_oneof![Just(0usize), Just(1), Just(50), 0..40usize],
+        nodes in prop_oneof![Just(1usize), Just(3), Just(33), Just(64), 1..20usize],
+        seed in 0u64..1000,
+    ) {
+        check(dtype, dims, &tree_batch(committed, nodes, seed), Mask::Tree, seed)?;
+    }
+}
+
+/// Two trees of different sizes in one batch (the runtime's batched verify).
+#[test]
+fn batched_trees_match_reference() {
+    let (a, b) = (tree_batch(10, 7, 1), tree_batch(3, 40, 2));
+    let mut batch = a.clone();
+    batch.q_lens.extend(&b.q_lens);
+    batch.k_lens.extend(&b.k_lens);
+    batch.q_pos.extend(&b.q_pos);
+    batch.k_pos.extend(&b.k_pos);
+    batch.parents.extend(&b.parents);
+    let dims = AttnDims {
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+    };
+    check(DType::F32, dims, &batch, Mask::Tree, 7).unwrap();
+}
+
+/// Draft-dim attention: every chunk size gives exactly the unchunked bits,
+/// and both match the reference (b·t sequences of l rows, full mask).
+#[test]
+fn draft_dim_chunking_is_bit_identical() {
+    let client = wgpu_client();
+    for (dtype, bt, l, dims) in [
+        (
+            DType::F32,
+            50,
+            3,
+            AttnDims {
+                heads: 3,
+                kv_heads: 1,
+                head_dim: 8,
+            },
+        ),
+        (
+            DType::F16,
+            37,
+            8,
+            AttnDims {
+                heads: 9,
+                kv_heads: 3,
+                head_dim: 64,
+            },
+        ),
+        (
+            DType::F32,
+            7,
+            1,
+            AttnDims {
+                heads: 2,
+                kv_heads: 2,
+                head_dim: 3,
+            },
+        ),
+    ] {
+        let qn = bt * l * dims.heads * dims.head_dim;
+        let kn = bt * l * dims.kv_heads * dims.head_dim;
+        let (q, k, v) = (
+            random_f32(1, qn, -2.0, 2.0, dtype),
+            random_f32(2, kn, -2.0, 2.0, dtype),
+            random_f32(3, kn, -1.0, 1.0, dtype),
+        );
+        let up = |d: &[f32], w: usize| {
+            DeviceTensor::<R>::upload_f32(&client, d, &[bt, l, w * dims.head_dim], dtype).unwrap()
+        };
+        let (qt, kt, vt) = (
+            up(&q, dims.heads),
+            up(&k, dims.kv_heads),
+            up(&v, dims.kv_heads),
+        );
+        let run = |chunk: usize| {
+            let out = up(&vec![f32::NAN; qn], dims.heads);
+            draft_dim_attention(&client, &qt, &kt, &vt, dims, chunk, &out).unwrap();
+            out.download_f32(&client).unwrap()
+        };
+        let whole = run(bt);
+        let want = attention_ref(&q, &k, &v, dims, &SeqBatch::uniform(bt, l), Mask::Full);
+        assert_close("draft-dim", &whole, &want, dtype).unwrap();
+        for chunk in [1, 3, bt - 1, bt + 5].into_iter().filter(|&c| c >= 1) {
+            let got = run(chunk);
+            let same = got
+                .iter()
+                .zip(&whole)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "chunk {chunk} differs from the unchunked result ({dtype}, bt {bt}, l {l})"
+            );
+        }
+    }
+}
+
+#[test]
+fn invalid_arguments_are_errors() {
+    let client = wgpu_client();
+    let t = |shape: &[usize]| DeviceTensor::<R>::zeros(&client, shape, DType::F32);
+    let dims = AttnDims {
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 4,
+    };
+    let (q, kv) = (t(&[3, 2, 4]), t(&[3, 1, 4]));
+    let batch = SeqBatch::single(3, 3);
+    // heads not a multiple of kv_heads
+    let bad = AttnDims {
+        heads: 3,
+        kv_heads: 2,
+        head_dim: 4,
+    };
+    assert!(matches!(
+        attention(&client, &q, &kv, &kv, bad, &batch, Mask::Causal, &q),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    // head_dim too large, wrong k shape, wrong out dtype
+    let big = AttnDims {
+        heads: 2,
+        kv_heads: 1,
+        head_dim: 300,
+    };
+    assert!(attention(&client, &q, &kv, &kv, big, &batch, Mask::Causal, &q).is_err());
+    assert!(matches!(
+        attention(&client, &q, &q, &kv, dims, &batch, Mask::Causal, &q),
+        Err(OpsError::ShapeMismatch { .. })
+    ));
+    let out16 = DeviceTensor::<R>::zeros(&client, &[3, 2, 4], DType::F16);
+    assert!(matches!(
+        attention(&client, &q, &kv, &kv, dims, &batch, Mask::Causal, &out16),
+        Err(OpsError::DTypeMismatch { .. })
+    ));
+    // positions of the wrong length; mask parameters out of their domain
+    let mut short = batch.clone();
+    short.q_pos.pop();
+    assert!(attention(&client, &q, &kv, &kv, dims, &short, Mask::Causal, &q).is_err());
+    for mask in [
+        Mask::InverseBlock {
+            window: 0,
+            offset: 0,
+        },
+        Mask::InverseBlock {
+            window: 2,
+            offset: 2,
+        },
+        Mask::SlidingSink { window: 0, sink: 1 },
+    ] {
+        assert!(
+            attention(&client, &q, &kv, &kv, dims, &batch, mask, &q).is_err(),
+            "{mask:?}"
+        );
+    }
+    // tree: a parent pointing forward, and more nodes than keys
+    let mut tree = SeqBatch::tree(0, &[TREE_ROOT, 0, 1]).unwrap();
+    tree.parents[1] = 2;
+    assert!(matches!(
+        attention(&client, &q, &kv, &kv, dims, &tree, Mask::Tree, &q),
+        Err(OpsError::IndexOutOfRange { .. })
+    ));
+    let mut few_keys = SeqBatch::tree(0, &[TREE_ROOT, 0, 1]).unwrap();
+    few_keys.k_lens = vec![2];
+    few_keys.k_pos.pop();
+    assert!(attention(
+        &client,
+        &q,
+        &t(&[2, 1, 4]),
+        &t(&[2, 1, 4]),
+        dims,
+        &few_keys,
+        Mask::Tree,
+        &q
+    )
+    .is_err());
+    // draft-dim: chunk 0
+    let (q3, kv3) = (t(&[3, 1, 8]), t(&[3, 1, 4]));
+    assert!(matches!(
+        draft_dim_attention(&client, &q3, &kv3, &kv3, dims, 0, &q3),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+}
