@@ -2,3 +2,4 @@
 //! engine, and the command implementations behind the `draftc` binary.
 
 pub mod cli;
+pub mod model;

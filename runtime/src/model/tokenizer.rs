@@ -1,0 +1,190 @@
+//! The runtime's tokenizer: a `tokenizer.json` loaded with the `tokenizers`
+//! crate, encode/decode with range-checked ids, and the chat template from
+//! `tokenizer_config.json`.
+//!
+//! Chat templates are Jinja in HF checkpoints; draftc does not embed a Jinja
+//! engine. [`ChatTemplate::from_jinja`] recognises the ChatML family
+//! (`<|im_start|>{role}\n{content}<|im_end|>\n`, optional default system
+//! prompt when the first message is not a system message, generation prompt
+//! `<|im_start|>assistant\n`) and rejects anything else with an error, so an
+//! unknown template is never silently mis-rendered.
+
+use std::path::Path;
+
+use super::error::{ModelError, Result};
+
+fn err(detail: impl Into<String>) -> ModelError {
+    ModelError::Tokenizer {
+        detail: detail.into(),
+    }
+}
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A ChatML chat template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplate {
+    /// Inserted as a system turn when the first message is not `system`.
+    pub default_system: Option<String>,
+}
+
+impl ChatTemplate {
+    /// Recognises a ChatML Jinja template and extracts its default system
+    /// prompt; any other template is an error.
+    pub fn from_jinja(template: &str) -> Result<Self> {
+        let chatml = template.contains(
+            "'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'",
+        ) && template.contains("'<|im_start|>assistant\n'");
+        if !chatml {
+            return Err(err("unsupported chat template: draftc renders only ChatML (<|im_start|>role\\n…<|im_end|>)"));
+        }
+        let default_system = if template.contains("messages[0]['role'] != 'system'") {
+            let start_tag = "'<|im_start|>system\n";
+            let start = template
+                .find(start_tag)
+                .map(|i| i + start_tag.len())
+                .ok_or_else(|| err("chat template: default system turn not found"))?;
+            let len = template[start..]
+                .find("<|im_end|>")
+                .ok_or_else(|| err("chat template: default system turn is not closed"))?;
+            Some(template[start..start + len].to_string())
+        } else {
+            None
+        };
+        Ok(ChatTemplate { default_system })
+    }
+
+    /// Renders the conversation; with `add_generation_prompt` the text ends
+    /// with `<|im_start|>assistant\n`.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
+        let mut out = String::new();
+        let turn = |out: &mut String, role: &str, content: &str| {
+            out.push_str("<|im_start|>");
+            out.push_str(role);
+            out.push('\n');
+            out.push_str(content);
+            out.push_str("<|im_end|>\n");
+        };
+        if let Some(system) = &self.default_system {
+            if messages.first().is_some_and(|m| m.role != "system") {
+                turn(&mut out, "system", system);
+            }
+        }
+        for m in messages {
+            turn(&mut out, &m.role, &m.content);
+        }
+        if add_generation_prompt {
+            out.push_str("<|im_start|>assistant\n");
+        }
+        out
+    }
+}
+
+/// A loaded tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat: Option<ChatTemplate>,
+}
+
+impl Tokenizer {
+    /// Loads `dir/tokenizer.json` and, when present, the chat template of
+    /// `dir/tokenizer_config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        let mut tok = Self::from_file(&dir.join("tokenizer.json"))?;
+        let config_path = dir.join("tokenizer_config.json");
+        if config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path)
+                .map_err(|e| ModelError::io(&config_path, e))?;
+            let config: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| err(format!("{}: {e}", config_path.display())))?;
+            if let Some(t) = config.get("chat_template").and_then(|t| t.as_str()) {
+                tok.chat = Some(ChatTemplate::from_jinja(t)?);
+            }
+        }
+        Ok(tok)
+    }
+
+    /// Loads a `tokenizer.json` (no chat template).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| err(format!("{}: {e}", path.display())))?;
+        Ok(Tokenizer { inner, chat: None })
+    }
+
+    /// Number of ids, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Token ids of `text`; special tokens written in the text (e.g.
+    /// `<|im_start|>`) map to their ids. Nothing is prepended or appended.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| err(format!("encoding failed: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens included. Fails on an id outside the
+    /// vocabulary.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids)?;
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| err(format!("decoding failed: {e}")))
+    }
+
+    /// The vocabulary string of one id.
+    pub fn token(&self, id: u32) -> Result<String> {
+        self.inner
+            .id_to_token(id)
+            .ok_or(ModelError::TokenOutOfRange {
+                id,
+                vocab_size: self.vocab_size(),
+            })
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn chat_template(&self) -> Option<&ChatTemplate> {
+        self.chat.as_ref()
+    }
+
+    /// The chat prompt text, ending with the generation prompt.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String> {
+        let chat = self.chat.as_ref().ok_or_else(|| {
+            err("no chat template (tokenizer_config.json missing or without chat_template)")
+        })?;
+        Ok(chat.render(messages, true))
+    }
+
+    /// Token ids of [`Tokenizer::chat_prompt`].
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.encode(&self.chat_prompt(messages)?)
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab_size = self.vocab_size();
+        match ids.iter().find(|&&id| id as usize >= vocab_size) {
+            Some(&id) => Err(ModelError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        }
+    }
+}
