@@ -70,19 +70,50 @@ pub struct Stmt {
 #[derive(Clone, Debug, PartialEq)]
 pub enum StmtKind {
     /// `input NAME [= SOURCE] [: TYPE]`
-    Input { name: Ident, source: Option<Expr>, ty: Option<TypeAnn> },
+    Input {
+        name: Ident,
+        source: Option<Expr>,
+        ty: Option<TypeAnn>,
+    },
     /// `[output] a[, b…] = EXPR [: TYPE]`
-    Let { names: Vec<Ident>, value: Expr, ty: Option<TypeAnn>, output: bool },
+    Let {
+        names: Vec<Ident>,
+        value: Expr,
+        ty: Option<TypeAnn>,
+        output: bool,
+    },
     /// `NAME += EXPR [: TYPE]` (residual update: a new SSA value replacing NAME)
-    AddAssign { name: Ident, value: Expr, ty: Option<TypeAnn> },
+    AddAssign {
+        name: Ident,
+        value: Expr,
+        ty: Option<TypeAnn>,
+    },
     /// `emit STREAM[INDEX] = EXPR` — a model exposes e.g. `hidden[i]` to drafters.
-    Emit { stream: Ident, index: Expr, value: Expr },
+    Emit {
+        stream: Ident,
+        index: Expr,
+        value: Expr,
+    },
     /// `memory NAME[INDEX] = EXPR` — a per-sequence memory stream seeded for committed tokens.
-    Memory { name: Ident, index: Option<Expr>, init: Expr },
+    Memory {
+        name: Ident,
+        index: Option<Expr>,
+        init: Expr,
+    },
     /// `append NAME[INDEX] = EXPR` — add this step's rows to a memory stream.
-    Append { name: Ident, index: Option<Expr>, value: Expr },
+    Append {
+        name: Ident,
+        index: Option<Expr>,
+        value: Expr,
+    },
     /// `repeat VAR in START..END { … }`
-    Repeat { var: Ident, start: Expr, end: Expr, body: Vec<Stmt>, open: Span },
+    Repeat {
+        var: Ident,
+        start: Expr,
+        end: Expr,
+        body: Vec<Stmt>,
+        open: Span,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -134,9 +165,16 @@ pub enum ExprKind {
     /// `a.b` (only `target.x` is meaningful)
     Field(Box<Expr>, Ident),
     /// `callee(args) [@weights]`
-    Call { callee: Box<Expr>, args: Vec<Arg>, weights: Option<WeightPath> },
+    Call {
+        callee: Box<Expr>,
+        args: Vec<Arg>,
+        weights: Option<WeightPath>,
+    },
     /// `base[i, j, a..b]`
-    Index { base: Box<Expr>, indices: Vec<Expr> },
+    Index {
+        base: Box<Expr>,
+        indices: Vec<Expr>,
+    },
     /// `[a, b, c]`
     List(Vec<Expr>),
     /// `a..b` (inside index lists)

@@ -25,7 +25,13 @@ impl TargetConfig {
 
     /// Names it defines, for "the preset defines: …" notes.
     pub fn defined_names(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.ints.keys().chain(self.floats.keys()).chain(self.flags.keys()).cloned().collect();
+        let mut v: Vec<String> = self
+            .ints
+            .keys()
+            .chain(self.floats.keys())
+            .chain(self.flags.keys())
+            .cloned()
+            .collect();
         v.sort();
         v
     }

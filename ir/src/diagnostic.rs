@@ -61,7 +61,11 @@ impl Diagnostic {
 /// Render several diagnostics of one file, in order.
 pub fn render_all(diags: &[Diagnostic], file: &str, src: &str, color: bool) -> String {
     let files = SimpleFile::new(file, src);
-    let mut buffer = if color { Buffer::ansi() } else { Buffer::no_color() };
+    let mut buffer = if color {
+        Buffer::ansi()
+    } else {
+        Buffer::no_color()
+    };
     let config = Config::default();
     let clamp = |s: Span| {
         let end = (s.end as usize).min(src.len());

@@ -93,7 +93,11 @@ impl Dim {
         if divisor == 0 || self.terms.values().any(|c| c % divisor != 0) {
             return None;
         }
-        let terms = self.terms.iter().map(|(m, c)| (m.clone(), c / divisor)).collect();
+        let terms = self
+            .terms
+            .iter()
+            .map(|(m, c)| (m.clone(), c / divisor))
+            .collect();
         Some(Dim { terms })
     }
 
@@ -175,10 +179,21 @@ mod tests {
     fn arithmetic_and_display() {
         let t = Dim::symbol("t");
         let l = Dim::symbol("l");
-        let e = t.checked_mul(&l).unwrap().checked_mul(&Dim::constant(4)).unwrap();
+        let e = t
+            .checked_mul(&l)
+            .unwrap()
+            .checked_mul(&Dim::constant(4))
+            .unwrap();
         let e = e.checked_add(&Dim::constant(2)).unwrap();
         assert_eq!(e.to_string(), "4*l*t + 2");
-        assert_eq!(e.checked_sub(&Dim::constant(2)).unwrap().checked_div_exact(4).unwrap().to_string(), "l*t");
+        assert_eq!(
+            e.checked_sub(&Dim::constant(2))
+                .unwrap()
+                .checked_div_exact(4)
+                .unwrap()
+                .to_string(),
+            "l*t"
+        );
         assert!(e.checked_div_exact(4).is_none());
         assert_eq!(Dim::constant(-3).to_string(), "-3");
         let mut v = BTreeMap::new();

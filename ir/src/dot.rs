@@ -21,7 +21,11 @@ pub fn to_dot(g: &Graph) -> String {
             _ if g.outputs.contains(&id) => "palegreen",
             _ => "white",
         };
-        let w = n.weights.as_deref().map(|w| format!("\\n@{}", escape(w))).unwrap_or_default();
+        let w = n
+            .weights
+            .as_deref()
+            .map(|w| format!("\\n@{}", escape(w)))
+            .unwrap_or_default();
         let _ = writeln!(
             out,
             "  n{} [label=\"{}\\n{}{}\\n{}\", style=filled, fillcolor={color}];",

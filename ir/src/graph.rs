@@ -71,7 +71,11 @@ pub enum TreeSpec {
     /// Branching factor per depth, e.g. `static(4, 2, 1)`.
     Static(Vec<i64>),
     /// EAGLE-2 style: expand top-k of the most probable nodes up to `depth`, keep `nodes`.
-    Dynamic { depth: i64, topk: i64, nodes: i64 },
+    Dynamic {
+        depth: i64,
+        topk: i64,
+        nodes: i64,
+    },
 }
 
 impl fmt::Display for TreeSpec {
@@ -174,12 +178,18 @@ impl Graph {
         let mut out: Vec<Param> = Vec::new();
         for id in self.ids() {
             let node = self.node(id);
-            let Some(prefix) = &node.weights else { continue };
+            let Some(prefix) = &node.weights else {
+                continue;
+            };
             let inputs: Vec<&TensorType> = node.inputs.iter().map(|i| &self.node(*i).ty).collect();
             for (suffix, shape) in crate::lower::param_shapes(&node.op, &inputs, &node.ty) {
                 let name = format!("{prefix}.{suffix}");
                 if !out.iter().any(|p| p.name == name) {
-                    out.push(Param { name, shape, node: id });
+                    out.push(Param {
+                        name,
+                        shape,
+                        node: id,
+                    });
                 }
             }
         }

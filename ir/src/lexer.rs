@@ -109,7 +109,10 @@ pub fn lex(src: &str) -> (Vec<Token>, Vec<Diagnostic>) {
             _ => None,
         };
         if let Some((kind, len)) = simple {
-            tokens.push(Token { kind, span: Span::new(start, start + len) });
+            tokens.push(Token {
+                kind,
+                span: Span::new(start, start + len),
+            });
             i += len;
             continue;
         }
@@ -140,8 +143,11 @@ pub fn lex(src: &str) -> (Vec<Token>, Vec<Diagnostic>) {
                 let text = &src[start + 1..i];
                 if text.is_empty() {
                     diags.push(
-                        Diagnostic::error(Span::new(start, start + 1), "empty weight name after `@`")
-                            .with_label("expected a tensor name such as `@downsample`"),
+                        Diagnostic::error(
+                            Span::new(start, start + 1),
+                            "empty weight name after `@`",
+                        )
+                        .with_label("expected a tensor name such as `@downsample`"),
                     );
                 } else {
                     tokens.push(Token {
@@ -153,7 +159,10 @@ pub fn lex(src: &str) -> (Vec<Token>, Vec<Diagnostic>) {
             b'0'..=b'9' => {
                 let (kind, len) = lex_number(&src[i..]);
                 match kind {
-                    Some(kind) => tokens.push(Token { kind, span: Span::new(start, start + len) }),
+                    Some(kind) => tokens.push(Token {
+                        kind,
+                        span: Span::new(start, start + len),
+                    }),
                     None => diags.push(
                         Diagnostic::error(Span::new(start, start + len), "malformed number")
                             .with_label("this number does not fit or is not well formed"),
@@ -165,23 +174,50 @@ pub fn lex(src: &str) -> (Vec<Token>, Vec<Diagnostic>) {
                 while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                     i += 1;
                 }
+                let word = &src[start..i];
+                let first_token = tokens.iter().all(|t| t.kind == TokenKind::Newline);
                 tokens.push(Token {
-                    kind: TokenKind::Ident(src[start..i].to_string()),
+                    kind: TokenKind::Ident(word.to_string()),
                     span: Span::new(start, i),
                 });
+                // The item name after a header keyword may hold `-` and `.` and
+                // start with digits (`smollm2-135m`): lex it as one word.
+                if first_token && matches!(word, "model" | "drafter" | "preset") {
+                    while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\t') {
+                        i += 1;
+                    }
+                    let name_start = i;
+                    while i < bytes.len()
+                        && (bytes[i].is_ascii_alphanumeric() || b"_-.".contains(&bytes[i]))
+                    {
+                        i += 1;
+                    }
+                    if i > name_start {
+                        tokens.push(Token {
+                            kind: TokenKind::Ident(src[name_start..i].to_string()),
+                            span: Span::new(name_start, i),
+                        });
+                    }
+                }
             }
             _ => {
                 let ch = src[i..].chars().next().unwrap_or('\u{fffd}');
                 let len = ch.len_utf8().max(1);
                 diags.push(
-                    Diagnostic::error(Span::new(start, start + len), format!("unexpected character {ch:?}"))
-                        .with_label("not part of the description language"),
+                    Diagnostic::error(
+                        Span::new(start, start + len),
+                        format!("unexpected character {ch:?}"),
+                    )
+                    .with_label("not part of the description language"),
                 );
                 i += len;
             }
         }
     }
-    tokens.push(Token { kind: TokenKind::Eof, span: Span::new(src.len(), src.len()) });
+    tokens.push(Token {
+        kind: TokenKind::Eof,
+        span: Span::new(src.len(), src.len()),
+    });
     (tokens, diags)
 }
 
@@ -225,7 +261,10 @@ fn lex_number(s: &str) -> (Option<TokenKind>, usize) {
     }
     let text: String = s[..i].chars().filter(|c| *c != '_').collect();
     let kind = if is_float {
-        text.parse::<f64>().ok().filter(|x| x.is_finite()).map(TokenKind::Float)
+        text.parse::<f64>()
+            .ok()
+            .filter(|x| x.is_finite())
+            .map(TokenKind::Float)
     } else {
         text.parse::<i64>().ok().map(TokenKind::Int)
     };

@@ -35,9 +35,12 @@ pub fn decode(bytes: &[u8]) -> Result<&str, Diagnostic> {
     std::str::from_utf8(bytes).map_err(|e| {
         let at = e.valid_up_to();
         let bad = bytes[at];
-        Diagnostic::error(Span::new(at, at + 1), format!("file is not valid UTF-8: byte 0x{bad:02x}"))
-            .with_label("invalid byte here")
-            .with_note("description files are UTF-8 text")
+        Diagnostic::error(
+            Span::new(at, at + 1),
+            format!("file is not valid UTF-8: byte 0x{bad:02x}"),
+        )
+        .with_label("invalid byte here")
+        .with_note("description files are UTF-8 text")
     })
 }
 
@@ -58,9 +61,14 @@ pub fn parse_preset(src: &str) -> Result<TargetConfig, Vec<Diagnostic>> {
 
 /// Parse and lower a model or drafter file against a target preset.
 /// `symbols` overrides integer settings (`l=8`).
-pub fn compile(src: &str, target: &TargetConfig, symbols: &BTreeMap<String, i64>, resolver: &dyn Resolver) -> Result<Graph, Vec<Diagnostic>> {
+pub fn compile(
+    src: &str,
+    target: &TargetConfig,
+    symbols: &BTreeMap<String, i64>,
+    resolver: &dyn Resolver,
+) -> Result<Graph, Vec<Diagnostic>> {
     let (file, mut diags) = parser::parse(src);
-    match lower::lower(&file, target, symbols, resolver) {
+    match lower::lower(&file, diags.is_empty(), target, symbols, resolver) {
         Ok(g) if diags.is_empty() => Ok(g),
         Ok(_) => Err(diags),
         Err(more) => {

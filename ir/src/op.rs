@@ -140,31 +140,55 @@ pub enum InputSource {
 pub enum Op {
     Input(InputSource),
     /// `y = x·Wᵀ (+ b)`; weight `[out, in]`, bias `[out]`.
-    Linear { out: Dim, bias: bool },
+    Linear {
+        out: Dim,
+        bias: bool,
+    },
     /// RMS norm over the last dim; weight `[d]`.
-    RmsNorm { eps: F64 },
+    RmsNorm {
+        eps: F64,
+    },
     /// RMS norm over the last dim with one scale vector per group (dim −2); weight `[g, d]`.
-    GroupRmsNorm { eps: F64 },
+    GroupRmsNorm {
+        eps: F64,
+    },
     /// Rotary embedding of `[t, heads, head_dim]` at the tokens' positions.
-    Rope { theta: F64 },
+    Rope {
+        theta: F64,
+    },
     /// Multi-head attention with q/k/v/o projections (HF names `q_proj` …).
     Attention(AttentionAttrs),
     /// `down(silu(gate(x)) * up(x))` with hidden width `hidden`.
-    SwiGlu { hidden: Dim },
+    SwiGlu {
+        hidden: Dim,
+    },
     /// Row gather from `[vocab, d]` by u32 ids.
-    Embedding { vocab: Dim, dim: Dim },
+    Embedding {
+        vocab: Dim,
+        dim: Dim,
+    },
     /// The target's token embedding (weights shared with the target).
     TargetEmbed,
     /// The target's LM head (weights shared with the target).
     TargetLmHead,
     /// The target's final RMS norm (weights shared with the target).
     TargetNorm,
-    Reshape { shape: Vec<Dim> },
-    Concat { axis: usize },
+    Reshape {
+        shape: Vec<Dim>,
+    },
+    Concat {
+        axis: usize,
+    },
     /// Part `index` of `parts` equal parts along `axis`.
-    Split { axis: usize, parts: usize, index: usize },
+    Split {
+        axis: usize,
+        parts: usize,
+        index: usize,
+    },
     /// Stack equal-shaped inputs along a new axis at `axis`.
-    Stack { axis: usize },
+    Stack {
+        axis: usize,
+    },
     Add,
     Mul,
     Silu,

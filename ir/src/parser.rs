@@ -30,7 +30,11 @@ use crate::span::Span;
 /// diagnostic found.
 pub fn parse(src: &str) -> (File, Vec<Diagnostic>) {
     let (tokens, mut diags) = lex(src);
-    let mut p = Parser { tokens, pos: 0, diags: Vec::new() };
+    let mut p = Parser {
+        tokens,
+        pos: 0,
+        diags: Vec::new(),
+    };
     let file = p.file();
     diags.append(&mut p.diags);
     diags.sort_by_key(|d| d.span.start);
@@ -42,7 +46,9 @@ struct Recover;
 
 type PResult<T> = Result<T, Recover>;
 
-const KEYWORDS: &[&str] = &["input", "output", "emit", "memory", "append", "repeat", "in"];
+const KEYWORDS: &[&str] = &[
+    "input", "output", "emit", "memory", "append", "repeat", "in",
+];
 
 struct Parser {
     tokens: Vec<Token>,
@@ -124,7 +130,10 @@ impl Parser {
     /// Skip to the start of the next line (error recovery). Stops before a
     /// `}` so an enclosing block still sees its end.
     fn recover_line(&mut self) {
-        while !matches!(self.peek(), TokenKind::Newline | TokenKind::Eof | TokenKind::RBrace) {
+        while !matches!(
+            self.peek(),
+            TokenKind::Newline | TokenKind::Eof | TokenKind::RBrace
+        ) {
             self.bump();
         }
         self.eat(&TokenKind::Newline);
@@ -169,32 +178,9 @@ impl Parser {
         file
     }
 
-    /// Item names may contain `-` and `.` (`smollm2-135m`, `llama-3.2`).
+    /// The item name; the lexer keeps `smollm2-135m` in one token.
     fn item_name(&mut self) -> PResult<Ident> {
-        let first = self.ident("a name after the item keyword")?;
-        let mut name = first.name;
-        let mut span = first.span;
-        loop {
-            let adjacent = self.span().start == span.end;
-            match self.peek().clone() {
-                TokenKind::Minus | TokenKind::Dot if adjacent => {
-                    let sep = if self.at(&TokenKind::Minus) { '-' } else { '.' };
-                    self.bump();
-                    name.push(sep);
-                    span = span.to(self.prev_span());
-                }
-                TokenKind::Ident(part) if adjacent => {
-                    name.push_str(&part);
-                    span = span.to(self.bump().span);
-                }
-                TokenKind::Int(i) if adjacent => {
-                    name.push_str(&i.to_string());
-                    span = span.to(self.bump().span);
-                }
-                _ => break,
-            }
-        }
-        Ok(Ident { name, span })
+        self.ident("a name after the item keyword")
     }
 
     /// Lines until EOF (top level) or `}` (inside a repeat block).
@@ -207,7 +193,9 @@ impl Parser {
                         self.diags.push(
                             Diagnostic::error(open, "unterminated `repeat` block")
                                 .with_label("this `{` is never closed")
-                                .with_note("expected `}` on its own line before the end of the file"),
+                                .with_note(
+                                    "expected `}` on its own line before the end of the file",
+                                ),
                         );
                     }
                     return;
@@ -218,7 +206,8 @@ impl Parser {
                     }
                     let span = self.bump().span;
                     self.diags.push(
-                        Diagnostic::error(span, "unmatched `}`").with_label("no `repeat` block is open here"),
+                        Diagnostic::error(span, "unmatched `}`")
+                            .with_label("no `repeat` block is open here"),
                     );
                 }
                 _ => match self.line(settings, stmts) {
@@ -237,13 +226,21 @@ impl Parser {
         let start = self.span();
         let word = match self.peek().clone() {
             TokenKind::Ident(w) => w,
-            _ => return Err(self.error_here("a statement (`name = …`, `input`, `output`, `repeat`) or a setting")),
+            _ => {
+                return Err(self.error_here(
+                    "a statement (`name = …`, `input`, `output`, `repeat`) or a setting",
+                ))
+            }
         };
         let kind = match word.as_str() {
             "input" => {
                 self.bump();
                 let name = self.ident("an input name")?;
-                let source = if self.eat(&TokenKind::Eq) { Some(self.expr()?) } else { None };
+                let source = if self.eat(&TokenKind::Eq) {
+                    Some(self.expr()?)
+                } else {
+                    None
+                };
                 let ty = self.type_ann()?;
                 StmtKind::Input { name, source, ty }
             }
@@ -259,7 +256,11 @@ impl Parser {
                 self.expect(TokenKind::RBracket, "`]`")?;
                 self.expect(TokenKind::Eq, "`=`")?;
                 let value = self.expr()?;
-                StmtKind::Emit { stream, index, value }
+                StmtKind::Emit {
+                    stream,
+                    index,
+                    value,
+                }
             }
             "memory" | "append" => {
                 self.bump();
@@ -274,7 +275,11 @@ impl Parser {
                 self.expect(TokenKind::Eq, "`=`")?;
                 let value = self.expr()?;
                 if word == "memory" {
-                    StmtKind::Memory { name, index, init: value }
+                    StmtKind::Memory {
+                        name,
+                        index,
+                        init: value,
+                    }
                 } else {
                     StmtKind::Append { name, index, value }
                 }
@@ -313,7 +318,13 @@ impl Parser {
                 if !self.eat(&TokenKind::RBrace) {
                     return Err(Recover); // unterminated; already reported
                 }
-                StmtKind::Repeat { var, start: start_e, end: end_e, body, open }
+                StmtKind::Repeat {
+                    var,
+                    start: start_e,
+                    end: end_e,
+                    body,
+                    open,
+                }
             }
             _ => match self.peek_at(1) {
                 TokenKind::Eq | TokenKind::Comma => self.let_stmt(false)?,
@@ -337,15 +348,21 @@ impl Parser {
                 }
             },
         };
-        stmts.push(Stmt { kind, span: start.to(self.prev_span()) });
+        stmts.push(Stmt {
+            kind,
+            span: start.to(self.prev_span()),
+        });
         Ok(())
     }
 
     fn error_here_at_prev(&mut self, word: &str) -> Recover {
         let span = self.prev_span();
         self.diags.push(
-            Diagnostic::error(span, format!("expected `=` or a value after `{word}`, found end of line"))
-                .with_label("a line is `name = expression` or a setting `key value`"),
+            Diagnostic::error(
+                span,
+                format!("expected `=` or a value after `{word}`, found end of line"),
+            )
+            .with_label("a line is `name = expression` or a setting `key value`"),
         );
         Recover
     }
@@ -358,7 +375,12 @@ impl Parser {
         self.expect(TokenKind::Eq, "`=`")?;
         let value = self.expr()?;
         let ty = self.type_ann()?;
-        Ok(StmtKind::Let { names, value, ty, output })
+        Ok(StmtKind::Let {
+            names,
+            value,
+            ty,
+            output,
+        })
     }
 
     fn binding_name(&mut self) -> PResult<Ident> {
@@ -393,7 +415,11 @@ impl Parser {
             TokenKind::Ident(_) => Some(self.ident("a dtype")?),
             _ => None,
         };
-        Ok(Some(TypeAnn { dims, dtype, span: start.to(self.prev_span()) }))
+        Ok(Some(TypeAnn {
+            dims,
+            dtype,
+            span: start.to(self.prev_span()),
+        }))
     }
 
     fn expr(&mut self) -> PResult<Expr> {
@@ -401,7 +427,10 @@ impl Parser {
         if self.eat(&TokenKind::DotDot) {
             let rhs = self.sum()?;
             let span = lhs.span.to(rhs.span);
-            return Ok(Expr { kind: ExprKind::Range(Box::new(lhs), Box::new(rhs)), span });
+            return Ok(Expr {
+                kind: ExprKind::Range(Box::new(lhs), Box::new(rhs)),
+                span,
+            });
         }
         Ok(lhs)
     }
@@ -417,7 +446,10 @@ impl Parser {
             self.bump();
             let rhs = self.term()?;
             let span = lhs.span.to(rhs.span);
-            lhs = Expr { kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), span };
+            lhs = Expr {
+                kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+                span,
+            };
         }
     }
 
@@ -433,7 +465,10 @@ impl Parser {
             self.bump();
             let rhs = self.unary()?;
             let span = lhs.span.to(rhs.span);
-            lhs = Expr { kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)), span };
+            lhs = Expr {
+                kind: ExprKind::Binary(op, Box::new(lhs), Box::new(rhs)),
+                span,
+            };
         }
     }
 
@@ -442,7 +477,10 @@ impl Parser {
             let start = self.bump().span;
             let inner = self.unary()?;
             let span = start.to(inner.span);
-            return Ok(Expr { kind: ExprKind::Neg(Box::new(inner)), span });
+            return Ok(Expr {
+                kind: ExprKind::Neg(Box::new(inner)),
+                span,
+            });
         }
         self.postfix()
     }
@@ -455,7 +493,10 @@ impl Parser {
                     self.bump();
                     let field = self.ident("a field name after `.`")?;
                     let span = e.span.to(field.span);
-                    e = Expr { kind: ExprKind::Field(Box::new(e), field), span };
+                    e = Expr {
+                        kind: ExprKind::Field(Box::new(e), field),
+                        span,
+                    };
                 }
                 TokenKind::LParen => {
                     self.bump();
@@ -469,7 +510,14 @@ impl Parser {
                     } else {
                         None
                     };
-                    e = Expr { kind: ExprKind::Call { callee: Box::new(e), args, weights }, span };
+                    e = Expr {
+                        kind: ExprKind::Call {
+                            callee: Box::new(e),
+                            args,
+                            weights,
+                        },
+                        span,
+                    };
                 }
                 TokenKind::LBracket => {
                     self.bump();
@@ -482,7 +530,13 @@ impl Parser {
                     }
                     let close = self.expect(TokenKind::RBracket, "`,` or `]`")?;
                     let span = e.span.to(close);
-                    e = Expr { kind: ExprKind::Index { base: Box::new(e), indices }, span };
+                    e = Expr {
+                        kind: ExprKind::Index {
+                            base: Box::new(e),
+                            indices,
+                        },
+                        span,
+                    };
                 }
                 TokenKind::WeightPath(_) => {
                     let span = self.span();
@@ -542,7 +596,10 @@ impl Parser {
                 self.bump();
                 let inner = self.expr()?;
                 let close = self.expect(TokenKind::RParen, "`)`")?;
-                return Ok(Expr { kind: inner.kind, span: span.to(close) });
+                return Ok(Expr {
+                    kind: inner.kind,
+                    span: span.to(close),
+                });
             }
             TokenKind::LBracket => {
                 self.bump();
@@ -556,7 +613,10 @@ impl Parser {
                     }
                 }
                 let close = self.expect(TokenKind::RBracket, "`,` or `]`")?;
-                return Ok(Expr { kind: ExprKind::List(items), span: span.to(close) });
+                return Ok(Expr {
+                    kind: ExprKind::List(items),
+                    span: span.to(close),
+                });
             }
             _ => return Err(self.error_here("an expression")),
         };
@@ -575,7 +635,11 @@ pub fn parse_expr_fragment(src: &str, offset: usize) -> Result<Expr, Vec<Diagnos
     for d in &mut diags {
         d.span = shift(d.span);
     }
-    let mut p = Parser { tokens, pos: 0, diags: Vec::new() };
+    let mut p = Parser {
+        tokens,
+        pos: 0,
+        diags: Vec::new(),
+    };
     let e = p.expr();
     if !p.at(&TokenKind::Eof) && e.is_ok() {
         let _ = p.error_here("end of the expression");

@@ -39,10 +39,13 @@ fn header(g: &Graph) -> String {
     if let Some(mask) = &m.base_mask {
         let _ = writeln!(out, "mask {mask}");
     }
-    for (k, v) in &m.exports {
-        let _ = writeln!(out, "{k} {v}");
+    let self_speculative = m.base.is_some();
+    if g.kind == ItemKind::Model {
+        for (k, v) in &m.exports {
+            let _ = writeln!(out, "{k} {v}");
+        }
     }
-    for (k, v) in &m.ints {
+    for (k, v) in m.ints.iter().filter(|_| !self_speculative) {
         let _ = writeln!(out, "{k} {v}");
     }
     out
@@ -66,14 +69,22 @@ pub fn body(g: &Graph) -> String {
                     let idx = if *stacked && indices.len() == 1 {
                         format!("{}..{}", indices[0], indices[0] + 1)
                     } else {
-                        indices.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+                        indices
+                            .iter()
+                            .map(|i| i.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     };
                     let _ = writeln!(out, "input {} = target.hidden[{idx}] : {ty}", node.name);
                 }
             }
             continue;
         }
-        let kw = if g.outputs.contains(&id) { "output " } else { "" };
+        let kw = if g.outputs.contains(&id) {
+            "output "
+        } else {
+            ""
+        };
         let _ = writeln!(out, "{kw}{} = {} : {ty}", node.name, call(g, node));
     }
     for (stream, i, v) in &g.emits {
@@ -88,10 +99,20 @@ pub fn body(g: &Graph) -> String {
 /// A node's right-hand side: `linear(x, 576, bias) @w`.
 pub fn call(g: &Graph, node: &Node) -> String {
     let arg = |i: usize| g.node(node.inputs[i]).name.clone();
-    let all = || node.inputs.iter().map(|i| g.node(*i).name.clone()).collect::<Vec<_>>().join(", ");
+    let all = || {
+        node.inputs
+            .iter()
+            .map(|i| g.node(*i).name.clone())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let text = match &node.op {
         Op::Input(_) => "input".to_string(),
-        Op::Linear { out, bias } => format!("linear({}, {out}{})", arg(0), if *bias { ", bias" } else { "" }),
+        Op::Linear { out, bias } => format!(
+            "linear({}, {out}{})",
+            arg(0),
+            if *bias { ", bias" } else { "" }
+        ),
         Op::RmsNorm { eps } => format!("rms_norm({}, eps={eps})", arg(0)),
         Op::GroupRmsNorm { eps } => format!("group_rms_norm({}, eps={eps})", arg(0)),
         Op::Rope { theta } => format!("rope({}, theta={theta})", arg(0)),
@@ -100,7 +121,11 @@ pub fn call(g: &Graph, node: &Node) -> String {
             if a.cross {
                 let _ = write!(s, ", kv={}", arg(1));
             }
-            let _ = write!(s, ", heads={}, kv_heads={}, head_dim={}, mask={}", a.heads, a.kv_heads, a.head_dim, a.mask);
+            let _ = write!(
+                s,
+                ", heads={}, kv_heads={}, head_dim={}, mask={}",
+                a.heads, a.kv_heads, a.head_dim, a.mask
+            );
             if a.axis == Axis::Draft {
                 s.push_str(", axis=draft");
             }
@@ -121,11 +146,15 @@ pub fn call(g: &Graph, node: &Node) -> String {
         }
         Op::SwiGlu { hidden } => format!("swiglu({}, {hidden})", arg(0)),
         Op::Embedding { vocab, dim } => format!("embedding({}, {vocab}, {dim})", arg(0)),
-        Op::TargetEmbed | Op::TargetLmHead | Op::TargetNorm => format!("{}({})", node.op.name(), arg(0)),
+        Op::TargetEmbed | Op::TargetLmHead | Op::TargetNorm => {
+            format!("{}({})", node.op.name(), arg(0))
+        }
         Op::Reshape { shape } => format!("reshape({}, {})", arg(0), fmt_shape(shape)),
         Op::Concat { axis } => format!("concat({}, axis={axis})", all()),
         Op::Stack { axis } => format!("stack({}, axis={axis})", all()),
-        Op::Split { axis, parts, index } => format!("split({}, {parts}, axis={axis}, index={index})", arg(0)),
+        Op::Split { axis, parts, index } => {
+            format!("split({}, {parts}, axis={axis}, index={index})", arg(0))
+        }
         Op::Add => format!("add({}, {})", arg(0), arg(1)),
         Op::Mul => format!("mul({}, {})", arg(0), arg(1)),
         Op::Silu => format!("silu({})", arg(0)),

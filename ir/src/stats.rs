@@ -30,7 +30,11 @@ pub fn param_stats(g: &Graph) -> ParamStats {
     let mut tensors = Vec::new();
     let mut sum = Dim::constant(0);
     for p in g.params() {
-        let n = p.shape.iter().try_fold(Dim::constant(1), |a, d| a.checked_mul(d)).unwrap_or_default();
+        let n = p
+            .shape
+            .iter()
+            .try_fold(Dim::constant(1), |a, d| a.checked_mul(d))
+            .unwrap_or_default();
         sum = sum.checked_add(&n).unwrap_or_default();
         tensors.push((p, n));
     }
@@ -90,9 +94,22 @@ pub fn flop_stats(g: &Graph, context: i64, target_dims: (i64, i64)) -> FlopStats
             Op::Rope { .. } => 3 * out,
             Op::Attention(a) => {
                 let dm = last_in;
-                let rows = if dm > 0 { numel(&in0.map(|t| t.dims.clone()).unwrap_or_default()) / dm } else { 0 };
-                let dkv = node.inputs.get(1).and_then(|i| g.node(*i).ty.dims.last()).map(eval).unwrap_or(dm);
-                let proj = 2 * rows * (dm * a.heads * a.head_dim + 2 * dkv * a.kv_heads * a.head_dim + a.heads * a.head_dim * dm);
+                let rows = if dm > 0 {
+                    numel(&in0.map(|t| t.dims.clone()).unwrap_or_default()) / dm
+                } else {
+                    0
+                };
+                let dkv = node
+                    .inputs
+                    .get(1)
+                    .and_then(|i| g.node(*i).ty.dims.last())
+                    .map(eval)
+                    .unwrap_or(dm);
+                let proj = 2
+                    * rows
+                    * (dm * a.heads * a.head_dim
+                        + 2 * dkv * a.kv_heads * a.head_dim
+                        + a.heads * a.head_dim * dm);
                 let keys = match (a.axis, &a.cache, a.mask, &a.memory) {
                     (Axis::Draft, ..) => vals.get("l").copied().unwrap_or(1),
                     (_, _, Mask::SlidingWindow { window, sink }, _) => context.min(window + sink),
@@ -110,11 +127,21 @@ pub fn flop_stats(g: &Graph, context: i64, target_dims: (i64, i64)) -> FlopStats
             Op::Add | Op::Mul => out,
             Op::Silu => 4 * out,
             Op::LayerSum => 2 * in0.map(|t| numel(&t.dims)).unwrap_or(0),
-            Op::Input(_) | Op::Embedding { .. } | Op::TargetEmbed | Op::Reshape { .. } | Op::Concat { .. } | Op::Split { .. } | Op::Stack { .. } => 0,
+            Op::Input(_)
+            | Op::Embedding { .. }
+            | Op::TargetEmbed
+            | Op::Reshape { .. }
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Stack { .. } => 0,
         };
         *by_op.entry(node.op.name()).or_insert(0) += f;
     }
     let _ = target_dims.1;
     let total = by_op.values().sum();
-    FlopStats { context, by_op, total }
+    FlopStats {
+        context,
+        by_op,
+        total,
+    }
 }

@@ -72,7 +72,9 @@ impl TensorType {
 
     /// Product of all dims.
     pub fn numel(&self) -> Option<Dim> {
-        self.dims.iter().try_fold(Dim::constant(1), |acc, d| acc.checked_mul(d))
+        self.dims
+            .iter()
+            .try_fold(Dim::constant(1), |acc, d| acc.checked_mul(d))
     }
 }
 

@@ -15,7 +15,10 @@ pub fn verify(g: &Graph) -> Result<(), String> {
         }
         for inp in &node.inputs {
             if inp.index() >= i {
-                return Err(format!("node `{}` uses {inp}, which is not defined before it", node.name));
+                return Err(format!(
+                    "node `{}` uses {inp}, which is not defined before it",
+                    node.name
+                ));
             }
         }
     }
@@ -23,7 +26,12 @@ pub fn verify(g: &Graph) -> Result<(), String> {
         return Err("span table length differs from node count".into());
     }
     let n = g.nodes.len();
-    let roots = g.outputs.iter().chain(g.inputs.iter()).chain(g.emits.iter().map(|e| &e.2)).chain(g.appends.iter().map(|a| &a.1));
+    let roots = g
+        .outputs
+        .iter()
+        .chain(g.inputs.iter())
+        .chain(g.emits.iter().map(|e| &e.2))
+        .chain(g.appends.iter().map(|a| &a.1));
     for r in roots {
         if r.index() >= n {
             return Err(format!("root {r} is out of range"));
@@ -32,7 +40,9 @@ pub fn verify(g: &Graph) -> Result<(), String> {
     let mut shapes: HashMap<String, Vec<crate::dim::Dim>> = HashMap::new();
     for id in g.ids() {
         let node = g.node(id);
-        let Some(prefix) = &node.weights else { continue };
+        let Some(prefix) = &node.weights else {
+            continue;
+        };
         let inputs: Vec<_> = node.inputs.iter().map(|i| &g.node(*i).ty).collect();
         for (suffix, shape) in crate::lower::param_shapes(&node.op, &inputs, &node.ty) {
             let name = format!("{prefix}.{suffix}");

@@ -3,18 +3,31 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use draftc_runtime::cli;
 
 #[derive(Parser)]
-#[command(name = "draftc", version, about = "Compiler and runtime for speculative-decoding drafters")]
+#[command(
+    name = "draftc",
+    version,
+    about = "Compiler and runtime for speculative-decoding drafters"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Parse and type-check description files (exit 1 with diagnostics on errors).
+    Check(cli::check::CheckArgs),
+    /// Show a file's typed graph, parameter counts and FLOPs per token.
+    Inspect(cli::inspect::InspectArgs),
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Check(args) => cli::check::run(args),
+        Command::Inspect(args) => cli::inspect::run(args),
+    }
 }

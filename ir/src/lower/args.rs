@@ -71,7 +71,8 @@ impl<'e> CallArgs<'e> {
                 ExprKind::Name(v) if v == "false" => false,
                 _ => {
                     diags.push(
-                        Diagnostic::error(self.named[i].2.span, format!("bad value for `{name}`")).with_label("expected `true` or `false`"),
+                        Diagnostic::error(self.named[i].2.span, format!("bad value for `{name}`"))
+                            .with_label("expected `true` or `false`"),
                     );
                     false
                 }
@@ -87,14 +88,27 @@ impl<'e> CallArgs<'e> {
     }
 
     pub fn missing(&self, name: &str, example: &str) -> Diagnostic {
-        Diagnostic::error(self.span, format!("wrong number of arguments: `{}` needs `{name}`", self.op))
-            .with_label(format!("missing `{name}`"))
-            .with_note(format!("signature: {}({}); e.g. `{example}`", self.op, self.signature.join(", ")))
+        Diagnostic::error(
+            self.span,
+            format!("wrong number of arguments: `{}` needs `{name}`", self.op),
+        )
+        .with_label(format!("missing `{name}`"))
+        .with_note(format!(
+            "signature: {}({}); e.g. `{example}`",
+            self.op,
+            self.signature.join(", ")
+        ))
     }
 
     /// Report arguments nothing consumed.
     pub fn finish(&self, diags: &mut Vec<Diagnostic>) {
-        let extra: Vec<&&Expr> = self.positional.iter().zip(&self.used_pos).filter(|(_, u)| !**u).map(|(e, _)| e).collect();
+        let extra: Vec<&&Expr> = self
+            .positional
+            .iter()
+            .zip(&self.used_pos)
+            .filter(|(_, u)| !**u)
+            .map(|(e, _)| e)
+            .collect();
         if let Some(first) = extra.first() {
             let span = extra.iter().fold(first.span, |s, e| s.to(e.span));
             let used = self.used_pos.iter().filter(|u| **u).count();
@@ -109,7 +123,11 @@ impl<'e> CallArgs<'e> {
                 diags.push(
                     Diagnostic::error(*span, format!("unknown argument `{n}` for `{}`", self.op))
                         .with_label("not a parameter of this op")
-                        .with_note(format!("signature: {}({})", self.op, self.signature.join(", "))),
+                        .with_note(format!(
+                            "signature: {}({})",
+                            self.op,
+                            self.signature.join(", ")
+                        )),
                 );
             }
         }

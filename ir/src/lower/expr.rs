@@ -40,7 +40,11 @@ pub(super) fn closest(name: &str, candidates: &[String]) -> Option<String> {
         for (i, ca) in a.chars().enumerate() {
             let mut cur = vec![i + 1];
             for (j, cb) in b.iter().enumerate() {
-                cur.push((prev[j] + (ca != *cb) as usize).min(prev[j + 1] + 1).min(cur[j] + 1));
+                cur.push(
+                    (prev[j] + (ca != *cb) as usize)
+                        .min(prev[j + 1] + 1)
+                        .min(cur[j] + 1),
+                );
             }
             prev = cur;
         }
@@ -64,7 +68,10 @@ impl Lowerer<'_> {
                 Val::Dim(d) => self.dim_result(d.checked_neg(), e.span),
                 Val::Float(x) => Val::Float(-x),
                 Val::Tensor(_) => {
-                    self.error(Diagnostic::error(e.span, "tensors cannot be negated").with_label("`-` applies to sizes and numbers"));
+                    self.error(
+                        Diagnostic::error(e.span, "tensors cannot be negated")
+                            .with_label("`-` applies to sizes and numbers"),
+                    );
                     Val::Error
                 }
                 Val::Error => Val::Error,
@@ -73,19 +80,36 @@ impl Lowerer<'_> {
                 let (va, vb) = (self.expr(a), self.expr(b));
                 self.binary(*op, va, vb, a.span, b.span, e.span)
             }
-            ExprKind::Call { callee, args, weights } => self.call(e, callee, args, weights.as_ref()),
+            ExprKind::Call {
+                callee,
+                args,
+                weights,
+            } => self.call(e, callee, args, weights.as_ref()),
             ExprKind::Index { base, indices } => self.index(base, indices, e.span),
             ExprKind::Field(base, field) => {
-                let what = if is_target(base) { format!("`target.{}` must be called or indexed", field.name) } else { "field access is only valid on `target`".to_string() };
-                self.error(Diagnostic::error(e.span, what).with_label("e.g. `target.lm_head(x)` or `target.hidden[n]`"));
+                let what = if is_target(base) {
+                    format!("`target.{}` must be called or indexed", field.name)
+                } else {
+                    "field access is only valid on `target`".to_string()
+                };
+                self.error(
+                    Diagnostic::error(e.span, what)
+                        .with_label("e.g. `target.lm_head(x)` or `target.hidden[n]`"),
+                );
                 Val::Error
             }
             ExprKind::List(_) => {
-                self.error(Diagnostic::error(e.span, "a list is only valid as a shape argument").with_label("e.g. `reshape(x, [t, 4*d])`"));
+                self.error(
+                    Diagnostic::error(e.span, "a list is only valid as a shape argument")
+                        .with_label("e.g. `reshape(x, [t, 4*d])`"),
+                );
                 Val::Error
             }
             ExprKind::Range(..) => {
-                self.error(Diagnostic::error(e.span, "a range is only valid in `repeat` or an index list").with_label("unexpected range"));
+                self.error(
+                    Diagnostic::error(e.span, "a range is only valid in `repeat` or an index list")
+                        .with_label("unexpected range"),
+                );
                 Val::Error
             }
         }
@@ -117,7 +141,10 @@ impl Lowerer<'_> {
             return Val::Dim(Dim::symbol(n));
         }
         if n == "target" {
-            self.error(Diagnostic::error(span, "`target` must be followed by a field").with_label("e.g. `target.hidden[n]`"));
+            self.error(
+                Diagnostic::error(span, "`target` must be followed by a field")
+                    .with_label("e.g. `target.hidden[n]`"),
+            );
             return Val::Error;
         }
         self.undefined(n, span);
@@ -128,7 +155,10 @@ impl Lowerer<'_> {
         match d {
             Some(d) => Val::Dim(d),
             None => {
-                self.error(Diagnostic::error(span, "size arithmetic overflows").with_label("this size is too large"));
+                self.error(
+                    Diagnostic::error(span, "size arithmetic overflows")
+                        .with_label("this size is too large"),
+                );
                 Val::Error
             }
         }
@@ -143,18 +173,29 @@ impl Lowerer<'_> {
                 BinOp::Mul => self.dim_result(x.checked_mul(&y), span),
                 BinOp::Div | BinOp::Rem => {
                     let Some(divisor) = y.as_const() else {
-                        self.error(Diagnostic::error(sb, format!("cannot divide by the symbolic size `{y}`")).with_label("expected a constant divisor"));
+                        self.error(
+                            Diagnostic::error(
+                                sb,
+                                format!("cannot divide by the symbolic size `{y}`"),
+                            )
+                            .with_label("expected a constant divisor"),
+                        );
                         return Val::Error;
                     };
                     if divisor == 0 {
-                        self.error(Diagnostic::error(sb, "division by zero").with_label("this is 0"));
+                        self.error(
+                            Diagnostic::error(sb, "division by zero").with_label("this is 0"),
+                        );
                         return Val::Error;
                     }
                     if op == BinOp::Rem {
                         return match x.as_const() {
                             Some(c) => Val::Dim(Dim::constant(c.rem_euclid(divisor))),
                             None => {
-                                self.error(Diagnostic::error(sa, "`%` needs a constant size").with_label("symbolic"));
+                                self.error(
+                                    Diagnostic::error(sa, "`%` needs a constant size")
+                                        .with_label("symbolic"),
+                                );
                                 Val::Error
                             }
                         };
@@ -163,8 +204,11 @@ impl Lowerer<'_> {
                         Some(d) => Val::Dim(d),
                         None => {
                             self.error(
-                                Diagnostic::error(span, format!("`{x}` is not divisible by {divisor}"))
-                                    .with_label("sizes must divide exactly"),
+                                Diagnostic::error(
+                                    span,
+                                    format!("`{x}` is not divisible by {divisor}"),
+                                )
+                                .with_label("sizes must divide exactly"),
                             );
                             Val::Error
                         }
@@ -185,8 +229,14 @@ impl Lowerer<'_> {
             (a, _) => {
                 let (kind_a, kind_b) = (val_kind(&a), "the other side");
                 self.error(
-                    Diagnostic::error(span, format!("`{}` between a {kind_a} and {kind_b} of another kind", op.symbol()))
-                        .with_label("both sides must be tensors, or both sizes"),
+                    Diagnostic::error(
+                        span,
+                        format!(
+                            "`{}` between a {kind_a} and {kind_b} of another kind",
+                            op.symbol()
+                        ),
+                    )
+                    .with_label("both sides must be tensors, or both sizes"),
                 );
                 Val::Error
             }
@@ -194,14 +244,23 @@ impl Lowerer<'_> {
     }
 
     /// `a + b` / `a * b` on tensors with right-aligned broadcasting.
-    pub(crate) fn binary_tensor(&mut self, op: BinOp, a: ValueId, b: ValueId, span: Span) -> Option<ValueId> {
+    pub(crate) fn binary_tensor(
+        &mut self,
+        op: BinOp,
+        a: ValueId,
+        b: ValueId,
+        span: Span,
+    ) -> Option<ValueId> {
         let op = match op {
             BinOp::Add => Op::Add,
             BinOp::Mul => Op::Mul,
             other => {
                 self.error(
-                    Diagnostic::error(span, format!("`{}` is not defined on tensors", other.symbol()))
-                        .with_label("tensors support `+` (residual add) and `*` (elementwise product)"),
+                    Diagnostic::error(
+                        span,
+                        format!("`{}` is not defined on tensors", other.symbol()),
+                    )
+                    .with_label("tensors support `+` (residual add) and `*` (elementwise product)"),
                 );
                 return None;
             }
@@ -209,17 +268,36 @@ impl Lowerer<'_> {
         let (ta, tb) = (self.ty(a).clone(), self.ty(b).clone());
         if !ta.dtype.is_float() || ta.dtype != tb.dtype {
             self.error(
-                Diagnostic::error(span, format!("dtype mismatch: expected two equal float dtypes, found {} and {}", ta.dtype, tb.dtype))
-                    .with_label("operands differ"),
+                Diagnostic::error(
+                    span,
+                    format!(
+                        "dtype mismatch: expected two equal float dtypes, found {} and {}",
+                        ta.dtype, tb.dtype
+                    ),
+                )
+                .with_label("operands differ"),
             );
             return None;
         }
         let Some(dims) = broadcast(&ta.dims, &tb.dims) else {
             self.error(
-                Diagnostic::error(span, format!("shape mismatch: cannot broadcast {} with {}", fmt_shape(&ta.dims), fmt_shape(&tb.dims)))
-                    .with_label("dims must be equal or 1, aligned from the right")
-                    .with_secondary(self.graph.span(a), format!("this is {}", fmt_shape(&ta.dims)))
-                    .with_secondary(self.graph.span(b), format!("this is {}", fmt_shape(&tb.dims))),
+                Diagnostic::error(
+                    span,
+                    format!(
+                        "shape mismatch: cannot broadcast {} with {}",
+                        fmt_shape(&ta.dims),
+                        fmt_shape(&tb.dims)
+                    ),
+                )
+                .with_label("dims must be equal or 1, aligned from the right")
+                .with_secondary(
+                    self.graph.span(a),
+                    format!("this is {}", fmt_shape(&ta.dims)),
+                )
+                .with_secondary(
+                    self.graph.span(b),
+                    format!("this is {}", fmt_shape(&tb.dims)),
+                ),
             );
             return None;
         };
@@ -231,7 +309,11 @@ impl Lowerer<'_> {
             Val::Tensor(_) | Val::Error => v,
             other => {
                 self.error(
-                    Diagnostic::error(span, format!("expected a tensor, found a {}", val_kind(&other))).with_label("this is not a tensor value"),
+                    Diagnostic::error(
+                        span,
+                        format!("expected a tensor, found a {}", val_kind(&other)),
+                    )
+                    .with_label("this is not a tensor value"),
                 );
                 Val::Error
             }
@@ -244,7 +326,13 @@ impl Lowerer<'_> {
             Val::Dim(d) => Some(d),
             Val::Error => None,
             other => {
-                self.error(Diagnostic::error(e.span, format!("expected a size, found a {}", val_kind(&other))).with_label("expected an integer size expression"));
+                self.error(
+                    Diagnostic::error(
+                        e.span,
+                        format!("expected a size, found a {}", val_kind(&other)),
+                    )
+                    .with_label("expected an integer size expression"),
+                );
                 None
             }
         }
@@ -257,13 +345,24 @@ impl Lowerer<'_> {
         match subst.as_ref().and_then(|d| d.as_const()) {
             Some(c) => Some(c),
             None => {
-                self.error(Diagnostic::error(e.span, format!("expected {what} known before running, found `{d}`")).with_label("depends on a runtime size"));
+                self.error(
+                    Diagnostic::error(
+                        e.span,
+                        format!("expected {what} known before running, found `{d}`"),
+                    )
+                    .with_label("depends on a runtime size"),
+                );
                 None
             }
         }
     }
 
     fn index(&mut self, base: &Expr, indices: &[Expr], span: Span) -> Val {
+        if let ExprKind::Name(stream) = &base.kind {
+            if self.graph.emits.iter().any(|(s, _, _)| s == stream) {
+                return self.stream_values(stream, indices, span);
+            }
+        }
         match &base.kind {
             ExprKind::Field(b, field) if is_target(b) && field.name == "hidden" => {
                 self.error(
@@ -272,15 +371,106 @@ impl Lowerer<'_> {
                 );
             }
             _ => {
-                self.error(Diagnostic::error(span, "indexing is only valid on `target.hidden` and state names").with_label("unexpected index"));
+                self.error(
+                    Diagnostic::error(
+                        span,
+                        "indexing is only valid on `target.hidden` and state names",
+                    )
+                    .with_label("unexpected index"),
+                );
             }
         }
         let _ = indices;
         Val::Error
     }
 
+    /// `act[i]` is the value emitted as `act[i]`; `act[0..3]` or `act[0, 2]`
+    /// stacks the emitted values along a new dim −2 (`[t, k, d]`).
+    fn stream_values(&mut self, stream: &str, indices: &[Expr], span: Span) -> Val {
+        let mut wanted = Vec::new();
+        let mut ranged = false;
+        for e in indices {
+            match &e.kind {
+                ExprKind::Range(a, b) => {
+                    ranged = true;
+                    let (Some(a), Some(b)) = (
+                        self.const_int(a, "a stream index"),
+                        self.const_int(b, "a stream index"),
+                    ) else {
+                        return Val::Error;
+                    };
+                    wanted.extend((a..b).map(|i| (i, e.span)));
+                }
+                _ => match self.const_int(e, "a stream index") {
+                    Some(i) => wanted.push((i, e.span)),
+                    None => return Val::Error,
+                },
+            }
+        }
+        let mut ids = Vec::new();
+        for (i, s) in wanted {
+            match self
+                .graph
+                .emits
+                .iter()
+                .find(|(n, j, _)| n == stream && *j == i)
+            {
+                Some((_, _, id)) => ids.push(*id),
+                None => {
+                    self.error(
+                        Diagnostic::error(s, format!("`{stream}[{i}]` was never emitted"))
+                            .with_label("no such element"),
+                    );
+                    return Val::Error;
+                }
+            }
+        }
+        if ids.len() == 1 && !ranged {
+            return Val::Tensor(ids[0]);
+        }
+        if ids.is_empty() {
+            self.error(
+                Diagnostic::error(span, "no elements selected")
+                    .with_label("the index list is empty"),
+            );
+            return Val::Error;
+        }
+        let first = self.ty(ids[0]).clone();
+        for id in &ids {
+            if self.ty(*id) != &first {
+                let found = fmt_shape(&self.ty(*id).dims);
+                self.error(
+                    Diagnostic::error(
+                        span,
+                        format!(
+                            "shape mismatch: stacked elements of `{stream}` differ: {} and {found}",
+                            fmt_shape(&first.dims)
+                        ),
+                    )
+                    .with_label("cannot stack"),
+                );
+                return Val::Error;
+            }
+        }
+        let axis = first.rank().saturating_sub(1);
+        let mut dims = first.dims.clone();
+        dims.insert(axis, Dim::constant(ids.len() as i64));
+        Val::Tensor(self.push(
+            Op::Stack { axis },
+            ids,
+            TensorType::new(dims, first.dtype),
+            span,
+        ))
+    }
+
     /// `input NAME = target.hidden[…] : TYPE` or `input NAME : TYPE`.
-    pub(crate) fn input(&mut self, name: &Ident, source: Option<&Expr>, ty: Option<&crate::ast::TypeAnn>, span: Span) -> Option<ValueId> {
+    pub(crate) fn input(
+        &mut self,
+        name: &Ident,
+        source: Option<&Expr>,
+        ty: Option<&crate::ast::TypeAnn>,
+        span: Span,
+    ) -> Option<ValueId> {
         let Some(src) = source else {
             let Some(ann) = ty else {
                 self.error(
@@ -295,35 +485,68 @@ impl Lowerer<'_> {
                 Some(d) => match DType::parse(&d.name) {
                     Some(dt) => dt,
                     None => {
-                        self.error(Diagnostic::error(d.span, format!("unknown dtype `{}`", d.name)).with_label(format!("expected one of {}", DType::NAMES.join(", "))));
+                        self.error(
+                            Diagnostic::error(d.span, format!("unknown dtype `{}`", d.name))
+                                .with_label(format!("expected one of {}", DType::NAMES.join(", "))),
+                        );
                         return None;
                     }
                 },
             };
-            return Some(self.push(Op::Input(InputSource::External), vec![], TensorType::new(dims, dtype), span));
+            return Some(self.push(
+                Op::Input(InputSource::External),
+                vec![],
+                TensorType::new(dims, dtype),
+                span,
+            ));
         };
         let ExprKind::Index { base, indices } = &src.kind else {
-            self.error(Diagnostic::error(src.span, "expected an input source such as `target.hidden[n]`").with_label("not an input source"));
+            self.error(
+                Diagnostic::error(
+                    src.span,
+                    "expected an input source such as `target.hidden[n]`",
+                )
+                .with_label("not an input source"),
+            );
             return None;
         };
-        let ok_base = matches!(&base.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "hidden");
+        let ok_base =
+            matches!(&base.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "hidden");
         if !ok_base {
-            self.error(Diagnostic::error(base.span, "unknown input source").with_label("expected `target.hidden`"));
+            self.error(
+                Diagnostic::error(base.span, "unknown input source")
+                    .with_label("expected `target.hidden`"),
+            );
             return None;
         }
         if self.graph.kind != ItemKind::Drafter {
-            self.error(Diagnostic::error(src.span, "`target` references are only valid in drafter files").with_label("a model reads no target"));
+            self.error(
+                Diagnostic::error(
+                    src.span,
+                    "`target` references are only valid in drafter files",
+                )
+                .with_label("a model reads no target"),
+            );
             return None;
         }
         let taps = self.tap_indices(indices, src.span)?;
-        let stacked = indices.len() > 1 || matches!(indices.first().map(|e| &e.kind), Some(ExprKind::Range(..)));
+        let stacked = indices.len() > 1
+            || matches!(indices.first().map(|e| &e.kind), Some(ExprKind::Range(..)));
         let d = self.config_dim("d", src.span)?;
         let mut dims = vec![Dim::symbol("t")];
         if stacked {
             dims.push(Dim::constant(taps.len() as i64));
         }
         dims.push(d);
-        let id = self.push(Op::Input(InputSource::TargetHidden { indices: taps, stacked }), vec![], TensorType::new(dims, DType::Float), span);
+        let id = self.push(
+            Op::Input(InputSource::TargetHidden {
+                indices: taps,
+                stacked,
+            }),
+            vec![],
+            TensorType::new(dims, DType::Float),
+            span,
+        );
         if let Some(ann) = ty {
             self.check_annotation(id, ann);
         }
@@ -337,7 +560,10 @@ impl Lowerer<'_> {
         for e in indices {
             let range = match &e.kind {
                 ExprKind::Range(a, b) => {
-                    let (a, b) = (self.const_int(a, "a tap index")?, self.const_int(b, "a tap index")?);
+                    let (a, b) = (
+                        self.const_int(a, "a tap index")?,
+                        self.const_int(b, "a tap index")?,
+                    );
                     a..b
                 }
                 _ => {
@@ -357,7 +583,10 @@ impl Lowerer<'_> {
             }
         }
         if taps.is_empty() {
-            self.error(Diagnostic::error(span, "no hidden states selected").with_label("the index list is empty"));
+            self.error(
+                Diagnostic::error(span, "no hidden states selected")
+                    .with_label("the index list is empty"),
+            );
             return None;
         }
         Some(taps)
@@ -369,9 +598,18 @@ impl Lowerer<'_> {
             Some(v) => Some(Dim::constant(v)),
             None => {
                 self.error(
-                    Diagnostic::error(span, format!("the target preset `{}` does not define `{name}`", self.config.name))
-                        .with_label(format!("needs the target's `{name}`"))
-                        .with_note(format!("it defines: {}", self.config.defined_names().join(", "))),
+                    Diagnostic::error(
+                        span,
+                        format!(
+                            "the target preset `{}` does not define `{name}`",
+                            self.config.name
+                        ),
+                    )
+                    .with_label(format!("needs the target's `{name}`"))
+                    .with_note(format!(
+                        "it defines: {}",
+                        self.config.defined_names().join(", ")
+                    )),
                 );
                 None
             }
@@ -379,15 +617,26 @@ impl Lowerer<'_> {
     }
 
     pub(crate) fn emit(&mut self, stream: &Ident, index: &Expr, value: &Expr) {
-        if self.graph.kind != ItemKind::Model {
-            self.error(Diagnostic::error(stream.span, "`emit` is only valid in model files").with_label("drafters read the target with `target.hidden[…]`"));
+        let Some(i) = self.const_int(index, "an emit index") else {
             return;
-        }
-        let Some(i) = self.const_int(index, "an emit index") else { return };
+        };
         let v = self.expr(value);
-        let Val::Tensor(id) = self.expect_tensor(v, value.span) else { return };
-        if self.graph.emits.iter().any(|(s, j, _)| s == &stream.name && *j == i) {
-            self.error(Diagnostic::error(index.span, format!("`{}[{i}]` is emitted twice", stream.name)).with_label("already emitted"));
+        let Val::Tensor(id) = self.expect_tensor(v, value.span) else {
+            return;
+        };
+        if self
+            .graph
+            .emits
+            .iter()
+            .any(|(s, j, _)| s == &stream.name && *j == i)
+        {
+            self.error(
+                Diagnostic::error(
+                    index.span,
+                    format!("`{}[{i}]` is emitted twice", stream.name),
+                )
+                .with_label("already emitted"),
+            );
             return;
         }
         self.graph.emits.push((stream.name.clone(), i, id));
@@ -398,55 +647,109 @@ impl Lowerer<'_> {
             Some(e) => vec![self.const_int(e, "a state index")?],
             None => Vec::new(),
         };
-        Some(StateName { name: name.name.clone(), index })
+        Some(StateName {
+            name: name.name.clone(),
+            index,
+        })
     }
 
     pub(crate) fn memory(&mut self, name: &Ident, index: Option<&Expr>, init: &Expr, span: Span) {
         if self.graph.kind != ItemKind::Drafter {
-            self.error(Diagnostic::error(span, "`memory` is only valid in drafter files").with_label("memory streams are seeded from the target"));
+            self.error(
+                Diagnostic::error(span, "`memory` is only valid in drafter files")
+                    .with_label("memory streams are seeded from the target"),
+            );
             return;
         }
-        let Some(state) = self.state_name(name, index) else { return };
+        let Some(state) = self.state_name(name, index) else {
+            return;
+        };
         let seed = match &init.kind {
-            ExprKind::Index { base, indices } if matches!(&base.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "hidden") && indices.len() == 1 => {
+            ExprKind::Index { base, indices }
+                if matches!(&base.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "hidden")
+                    && indices.len() == 1 =>
+            {
                 match self.tap_indices(indices, init.span) {
                     Some(t) if t.len() == 1 => t[0],
                     Some(_) => {
-                        self.error(Diagnostic::error(init.span, "a memory stream is seeded by one hidden state").with_label("expected one index"));
+                        self.error(
+                            Diagnostic::error(
+                                init.span,
+                                "a memory stream is seeded by one hidden state",
+                            )
+                            .with_label("expected one index"),
+                        );
                         return;
                     }
                     None => return,
                 }
             }
             _ => {
-                self.error(Diagnostic::error(init.span, "expected `target.hidden[INDEX]`").with_label("memory streams start from a target hidden state"));
+                self.error(
+                    Diagnostic::error(init.span, "expected `target.hidden[INDEX]`")
+                        .with_label("memory streams start from a target hidden state"),
+                );
                 return;
             }
         };
         if self.graph.memories.iter().any(|m| m.name == state) {
-            self.error(Diagnostic::error(name.span, format!("memory `{state}` is declared twice")).with_label("already declared"));
+            self.error(
+                Diagnostic::error(name.span, format!("memory `{state}` is declared twice"))
+                    .with_label("already declared"),
+            );
             return;
         }
-        let Some(width) = self.config_dim("d", span) else { return };
-        self.graph.memories.push(MemoryDecl { name: state, width, seed });
+        let Some(width) = self.config_dim("d", span) else {
+            return;
+        };
+        self.graph.memories.push(MemoryDecl {
+            name: state,
+            width,
+            seed,
+        });
     }
 
     pub(crate) fn append(&mut self, name: &Ident, index: Option<&Expr>, value: &Expr) {
-        let Some(state) = self.state_name(name, index) else { return };
-        let Some(width) = self.graph.memories.iter().find(|m| m.name == state).map(|m| m.width.clone()) else {
-            self.error(Diagnostic::error(name.span, format!("undefined memory `{state}`")).with_label("declare it with `memory NAME = target.hidden[…]`"));
+        let Some(state) = self.state_name(name, index) else {
+            return;
+        };
+        let Some(width) = self
+            .graph
+            .memories
+            .iter()
+            .find(|m| m.name == state)
+            .map(|m| m.width.clone())
+        else {
+            self.error(
+                Diagnostic::error(name.span, format!("undefined memory `{state}`"))
+                    .with_label("declare it with `memory NAME = target.hidden[…]`"),
+            );
             return;
         };
         let v = self.expr(value);
-        let Val::Tensor(id) = self.expect_tensor(v, value.span) else { return };
+        let Val::Tensor(id) = self.expect_tensor(v, value.span) else {
+            return;
+        };
         let want = vec![Dim::symbol("t"), width];
         if self.ty(id).dims != want {
             let found = fmt_shape(&self.ty(id).dims);
-            self.error(Diagnostic::error(value.span, format!("shape mismatch: expected {}, found {found}", fmt_shape(&want))).with_label("rows appended to the memory"));
+            self.error(
+                Diagnostic::error(
+                    value.span,
+                    format!(
+                        "shape mismatch: expected {}, found {found}",
+                        fmt_shape(&want)
+                    ),
+                )
+                .with_label("rows appended to the memory"),
+            );
             return;
         }
         if self.graph.appends.iter().any(|(s, _)| s == &state) {
-            self.error(Diagnostic::error(name.span, format!("memory `{state}` is appended twice")).with_label("one append per step"));
+            self.error(
+                Diagnostic::error(name.span, format!("memory `{state}` is appended twice"))
+                    .with_label("one append per step"),
+            );
             return;
         }
         self.graph.appends.push((state, id));
@@ -455,16 +758,30 @@ impl Lowerer<'_> {
     /// `a, b = split(x, 2, axis=…)`.
     pub(crate) fn split_destructure(&mut self, count: usize, value: &Expr) -> Vec<Option<ValueId>> {
         let none = vec![None; count];
-        let ExprKind::Call { callee, args, weights } = &value.kind else {
-            self.error(Diagnostic::error(value.span, "only `split` returns several values").with_label("expected `split(…)`"));
+        let ExprKind::Call {
+            callee,
+            args,
+            weights,
+        } = &value.kind
+        else {
+            self.error(
+                Diagnostic::error(value.span, "only `split` returns several values")
+                    .with_label("expected `split(…)`"),
+            );
             return none;
         };
         if !matches!(&callee.kind, ExprKind::Name(n) if n == "split") {
-            self.error(Diagnostic::error(value.span, "only `split` returns several values").with_label("expected `split(…)`"));
+            self.error(
+                Diagnostic::error(value.span, "only `split` returns several values")
+                    .with_label("expected `split(…)`"),
+            );
             return none;
         }
         if let Some(w) = weights {
-            self.error(Diagnostic::error(w.span, "`split` has no weights").with_label("remove this `@name`"));
+            self.error(
+                Diagnostic::error(w.span, "`split` has no weights")
+                    .with_label("remove this `@name`"),
+            );
         }
         match self.split_parts(value, args, Some(count)) {
             Some(ids) => ids.into_iter().map(Some).collect(),
@@ -492,8 +809,16 @@ pub(crate) fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     let one = Dim::constant(1);
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let da = if i + a.len() >= n { &a[i + a.len() - n] } else { &one };
-        let db = if i + b.len() >= n { &b[i + b.len() - n] } else { &one };
+        let da = if i + a.len() >= n {
+            &a[i + a.len() - n]
+        } else {
+            &one
+        };
+        let db = if i + b.len() >= n {
+            &b[i + b.len() - n]
+        } else {
+            &one
+        };
         out.push(if da == db || *db == one {
             da.clone()
         } else if *da == one {

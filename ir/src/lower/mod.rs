@@ -70,12 +70,17 @@ pub(crate) struct Lowerer<'a> {
     /// Weight tensors bound so far: name → (shape, where).
     pub(crate) bound_weights: HashMap<String, (Vec<Dim>, Span)>,
     used_names: HashSet<String>,
+    /// Names whose definition failed: later uses stay silent (no cascades).
+    poisoned: HashSet<String>,
     /// Top-level names defined anywhere in the file: for "used before defined" and cycles.
     later: HashMap<String, (Span, Vec<String>)>,
     /// Index of the statement being lowered (for cycle reports).
     current_binding: Option<String>,
     pub(crate) overrides: Overrides,
     too_big: bool,
+    /// False when the parser reported errors: then a missing output is
+    /// probably a consequence, not worth its own diagnostic.
+    syntax_ok: bool,
 }
 
 /// Changes applied while lowering a base model for self-speculation.
@@ -91,6 +96,7 @@ pub(crate) struct Overrides {
 /// produce a graph; preset files are read with `settings::read_preset`.
 pub fn lower(
     file: &File,
+    syntax_ok: bool,
     config: &TargetConfig,
     symbol_overrides: &BTreeMap<String, i64>,
     resolver: &dyn Resolver,
@@ -99,11 +105,15 @@ pub fn lower(
         return Err(vec![missing_header(file)]);
     };
     if header.kind == ItemKind::Preset {
-        return Err(vec![Diagnostic::error(header.span, "a preset describes no graph")
-            .with_label("this file only sets symbol values")
-            .with_note("check a model or drafter against it with `--target`")]);
+        return Err(vec![Diagnostic::error(
+            header.span,
+            "a preset describes no graph",
+        )
+        .with_label("this file only sets symbol values")
+        .with_note("check a model or drafter against it with `--target`")]);
     }
     let mut lw = Lowerer::new(config, header.kind, &header.name.name);
+    lw.syntax_ok = syntax_ok;
     settings::lower_settings(&mut lw, file, symbol_overrides);
     if lw.graph.meta.base.is_some() {
         return settings::lower_self_speculative(lw, file, symbol_overrides, resolver);
@@ -126,8 +136,15 @@ fn missing_header(file: &File) -> Diagnostic {
         .or(file.settings.first().map(|s| s.span))
         .unwrap_or_default();
     let empty = file.stmts.is_empty() && file.settings.is_empty();
-    Diagnostic::error(span, if empty { "empty description file" } else { "missing file header" })
-        .with_label("expected `model NAME`, `drafter NAME` or `preset NAME` on the first line")
+    Diagnostic::error(
+        span,
+        if empty {
+            "empty description file"
+        } else {
+            "missing file header"
+        },
+    )
+    .with_label("expected `model NAME`, `drafter NAME` or `preset NAME` on the first line")
 }
 
 impl<'a> Lowerer<'a> {
@@ -154,10 +171,12 @@ impl<'a> Lowerer<'a> {
             file_floats: BTreeMap::new(),
             bound_weights: HashMap::new(),
             used_names: HashSet::new(),
+            poisoned: HashSet::new(),
             later: HashMap::new(),
             current_binding: None,
             overrides: Overrides::default(),
             too_big: false,
+            syntax_ok: true,
         }
     }
 
@@ -167,14 +186,17 @@ impl<'a> Lowerer<'a> {
 
     pub(crate) fn finish(mut self, header: Span) -> Result<Graph, Vec<Diagnostic>> {
         if self.diags.is_empty() {
-            if self.graph.outputs.is_empty() {
+            if self.graph.outputs.is_empty() && self.syntax_ok {
                 self.error(
                     Diagnostic::error(header, format!("`{}` has no output", self.graph.name))
                         .with_label("nothing is computed")
                         .with_note("add a line such as `output logits = target.lm_head(x)`"),
                 );
             } else if let Err(msg) = crate::verify::verify(&self.graph) {
-                self.error(Diagnostic::error(header, format!("internal error: graph failed verification: {msg}")));
+                self.error(Diagnostic::error(
+                    header,
+                    format!("internal error: graph failed verification: {msg}"),
+                ));
             }
         }
         if self.diags.is_empty() {
@@ -182,24 +204,40 @@ impl<'a> Lowerer<'a> {
         } else {
             // Loop bodies are lowered once per iteration: report each mistake once.
             let mut seen = HashSet::new();
-            self.diags.retain(|d| seen.insert((d.span, d.message.clone())));
+            self.diags
+                .retain(|d| seen.insert((d.span, d.message.clone())));
             self.diags.sort_by_key(|d| d.span.start);
             Err(self.diags)
         }
     }
 
     /// Add a node; returns its id. `name` None generates `op_N`.
-    pub(crate) fn push(&mut self, op: Op, inputs: Vec<ValueId>, ty: TensorType, span: Span) -> ValueId {
+    pub(crate) fn push(
+        &mut self,
+        op: Op,
+        inputs: Vec<ValueId>,
+        ty: TensorType,
+        span: Span,
+    ) -> ValueId {
         if self.graph.nodes.len() >= MAX_NODES && !self.too_big {
             self.too_big = true;
             self.error(
-                Diagnostic::error(span, format!("graph is too large (more than {MAX_NODES} nodes)"))
-                    .with_label("stopped lowering here"),
+                Diagnostic::error(
+                    span,
+                    format!("graph is too large (more than {MAX_NODES} nodes)"),
+                )
+                .with_label("stopped lowering here"),
             );
         }
         let id = ValueId(self.graph.nodes.len() as u32);
         let name = self.fresh_name(op.name().trim_start_matches("target."));
-        self.graph.nodes.push(Node { name, op, inputs, ty, weights: None });
+        self.graph.nodes.push(Node {
+            name,
+            op,
+            inputs,
+            ty,
+            weights: None,
+        });
         self.graph.spans.0.push(span);
         id
     }
@@ -217,6 +255,9 @@ impl<'a> Lowerer<'a> {
 
     /// Give a node the name of the binding that holds it (if still free).
     fn name_node(&mut self, id: ValueId, name: &str) {
+        if self.graph.node(id).name == name {
+            return;
+        }
         let mut candidate = name.to_string();
         let mut k = 1;
         while self.used_names.contains(&candidate) {
@@ -234,7 +275,11 @@ impl<'a> Lowerer<'a> {
     }
 
     pub(crate) fn lookup(&self, name: &str) -> Option<ValueId> {
-        self.scopes.iter().rev().find_map(|s| s.get(name)).map(|b| b.value)
+        self.scopes
+            .iter()
+            .rev()
+            .find_map(|s| s.get(name))
+            .map(|b| b.value)
     }
 
     /// Names a binding may not take: symbols, loop variables, `target`.
@@ -246,17 +291,26 @@ impl<'a> Lowerer<'a> {
             return Some(format!("`{name}` is a setting of this file"));
         }
         if self.config.ints.contains_key(name) || self.config.floats.contains_key(name) {
-            return Some(format!("`{name}` is a symbol of the target preset `{}`", self.config.name));
+            return Some(format!(
+                "`{name}` is a symbol of the target preset `{}`",
+                self.config.name
+            ));
         }
         if name == "t" || name == "b" {
-            return Some(format!("`{name}` is the symbolic {} dimension", if name == "t" { "token" } else { "batch" }));
+            return Some(format!(
+                "`{name}` is the symbolic {} dimension",
+                if name == "t" { "token" } else { "batch" }
+            ));
         }
         None
     }
 
     fn bind(&mut self, name: &crate::ast::Ident, value: ValueId) {
         if let Some(reason) = self.reserved_reason(&name.name) {
-            self.error(Diagnostic::error(name.span, format!("cannot bind `{}`: {reason}", name.name)).with_label("pick another name"));
+            self.error(
+                Diagnostic::error(name.span, format!("cannot bind `{}`: {reason}", name.name))
+                    .with_label("pick another name"),
+            );
             return;
         }
         if let Some(prev) = self.scopes.iter().rev().find_map(|s| s.get(&name.name)) {
@@ -270,11 +324,24 @@ impl<'a> Lowerer<'a> {
             return;
         }
         // Aliases (`y = x`) keep the node's own name.
-        if self.graph.node(value).name.starts_with(&format!("{}_", self.graph.node(value).op.name().trim_start_matches("target."))) {
+        if self.graph.node(value).name.starts_with(&format!(
+            "{}_",
+            self.graph
+                .node(value)
+                .op
+                .name()
+                .trim_start_matches("target.")
+        )) {
             self.name_node(value, &name.name);
         }
         if let Some(scope) = self.scopes.last_mut() {
-            scope.insert(name.name.clone(), Binding { value, span: name.span });
+            scope.insert(
+                name.name.clone(),
+                Binding {
+                    value,
+                    span: name.span,
+                },
+            );
         }
     }
 
@@ -287,7 +354,9 @@ impl<'a> Lowerer<'a> {
                     let mut used = Vec::new();
                     expr::free_names(value, &mut used);
                     for n in names {
-                        self.later.entry(n.name.clone()).or_insert((n.span, used.clone()));
+                        self.later
+                            .entry(n.name.clone())
+                            .or_insert((n.span, used.clone()));
                     }
                 }
                 StmtKind::Repeat { body, .. } => self.collect_definitions(body),
@@ -298,8 +367,15 @@ impl<'a> Lowerer<'a> {
 
     /// Diagnostic for a name that is not (yet) defined.
     pub(crate) fn undefined(&mut self, name: &str, span: Span) {
+        if self.poisoned.contains(name) {
+            return;
+        }
         if let Some((def_span, _)) = self.later.get(name).cloned() {
-            if let Some(cycle) = self.current_binding.clone().and_then(|cur| self.find_cycle(name, &cur)) {
+            if let Some(cycle) = self
+                .current_binding
+                .clone()
+                .and_then(|cur| self.find_cycle(name, &cur))
+            {
                 self.error(
                     Diagnostic::error(span, format!("cyclic definition: {}", cycle.join(" → ")))
                         .with_label(format!("`{name}` depends on this value"))
@@ -316,11 +392,13 @@ impl<'a> Lowerer<'a> {
             }
             return;
         }
-        let mut candidates: Vec<String> = self.scopes.iter().flat_map(|s| s.keys().cloned()).collect();
+        let mut candidates: Vec<String> =
+            self.scopes.iter().flat_map(|s| s.keys().cloned()).collect();
         candidates.extend(self.config.ints.keys().cloned());
         candidates.extend(self.file_ints.keys().cloned());
         candidates.extend(self.loops.iter().map(|(v, _)| v.clone()));
-        let mut d = Diagnostic::error(span, format!("undefined name `{name}`")).with_label("not defined");
+        let mut d =
+            Diagnostic::error(span, format!("undefined name `{name}`")).with_label("not defined");
         if let Some(s) = expr::closest(name, &candidates) {
             d = d.with_note(format!("did you mean `{s}`?"));
         }
@@ -351,24 +429,41 @@ impl<'a> Lowerer<'a> {
         match &stmt.kind {
             StmtKind::Input { name, source, ty } => {
                 self.current_binding = Some(name.name.clone());
-                if let Some(id) = self.input(name, source.as_ref(), ty.as_ref(), stmt.span) {
-                    self.graph.inputs.push(id);
-                    self.bind(name, id);
+                match self.input(name, source.as_ref(), ty.as_ref(), stmt.span) {
+                    Some(id) => {
+                        self.graph.inputs.push(id);
+                        self.bind(name, id);
+                    }
+                    None => {
+                        self.poisoned.insert(name.name.clone());
+                    }
                 }
             }
-            StmtKind::Let { names, value, ty, output } => {
+            StmtKind::Let {
+                names,
+                value,
+                ty,
+                output,
+            } => {
                 self.current_binding = names.first().map(|n| n.name.clone());
                 if names.len() > 1 {
                     let ids = self.split_destructure(names.len(), value);
                     for (n, id) in names.iter().zip(ids) {
-                        if let Some(id) = id {
-                            self.bind(n, id);
+                        match id {
+                            Some(id) => self.bind(n, id),
+                            None => {
+                                self.poisoned.insert(n.name.clone());
+                            }
                         }
                     }
                     return;
                 }
                 let v = self.expr(value);
-                if let Val::Tensor(id) = self.expect_tensor(v, value.span) {
+                let v = self.expect_tensor(v, value.span);
+                if matches!(v, Val::Error) {
+                    self.poisoned.extend(names.iter().map(|n| n.name.clone()));
+                }
+                if let Val::Tensor(id) = v {
                     if let Some(ann) = ty {
                         self.check_annotation(id, ann);
                     }
@@ -376,7 +471,10 @@ impl<'a> Lowerer<'a> {
                     self.bind(name, id);
                     if *output {
                         if self.graph.outputs.contains(&id) {
-                            self.error(Diagnostic::error(name.span, "this value is already an output").with_label("duplicate output"));
+                            self.error(
+                                Diagnostic::error(name.span, "this value is already an output")
+                                    .with_label("duplicate output"),
+                            );
                         } else {
                             self.graph.outputs.push(id);
                         }
@@ -391,7 +489,9 @@ impl<'a> Lowerer<'a> {
                 };
                 let v = self.expr(value);
                 if let Val::Tensor(rhs) = self.expect_tensor(v, value.span) {
-                    if let Some(id) = self.binary_tensor(crate::ast::BinOp::Add, old, rhs, stmt.span) {
+                    if let Some(id) =
+                        self.binary_tensor(crate::ast::BinOp::Add, old, rhs, stmt.span)
+                    {
                         self.name_node(id, &name.name);
                         if let Some(ann) = ty {
                             self.check_annotation(id, ann);
@@ -405,32 +505,69 @@ impl<'a> Lowerer<'a> {
                     }
                 }
             }
-            StmtKind::Emit { stream, index, value } => self.emit(stream, index, value),
-            StmtKind::Memory { name, index, init } => self.memory(name, index.as_ref(), init, stmt.span),
+            StmtKind::Emit {
+                stream,
+                index,
+                value,
+            } => self.emit(stream, index, value),
+            StmtKind::Memory { name, index, init } => {
+                self.memory(name, index.as_ref(), init, stmt.span)
+            }
             StmtKind::Append { name, index, value } => self.append(name, index.as_ref(), value),
-            StmtKind::Repeat { var, start, end, body, .. } => self.repeat(var, start, end, body, stmt.span),
+            StmtKind::Repeat {
+                var,
+                start,
+                end,
+                body,
+                ..
+            } => self.repeat(var, start, end, body, stmt.span),
         }
     }
 
-    fn repeat(&mut self, var: &crate::ast::Ident, start: &crate::ast::Expr, end: &crate::ast::Expr, body: &[Stmt], span: Span) {
-        if let Some(reason) = self.reserved_reason(&var.name).or_else(|| self.lookup(&var.name).map(|_| format!("`{}` is a value", var.name))) {
-            self.error(Diagnostic::error(var.span, format!("bad loop variable `{}`: {reason}", var.name)).with_label("pick another name"));
+    fn repeat(
+        &mut self,
+        var: &crate::ast::Ident,
+        start: &crate::ast::Expr,
+        end: &crate::ast::Expr,
+        body: &[Stmt],
+        span: Span,
+    ) {
+        if let Some(reason) = self.reserved_reason(&var.name).or_else(|| {
+            self.lookup(&var.name)
+                .map(|_| format!("`{}` is a value", var.name))
+        }) {
+            self.error(
+                Diagnostic::error(
+                    var.span,
+                    format!("bad loop variable `{}`: {reason}", var.name),
+                )
+                .with_label("pick another name"),
+            );
             return;
         }
-        let (Some(a), Some(b)) = (self.const_int(start, "a loop bound"), self.const_int(end, "a loop bound")) else {
+        let (Some(a), Some(b)) = (
+            self.const_int(start, "a loop bound"),
+            self.const_int(end, "a loop bound"),
+        ) else {
             return;
         };
         if b < a {
             self.error(
-                Diagnostic::error(start.span.to(end.span), format!("bad repeat range {a}..{b}: the end is before the start"))
-                    .with_label("expected start ≤ end"),
+                Diagnostic::error(
+                    start.span.to(end.span),
+                    format!("bad repeat range {a}..{b}: the end is before the start"),
+                )
+                .with_label("expected start ≤ end"),
             );
             return;
         }
         if b - a > MAX_REPEAT {
             self.error(
-                Diagnostic::error(start.span.to(end.span), format!("bad repeat range {a}..{b}: {} iterations", b - a))
-                    .with_label(format!("at most {MAX_REPEAT} iterations")),
+                Diagnostic::error(
+                    start.span.to(end.span),
+                    format!("bad repeat range {a}..{b}: {} iterations", b - a),
+                )
+                .with_label(format!("at most {MAX_REPEAT} iterations")),
             );
             return;
         }
@@ -454,23 +591,40 @@ impl<'a> Lowerer<'a> {
 
     /// Compare a value's type with a `: [dims] dtype` annotation.
     pub(crate) fn check_annotation(&mut self, id: ValueId, ann: &crate::ast::TypeAnn) {
-        let Some(dims) = self.dims(&ann.dims) else { return };
+        let Some(dims) = self.dims(&ann.dims) else {
+            return;
+        };
         let found = self.ty(id).clone();
         if dims != found.dims {
             self.error(
-                Diagnostic::error(ann.span, format!("shape mismatch: expected {}, found {}", fmt_shape(&dims), fmt_shape(&found.dims)))
-                    .with_label(format!("the annotation says {}", fmt_shape(&dims)))
-                    .with_secondary(self.graph.span(id), format!("this value is {}", fmt_shape(&found.dims))),
+                Diagnostic::error(
+                    ann.span,
+                    format!(
+                        "shape mismatch: expected {}, found {}",
+                        fmt_shape(&dims),
+                        fmt_shape(&found.dims)
+                    ),
+                )
+                .with_label(format!("the annotation says {}", fmt_shape(&dims)))
+                .with_secondary(
+                    self.graph.span(id),
+                    format!("this value is {}", fmt_shape(&found.dims)),
+                ),
             );
         }
         if let Some(dt) = &ann.dtype {
             match crate::types::DType::parse(&dt.name) {
                 None => self.error(
-                    Diagnostic::error(dt.span, format!("unknown dtype `{}`", dt.name))
-                        .with_label(format!("expected one of {}", crate::types::DType::NAMES.join(", "))),
+                    Diagnostic::error(dt.span, format!("unknown dtype `{}`", dt.name)).with_label(
+                        format!("expected one of {}", crate::types::DType::NAMES.join(", ")),
+                    ),
                 ),
                 Some(want) if want != found.dtype => self.error(
-                    Diagnostic::error(dt.span, format!("dtype mismatch: expected {want}, found {}", found.dtype)).with_label("annotated dtype"),
+                    Diagnostic::error(
+                        dt.span,
+                        format!("dtype mismatch: expected {want}, found {}", found.dtype),
+                    )
+                    .with_label("annotated dtype"),
                 ),
                 Some(_) => {}
             }

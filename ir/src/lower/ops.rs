@@ -20,7 +20,14 @@ const OPS: &[(&str, &[&str], bool)] = &[
     ("rms_norm", &["x", "eps"], true),
     ("group_rms_norm", &["x", "eps"], true),
     ("rope", &["x", "theta"], false),
-    ("attention", &["x", "kv", "heads", "kv_heads", "head_dim", "mask", "axis", "chunk", "cache", "rope", "memory"], true),
+    (
+        "attention",
+        &[
+            "x", "kv", "heads", "kv_heads", "head_dim", "mask", "axis", "chunk", "cache", "rope",
+            "memory",
+        ],
+        true,
+    ),
     ("swiglu", &["x", "hidden"], true),
     ("embedding", &["ids", "vocab", "dim"], true),
     ("reshape", &["x", "shape"], false),
@@ -55,7 +62,13 @@ pub fn param_shapes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Vec<(S
         }
         Op::Attention(a) => {
             let dm = last(inputs[0]);
-            let dkv = if a.cross { last(inputs[1]) } else if a.memory.is_some() { last(out) } else { dm.clone() };
+            let dkv = if a.cross {
+                last(inputs[1])
+            } else if a.memory.is_some() {
+                last(out)
+            } else {
+                dm.clone()
+            };
             let (qd, kvd) = (c(a.heads * a.head_dim), c(a.kv_heads * a.head_dim));
             vec![
                 ("q_proj.weight".into(), vec![qd.clone(), dm.clone()]),
@@ -101,14 +114,24 @@ fn callee_name(callee: &Expr) -> Option<String> {
 }
 
 impl Lowerer<'_> {
-    pub(crate) fn call(&mut self, e: &Expr, callee: &Expr, args: &[Arg], weights: Option<&WeightPath>) -> Val {
+    pub(crate) fn call(
+        &mut self,
+        e: &Expr,
+        callee: &Expr,
+        args: &[Arg],
+        weights: Option<&WeightPath>,
+    ) -> Val {
         let Some(name) = callee_name(callee) else {
-            self.error(Diagnostic::error(callee.span, "expected an op name before `(`").with_label("not callable"));
+            self.error(
+                Diagnostic::error(callee.span, "expected an op name before `(`")
+                    .with_label("not callable"),
+            );
             return Val::Error;
         };
         let Some(&(_, sig, has_weights)) = OPS.iter().find(|(n, _, _)| *n == name) else {
             let names: Vec<String> = OPS.iter().map(|o| o.0.to_string()).collect();
-            let mut d = Diagnostic::error(callee.span, format!("unknown op `{name}`")).with_label("no such op");
+            let mut d = Diagnostic::error(callee.span, format!("unknown op `{name}`"))
+                .with_label("no such op");
             d = match closest(&name, &names) {
                 Some(s) => d.with_note(format!("did you mean `{s}`?")),
                 None => d.with_note(format!("ops: {}", names.join(", "))),
@@ -117,30 +140,47 @@ impl Lowerer<'_> {
             return Val::Error;
         };
         if name.starts_with("target.") && self.graph.kind != ItemKind::Drafter {
-            self.error(Diagnostic::error(callee.span, "`target` references are only valid in drafter files").with_label("a model reads no target"));
+            self.error(
+                Diagnostic::error(
+                    callee.span,
+                    "`target` references are only valid in drafter files",
+                )
+                .with_label("a model reads no target"),
+            );
             return Val::Error;
         }
         let prefix = match (has_weights, weights) {
             (true, None) => {
                 self.error(
                     Diagnostic::error(e.span, format!("`{name}` has weights but no weight name"))
-                        .with_label(format!("add `@name` after the `)`, e.g. `{name}(…) @my_{name}`")),
+                        .with_label(format!(
+                            "add `@name` after the `)`, e.g. `{name}(…) @my_{name}`"
+                        )),
                 );
                 None
             }
             (false, Some(w)) => {
-                self.error(Diagnostic::error(w.span, format!("`{name}` has no weights")).with_label("remove this `@name`"));
+                self.error(
+                    Diagnostic::error(w.span, format!("`{name}` has no weights"))
+                        .with_label("remove this `@name`"),
+                );
                 None
             }
             (true, Some(w)) => self.weight_prefix(w),
             (false, None) => None,
         };
         let mut a = CallArgs::new(&name, e.span, args, sig);
+        let errors_before = self.diags.len();
         let result = self.op(&name, &mut a, e.span);
-        a.finish(&mut self.diags);
+        // After a failed argument the rest went unread: reporting them as extra would mislead.
+        if self.diags.len() == errors_before {
+            a.finish(&mut self.diags);
+        }
         let Some(id) = result else { return Val::Error };
         if has_weights {
-            let Some(prefix) = prefix else { return Val::Error };
+            let Some(prefix) = prefix else {
+                return Val::Error;
+            };
             self.bind_weights(id, prefix, weights.map(|w| w.span).unwrap_or(e.span));
         }
         Val::Tensor(id)
@@ -157,7 +197,10 @@ impl Lowerer<'_> {
             let rest = &text[i..];
             if let Some(stripped) = rest.strip_prefix('{') {
                 let Some(close) = stripped.find('}') else {
-                    self.error(Diagnostic::error(w.span, "unclosed `{` in weight name").with_label("expected `}`"));
+                    self.error(
+                        Diagnostic::error(w.span, "unclosed `{` in weight name")
+                            .with_label("expected `}`"),
+                    );
                     return None;
                 };
                 let inner = &stripped[..close];
@@ -179,7 +222,10 @@ impl Lowerer<'_> {
             }
         }
         if out.split('.').any(|s| s.is_empty()) {
-            self.error(Diagnostic::error(w.span, format!("bad weight name `{out}`")).with_label("empty segment between dots"));
+            self.error(
+                Diagnostic::error(w.span, format!("bad weight name `{out}`"))
+                    .with_label("empty segment between dots"),
+            );
             return None;
         }
         ok.then_some(out)
@@ -187,7 +233,11 @@ impl Lowerer<'_> {
 
     fn bind_weights(&mut self, id: ValueId, prefix: String, span: Span) {
         let node = self.graph.node(id).clone();
-        let inputs: Vec<&TensorType> = node.inputs.iter().map(|i| &self.graph.node(*i).ty).collect();
+        let inputs: Vec<&TensorType> = node
+            .inputs
+            .iter()
+            .map(|i| &self.graph.node(*i).ty)
+            .collect();
         let shapes = param_shapes(&node.op, &inputs, &node.ty);
         for (suffix, shape) in shapes {
             let full = format!("{prefix}.{suffix}");
@@ -195,9 +245,12 @@ impl Lowerer<'_> {
                 Some((prev, prev_span)) if *prev != shape => {
                     let (prev, prev_span) = (prev.clone(), *prev_span);
                     self.error(
-                        Diagnostic::error(span, format!("weight `{full}` is bound twice with different shapes"))
-                            .with_label(format!("here it is {}", fmt_shape(&shape)))
-                            .with_secondary(prev_span, format!("here it is {}", fmt_shape(&prev))),
+                        Diagnostic::error(
+                            span,
+                            format!("weight `{full}` is bound twice with different shapes"),
+                        )
+                        .with_label(format!("here it is {}", fmt_shape(&shape)))
+                        .with_secondary(prev_span, format!("here it is {}", fmt_shape(&prev))),
                     );
                 }
                 Some(_) => {} // tied weights (same tensor, same shape)
@@ -210,7 +263,14 @@ impl Lowerer<'_> {
     }
 
     /// A tensor argument; `float` requires a float dtype.
-    fn tensor_arg(&mut self, a: &mut CallArgs, name: &str, pos: Option<usize>, float: bool, example: &str) -> Option<ValueId> {
+    fn tensor_arg(
+        &mut self,
+        a: &mut CallArgs,
+        name: &str,
+        pos: Option<usize>,
+        float: bool,
+        example: &str,
+    ) -> Option<ValueId> {
         let Some(e) = a.get(name, pos) else {
             let d = a.missing(name, example);
             self.error(d);
@@ -221,14 +281,28 @@ impl Lowerer<'_> {
 
     fn tensor_of(&mut self, e: &Expr, float: bool) -> Option<ValueId> {
         let v = self.expr(e);
-        let Val::Tensor(id) = self.expect_tensor(v, e.span) else { return None };
+        let Val::Tensor(id) = self.expect_tensor(v, e.span) else {
+            return None;
+        };
         let dt = self.ty(id).dtype;
         if float && !dt.is_float() {
-            self.error(Diagnostic::error(e.span, format!("dtype mismatch: expected a float tensor, found {dt}")).with_label("token ids need `embedding` first"));
+            self.error(
+                Diagnostic::error(
+                    e.span,
+                    format!("dtype mismatch: expected a float tensor, found {dt}"),
+                )
+                .with_label("token ids need `embedding` first"),
+            );
             return None;
         }
         if !float && dt != DType::U32 {
-            self.error(Diagnostic::error(e.span, format!("dtype mismatch: expected u32 token ids, found {dt}")).with_label("expected ids"));
+            self.error(
+                Diagnostic::error(
+                    e.span,
+                    format!("dtype mismatch: expected u32 token ids, found {dt}"),
+                )
+                .with_label("expected ids"),
+            );
             return None;
         }
         Some(id)
@@ -238,7 +312,13 @@ impl Lowerer<'_> {
         let r = self.ty(id).rank();
         if r < min {
             let shape = fmt_shape(&self.ty(id).dims);
-            self.error(Diagnostic::error(span, format!("`{op}` needs a tensor of rank ≥ {min}, found {shape}")).with_label("rank too small"));
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("`{op}` needs a tensor of rank ≥ {min}, found {shape}"),
+                )
+                .with_label("rank too small"),
+            );
             return None;
         }
         Some(())
@@ -248,7 +328,13 @@ impl Lowerer<'_> {
     fn fixed_last(&mut self, id: ValueId, op: &str, span: Span) -> Option<Dim> {
         let last = self.ty(id).last().cloned()?;
         if last.symbols().any(|s| s != "l") {
-            self.error(Diagnostic::error(span, format!("`{op}` needs a fixed feature size, found `{last}`")).with_label("the last dim depends on the token count"));
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("`{op}` needs a fixed feature size, found `{last}`"),
+                )
+                .with_label("the last dim depends on the token count"),
+            );
             return None;
         }
         Some(last)
@@ -267,7 +353,10 @@ impl Lowerer<'_> {
             Val::Dim(d) if d.as_const().is_some() => d.as_const().map(|c| c as f64),
             Val::Error => None,
             _ => {
-                self.error(Diagnostic::error(e.span, format!("bad value for `{name}`")).with_label("expected a number"));
+                self.error(
+                    Diagnostic::error(e.span, format!("bad value for `{name}`"))
+                        .with_label("expected a number"),
+                );
                 None
             }
         }
@@ -276,14 +365,21 @@ impl Lowerer<'_> {
     fn positive_attr(&mut self, e: &Expr, name: &str) -> Option<i64> {
         let v = self.const_int(e, name)?;
         if v < 1 {
-            self.error(Diagnostic::error(e.span, format!("bad value for `{name}`: {v}")).with_label("expected a positive integer"));
+            self.error(
+                Diagnostic::error(e.span, format!("bad value for `{name}`: {v}"))
+                    .with_label("expected a positive integer"),
+            );
             return None;
         }
         Some(v)
     }
 
     fn default_eps(&self) -> f64 {
-        self.file_floats.get("eps").or(self.config.floats.get("eps")).copied().unwrap_or(1e-6)
+        self.file_floats
+            .get("eps")
+            .or(self.config.floats.get("eps"))
+            .copied()
+            .unwrap_or(1e-6)
     }
 
     fn op(&mut self, name: &str, a: &mut CallArgs, span: Span) -> Option<ValueId> {
@@ -297,7 +393,10 @@ impl Lowerer<'_> {
                 };
                 let out = self.dim(oe)?;
                 if out.symbols().any(|s| s != "l") || out.as_const().is_some_and(|c| c < 1) {
-                    self.error(Diagnostic::error(oe.span, format!("bad output size `{out}`")).with_label("expected a positive fixed size"));
+                    self.error(
+                        Diagnostic::error(oe.span, format!("bad output size `{out}`"))
+                            .with_label("expected a positive fixed size"),
+                    );
                     return None;
                 }
                 let bias = a.flag("bias", &mut self.diags);
@@ -314,9 +413,19 @@ impl Lowerer<'_> {
                 self.require_rank(x, if grouped { 2 } else { 1 }, name, span)?;
                 self.fixed_last(x, name, span)?;
                 let ty = self.ty(x).clone();
-                let op = if grouped { Op::GroupRmsNorm { eps: F64::new(eps) } } else { Op::RmsNorm { eps: F64::new(eps) } };
+                let op = if grouped {
+                    Op::GroupRmsNorm { eps: F64::new(eps) }
+                } else {
+                    Op::RmsNorm { eps: F64::new(eps) }
+                };
                 if grouped && ty.dims[ty.rank() - 2].symbols().any(|s| s != "l") {
-                    self.error(Diagnostic::error(span, "`group_rms_norm` needs a fixed group count (dim −2)").with_label("groups depend on the token count"));
+                    self.error(
+                        Diagnostic::error(
+                            span,
+                            "`group_rms_norm` needs a fixed group count (dim −2)",
+                        )
+                        .with_label("groups depend on the token count"),
+                    );
                     return None;
                 }
                 Some(self.push(op, vec![x], ty, span))
@@ -333,7 +442,14 @@ impl Lowerer<'_> {
                     );
                     return None;
                 }
-                Some(self.push(Op::Rope { theta: F64::new(theta) }, vec![x], ty, span))
+                Some(self.push(
+                    Op::Rope {
+                        theta: F64::new(theta),
+                    },
+                    vec![x],
+                    ty,
+                    span,
+                ))
             }
             "attention" => self.attention(a, span),
             "swiglu" => {
@@ -356,17 +472,30 @@ impl Lowerer<'_> {
                     self.error(d);
                     return None;
                 };
-                let (vocab, dim) = (Dim::constant(self.positive_attr(ve, "vocab")?), Dim::constant(self.positive_attr(de, "dim")?));
+                let (vocab, dim) = (
+                    Dim::constant(self.positive_attr(ve, "vocab")?),
+                    Dim::constant(self.positive_attr(de, "dim")?),
+                );
                 let mut dims = self.ty(ids).dims.clone();
                 dims.push(dim.clone());
-                Some(self.push(Op::Embedding { vocab, dim }, vec![ids], TensorType::new(dims, DType::Float), span))
+                Some(self.push(
+                    Op::Embedding { vocab, dim },
+                    vec![ids],
+                    TensorType::new(dims, DType::Float),
+                    span,
+                ))
             }
             "target.embed" => {
                 let ids = self.tensor_arg(a, "ids", Some(0), false, "target.embed(ids)")?;
                 let d = self.config_dim("d", span)?;
                 let mut dims = self.ty(ids).dims.clone();
                 dims.push(d);
-                Some(self.push(Op::TargetEmbed, vec![ids], TensorType::new(dims, DType::Float), span))
+                Some(self.push(
+                    Op::TargetEmbed,
+                    vec![ids],
+                    TensorType::new(dims, DType::Float),
+                    span,
+                ))
             }
             "target.lm_head" | "target.norm" => {
                 let x = self.tensor_arg(a, "x", Some(0), true, &format!("{name}(x)"))?;
@@ -374,8 +503,14 @@ impl Lowerer<'_> {
                 let ty = self.ty(x).clone();
                 if ty.last() != Some(&d) {
                     self.error(
-                        Diagnostic::error(span, format!("shape mismatch: `{name}` expects [..., {d}], found {}", fmt_shape(&ty.dims)))
-                            .with_label(format!("the last dim must be the target's d = {d}")),
+                        Diagnostic::error(
+                            span,
+                            format!(
+                                "shape mismatch: `{name}` expects [..., {d}], found {}",
+                                fmt_shape(&ty.dims)
+                            ),
+                        )
+                        .with_label(format!("the last dim must be the target's d = {d}")),
                     );
                     return None;
                 }
@@ -395,12 +530,18 @@ impl Lowerer<'_> {
                     return None;
                 };
                 let ExprKind::List(items) = &se.kind else {
-                    self.error(Diagnostic::error(se.span, "bad value for `shape`").with_label("expected a list such as `[t, 4*d]`"));
+                    self.error(
+                        Diagnostic::error(se.span, "bad value for `shape`")
+                            .with_label("expected a list such as `[t, 4*d]`"),
+                    );
                     return None;
                 };
                 let shape = self.dims(items)?;
                 let ty = self.ty(x).clone();
-                let (from, to) = (ty.numel()?, TensorType::new(shape.clone(), ty.dtype).numel()?);
+                let (from, to) = (
+                    ty.numel()?,
+                    TensorType::new(shape.clone(), ty.dtype).numel()?,
+                );
                 if from != to {
                     self.error(
                         Diagnostic::error(se.span, format!("shape mismatch: cannot reshape {} ({from} elements) to {} ({to} elements)", fmt_shape(&ty.dims), fmt_shape(&shape)))
@@ -408,15 +549,23 @@ impl Lowerer<'_> {
                     );
                     return None;
                 }
-                Some(self.push(Op::Reshape { shape: shape.clone() }, vec![x], TensorType::new(shape, ty.dtype), span))
+                Some(self.push(
+                    Op::Reshape {
+                        shape: shape.clone(),
+                    },
+                    vec![x],
+                    TensorType::new(shape, ty.dtype),
+                    span,
+                ))
             }
             "concat" | "stack" => self.concat_or_stack(name, a, span),
             "split" => {
                 let e = a.get("index", None);
                 let Some(e) = e else {
                     self.error(
-                        Diagnostic::error(span, "`split` returns several values")
-                            .with_label("bind them with `a, b = split(x, 2)` or pick one with `index=`"),
+                        Diagnostic::error(span, "`split` returns several values").with_label(
+                            "bind them with `a, b = split(x, 2)` or pick one with `index=`",
+                        ),
                     );
                     return None;
                 };
@@ -424,15 +573,31 @@ impl Lowerer<'_> {
                 let parts = self.split_core(a, span)?;
                 let (x, axis, n, part_ty) = parts;
                 if index < 0 || index >= n as i64 {
-                    self.error(Diagnostic::error(e.span, format!("bad value for `index`: {index}")).with_label(format!("expected 0..{n}")));
+                    self.error(
+                        Diagnostic::error(e.span, format!("bad value for `index`: {index}"))
+                            .with_label(format!("expected 0..{n}")),
+                    );
                     return None;
                 }
-                Some(self.push(Op::Split { axis, parts: n, index: index as usize }, vec![x], part_ty, span))
+                Some(self.push(
+                    Op::Split {
+                        axis,
+                        parts: n,
+                        index: index as usize,
+                    },
+                    vec![x],
+                    part_ty,
+                    span,
+                ))
             }
             "add" | "mul" => {
                 let x = self.tensor_arg(a, "a", Some(0), true, &format!("{name}(a, b)"))?;
                 let y = self.tensor_arg(a, "b", Some(1), true, &format!("{name}(a, b)"))?;
-                let op = if name == "add" { crate::ast::BinOp::Add } else { crate::ast::BinOp::Mul };
+                let op = if name == "add" {
+                    crate::ast::BinOp::Add
+                } else {
+                    crate::ast::BinOp::Mul
+                };
                 self.binary_tensor(op, x, y, span)
             }
             "silu" => {
@@ -446,7 +611,13 @@ impl Lowerer<'_> {
                 let mut dims = self.ty(x).dims.clone();
                 let k = dims.remove(dims.len() - 2);
                 if k.as_const().is_none() {
-                    self.error(Diagnostic::error(span, format!("`layer_sum` needs a fixed layer count (dim −2), found `{k}`")).with_label("symbolic layer count"));
+                    self.error(
+                        Diagnostic::error(
+                            span,
+                            format!("`layer_sum` needs a fixed layer count (dim −2), found `{k}`"),
+                        )
+                        .with_label("symbolic layer count"),
+                    );
                     return None;
                 }
                 let dtype = self.ty(x).dtype;
@@ -457,7 +628,11 @@ impl Lowerer<'_> {
     }
 
     /// Shared part of `split`: (input, axis, parts, type of one part).
-    fn split_core(&mut self, a: &mut CallArgs, span: Span) -> Option<(ValueId, usize, usize, TensorType)> {
+    fn split_core(
+        &mut self,
+        a: &mut CallArgs,
+        span: Span,
+    ) -> Option<(ValueId, usize, usize, TensorType)> {
         let x = self.tensor_arg(a, "x", Some(0), true, "split(x, 2)")?;
         let Some(pe) = a.get("parts", Some(1)) else {
             let d = a.missing("parts", "split(x, 2)");
@@ -468,7 +643,13 @@ impl Lowerer<'_> {
         let ty = self.ty(x).clone();
         let axis = self.axis_attr(a, ty.rank(), ty.rank().saturating_sub(1))?;
         let Some(size) = ty.dims[axis].checked_div_exact(parts) else {
-            self.error(Diagnostic::error(span, format!("cannot split `{}` into {parts} equal parts", ty.dims[axis])).with_label("not divisible"));
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("cannot split `{}` into {parts} equal parts", ty.dims[axis]),
+                )
+                .with_label("not divisible"),
+            );
             return None;
         };
         let mut part = ty;
@@ -476,28 +657,59 @@ impl Lowerer<'_> {
         Some((x, axis, parts as usize, part))
     }
 
-    pub(crate) fn split_parts(&mut self, e: &Expr, args: &[Arg], count: Option<usize>) -> Option<Vec<ValueId>> {
+    pub(crate) fn split_parts(
+        &mut self,
+        e: &Expr,
+        args: &[Arg],
+        count: Option<usize>,
+    ) -> Option<Vec<ValueId>> {
         let mut a = CallArgs::new("split", e.span, args, &["x", "parts", "axis"]);
         let core = self.split_core(&mut a, e.span);
         a.finish(&mut self.diags);
         let (x, axis, parts, ty) = core?;
         if let Some(c) = count {
             if c != parts {
-                self.error(Diagnostic::error(e.span, format!("`split` makes {parts} parts but {c} names are bound")).with_label("counts differ"));
+                self.error(
+                    Diagnostic::error(
+                        e.span,
+                        format!("`split` makes {parts} parts but {c} names are bound"),
+                    )
+                    .with_label("counts differ"),
+                );
                 return None;
             }
         }
-        Some((0..parts).map(|i| self.push(Op::Split { axis, parts, index: i }, vec![x], ty.clone(), e.span)).collect())
+        Some(
+            (0..parts)
+                .map(|i| {
+                    self.push(
+                        Op::Split {
+                            axis,
+                            parts,
+                            index: i,
+                        },
+                        vec![x],
+                        ty.clone(),
+                        e.span,
+                    )
+                })
+                .collect(),
+        )
     }
 
     /// `axis=` (negative counts from the end) within `rank`, or `default`.
     fn axis_attr(&mut self, a: &mut CallArgs, rank: usize, default: usize) -> Option<usize> {
-        let Some(e) = a.get("axis", None) else { return Some(default) };
+        let Some(e) = a.get("axis", None) else {
+            return Some(default);
+        };
         let v = self.const_int(e, "an axis")?;
         let r = rank as i64;
         let idx = if v < 0 { v + r } else { v };
         if !(0..r).contains(&idx) {
-            self.error(Diagnostic::error(e.span, format!("bad value for `axis`: {v}")).with_label(format!("expected -{r}..{r}")));
+            self.error(
+                Diagnostic::error(e.span, format!("bad value for `axis`: {v}"))
+                    .with_label(format!("expected -{r}..{r}")),
+            );
             return None;
         }
         Some(idx as usize)
@@ -506,7 +718,13 @@ impl Lowerer<'_> {
     fn concat_or_stack(&mut self, name: &str, a: &mut CallArgs, span: Span) -> Option<ValueId> {
         let exprs = a.rest(0);
         if exprs.len() < 2 {
-            self.error(Diagnostic::error(span, format!("wrong number of arguments: `{name}` needs at least two tensors")).with_label("too few inputs"));
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("wrong number of arguments: `{name}` needs at least two tensors"),
+                )
+                .with_label("too few inputs"),
+            );
             return None;
         }
         let mut ids = Vec::new();
@@ -516,17 +734,40 @@ impl Lowerer<'_> {
         let first = self.ty(ids[0]).clone();
         let stack = name == "stack";
         let rank = first.rank() + stack as usize;
-        let axis = self.axis_attr(a, rank, if stack { rank.saturating_sub(2) } else { rank - 1 })?;
+        let axis = self.axis_attr(
+            a,
+            rank,
+            if stack {
+                rank.saturating_sub(2)
+            } else {
+                rank - 1
+            },
+        )?;
         let mut total = Dim::constant(0);
         for (id, e) in ids.iter().zip(&exprs) {
             let t = self.ty(*id).clone();
             let same = t.rank() == first.rank()
                 && t.dtype == first.dtype
-                && t.dims.iter().zip(&first.dims).enumerate().all(|(i, (x, y))| (!stack && i == axis) || x == y);
+                && t.dims
+                    .iter()
+                    .zip(&first.dims)
+                    .enumerate()
+                    .all(|(i, (x, y))| (!stack && i == axis) || x == y);
             if !same {
                 self.error(
-                    Diagnostic::error(e.span, format!("shape mismatch: expected {} like the first input, found {}", fmt_shape(&first.dims), fmt_shape(&t.dims)))
-                        .with_label(if stack { "stacked tensors must have equal shapes" } else { "only the concat axis may differ" }),
+                    Diagnostic::error(
+                        e.span,
+                        format!(
+                            "shape mismatch: expected {} like the first input, found {}",
+                            fmt_shape(&first.dims),
+                            fmt_shape(&t.dims)
+                        ),
+                    )
+                    .with_label(if stack {
+                        "stacked tensors must have equal shapes"
+                    } else {
+                        "only the concat axis may differ"
+                    }),
                 );
                 return None;
             }
@@ -537,10 +778,20 @@ impl Lowerer<'_> {
         let mut dims = first.dims.clone();
         if stack {
             dims.insert(axis, Dim::constant(ids.len() as i64));
-            Some(self.push(Op::Stack { axis }, ids, TensorType::new(dims, first.dtype), span))
+            Some(self.push(
+                Op::Stack { axis },
+                ids,
+                TensorType::new(dims, first.dtype),
+                span,
+            ))
         } else {
             dims[axis] = total;
-            Some(self.push(Op::Concat { axis }, ids, TensorType::new(dims, first.dtype), span))
+            Some(self.push(
+                Op::Concat { axis },
+                ids,
+                TensorType::new(dims, first.dtype),
+                span,
+            ))
         }
     }
 
@@ -573,7 +824,10 @@ impl Lowerer<'_> {
                 ExprKind::Name(n) if n == "sequence" => Axis::Sequence,
                 ExprKind::Name(n) if n == "draft" => Axis::Draft,
                 _ => {
-                    self.error(Diagnostic::error(e.span, "bad value for `axis`").with_label("expected `sequence` or `draft`"));
+                    self.error(
+                        Diagnostic::error(e.span, "bad value for `axis`")
+                            .with_label("expected `sequence` or `draft`"),
+                    );
                     return None;
                 }
             },
@@ -581,10 +835,25 @@ impl Lowerer<'_> {
         let ty = self.ty(x).clone();
         let want_rank = if axis == Axis::Draft { 3 } else { 2 };
         if ty.rank() != want_rank {
-            let want = if axis == Axis::Draft { "[t, l, d]" } else { "[t, d]" };
+            let want = if axis == Axis::Draft {
+                "[t, l, d]"
+            } else {
+                "[t, d]"
+            };
             self.error(
-                Diagnostic::error(span, format!("shape mismatch: attention along the {} axis expects {want}, found {}", if axis == Axis::Draft { "draft" } else { "sequence" }, fmt_shape(&ty.dims)))
-                    .with_label("wrong rank"),
+                Diagnostic::error(
+                    span,
+                    format!(
+                        "shape mismatch: attention along the {} axis expects {want}, found {}",
+                        if axis == Axis::Draft {
+                            "draft"
+                        } else {
+                            "sequence"
+                        },
+                        fmt_shape(&ty.dims)
+                    ),
+                )
+                .with_label("wrong rank"),
             );
             return None;
         }
@@ -608,11 +877,17 @@ impl Lowerer<'_> {
         };
         if let Some(m) = &memory {
             if !self.graph.memories.iter().any(|d| &d.name == m) {
-                self.error(Diagnostic::error(span, format!("undefined memory `{m}`")).with_label("declare it with `memory NAME = target.hidden[…]`"));
+                self.error(
+                    Diagnostic::error(span, format!("undefined memory `{m}`"))
+                        .with_label("declare it with `memory NAME = target.hidden[…]`"),
+                );
                 return None;
             }
             if kv.is_some() {
-                self.error(Diagnostic::error(span, "`kv=` and `memory=` cannot both be given").with_label("keys come from one source"));
+                self.error(
+                    Diagnostic::error(span, "`kv=` and `memory=` cannot both be given")
+                        .with_label("keys come from one source"),
+                );
                 return None;
             }
         }
@@ -624,7 +899,10 @@ impl Lowerer<'_> {
         };
         let chunk = match a.get("chunk", None) {
             Some(e) if axis != Axis::Draft => {
-                self.error(Diagnostic::error(e.span, "`chunk` applies only to `axis=draft`").with_label("not chunkable"));
+                self.error(
+                    Diagnostic::error(e.span, "`chunk` applies only to `axis=draft`")
+                        .with_label("not chunkable"),
+                );
                 return None;
             }
             Some(e) => Some(self.positive_attr(e, "chunk")?),
@@ -636,19 +914,40 @@ impl Lowerer<'_> {
                 let target = matches!(&e.kind, ExprKind::Index { base, .. } if matches!(&base.kind, ExprKind::Field(b, _) if is_target(b)))
                     || matches!(&e.kind, ExprKind::Field(b, _) if is_target(b));
                 let s = self.state_ref(e, "cache")?;
-                if target { Cache::Target(s) } else { Cache::Own(s) }
+                if target {
+                    Cache::Target(s)
+                } else {
+                    Cache::Own(s)
+                }
             }
         };
-        if axis == Axis::Draft && (cache != Cache::None || !matches!(mask, Mask::Full | Mask::Causal)) {
-            self.error(Diagnostic::error(span, "draft-axis attention takes no cache and only `full` or `causal` masks").with_label("the draft axis is within one token's drafts"));
+        if axis == Axis::Draft
+            && (cache != Cache::None || !matches!(mask, Mask::Full | Mask::Causal))
+        {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    "draft-axis attention takes no cache and only `full` or `causal` masks",
+                )
+                .with_label("the draft axis is within one token's drafts"),
+            );
             return None;
         }
         if mask == Mask::CrossDiagonal && kv.is_none() && memory.is_none() {
-            self.error(Diagnostic::error(span, "`mask=cross_diagonal` needs keys from `kv=` or `memory=`").with_label("no cross-attention source"));
+            self.error(
+                Diagnostic::error(
+                    span,
+                    "`mask=cross_diagonal` needs keys from `kv=` or `memory=`",
+                )
+                .with_label("no cross-attention source"),
+            );
             return None;
         }
         if mask == Mask::Tree && cache == Cache::None {
-            self.error(Diagnostic::error(span, "`mask=tree` needs a cache (the committed prefix)").with_label("add `cache=NAME`"));
+            self.error(
+                Diagnostic::error(span, "`mask=tree` needs a cache (the committed prefix)")
+                    .with_label("add `cache=NAME`"),
+            );
             return None;
         }
         if let (Some(m), Cache::Own(s)) = (self.overrides.mask, &cache) {
@@ -662,33 +961,75 @@ impl Lowerer<'_> {
             Some(e) if matches!(&e.kind, ExprKind::Name(n) if n == "none") => None,
             Some(e) => match self.expr(e) {
                 Val::Float(v) if v > 0.0 => Some(F64::new(v)),
-                Val::Dim(d) if d.as_const().is_some_and(|c| c > 0) => d.as_const().map(|c| F64::new(c as f64)),
+                Val::Dim(d) if d.as_const().is_some_and(|c| c > 0) => {
+                    d.as_const().map(|c| F64::new(c as f64))
+                }
                 Val::Error => return None,
                 _ => {
-                    self.error(Diagnostic::error(e.span, "bad value for `rope`").with_label("expected a positive RoPE base θ or `none`"));
+                    self.error(
+                        Diagnostic::error(e.span, "bad value for `rope`")
+                            .with_label("expected a positive RoPE base θ or `none`"),
+                    );
                     return None;
                 }
             },
         };
         if rope.is_some() && head_dim % 2 != 0 {
-            self.error(Diagnostic::error(span, format!("RoPE needs an even head_dim, found {head_dim}")).with_label("odd head_dim"));
+            self.error(
+                Diagnostic::error(
+                    span,
+                    format!("RoPE needs an even head_dim, found {head_dim}"),
+                )
+                .with_label("odd head_dim"),
+            );
             return None;
         }
-        let attrs = AttentionAttrs { heads, kv_heads, head_dim, mask, axis, chunk, cache, rope, cross: kv.is_some(), memory };
+        let attrs = AttentionAttrs {
+            heads,
+            kv_heads,
+            head_dim,
+            mask,
+            axis,
+            chunk,
+            cache,
+            rope,
+            cross: kv.is_some(),
+            memory,
+        };
         let mut inputs = vec![x];
         if let Some(k) = kv {
             if self.ty(k).rank() != ty.rank() {
                 let found = fmt_shape(&self.ty(k).dims);
-                self.error(Diagnostic::error(span, format!("shape mismatch: `kv` must have the query's rank {}, found {found}", ty.rank())).with_label("rank differs"));
+                self.error(
+                    Diagnostic::error(
+                        span,
+                        format!(
+                            "shape mismatch: `kv` must have the query's rank {}, found {found}",
+                            ty.rank()
+                        ),
+                    )
+                    .with_label("rank differs"),
+                );
                 return None;
             }
             inputs.push(k);
         }
-        let mut out = ty;
         if let Some(m) = &attrs.memory {
-            // The memory width is the keys' input width; the output stays d-wide.
-            let _ = m;
+            let width = self
+                .graph
+                .memories
+                .iter()
+                .find(|d| &d.name == m)
+                .map(|d| d.width.clone());
+            if width.as_ref() != Some(&dm) {
+                self.error(
+                    Diagnostic::error(span, format!("shape mismatch: memory `{m}` rows are {} wide but the query is {dm} wide", width.unwrap_or_default()))
+                        .with_label("memory attention needs equal widths"),
+                );
+                return None;
+            }
         }
+        let mut out = ty;
         out.dims[want_rank - 1] = dm;
         Some(self.push(Op::Attention(attrs), inputs, out, span))
     }
@@ -709,11 +1050,20 @@ impl Lowerer<'_> {
             ExprKind::Name(n) => n.clone(),
             ExprKind::Field(b, f) if is_target(b) => f.name.clone(),
             _ => {
-                self.error(Diagnostic::error(e.span, format!("bad value for `{what}`")).with_label("expected a state name such as `kv` or `mem[i]`"));
+                self.error(
+                    Diagnostic::error(e.span, format!("bad value for `{what}`"))
+                        .with_label("expected a state name such as `kv` or `mem[i]`"),
+                );
                 return None;
             }
         };
-        let index = explicit.unwrap_or_else(|| if what == "cache" { self.loops.iter().map(|(_, v)| *v).collect() } else { Vec::new() });
+        let index = explicit.unwrap_or_else(|| {
+            if what == "cache" {
+                self.loops.iter().map(|(_, v)| *v).collect()
+            } else {
+                Vec::new()
+            }
+        });
         Some(StateName { name, index })
     }
 
@@ -733,8 +1083,14 @@ impl Lowerer<'_> {
                 "tree" => Some(Mask::Tree),
                 _ => bad(self),
             },
-            ExprKind::Call { callee, args, weights: None } => {
-                let Some(n) = callee_name(callee) else { return bad(self) };
+            ExprKind::Call {
+                callee,
+                args,
+                weights: None,
+            } => {
+                let Some(n) = callee_name(callee) else {
+                    return bad(self);
+                };
                 let (first, second) = match n.as_str() {
                     "sliding_window" => ("window", "sink"),
                     "inverse_block" => ("window", "offset"),
@@ -758,10 +1114,23 @@ impl Lowerer<'_> {
                 };
                 a.finish(&mut self.diags);
                 if yv < 0 {
-                    self.error(Diagnostic::error(e.span, format!("bad value for `{second}`: {yv}")).with_label("expected ≥ 0"));
+                    self.error(
+                        Diagnostic::error(e.span, format!("bad value for `{second}`: {yv}"))
+                            .with_label("expected ≥ 0"),
+                    );
                     return None;
                 }
-                Some(if n == "sliding_window" { Mask::SlidingWindow { window: xv, sink: yv } } else { Mask::InverseBlock { window: xv, offset: yv } })
+                Some(if n == "sliding_window" {
+                    Mask::SlidingWindow {
+                        window: xv,
+                        sink: yv,
+                    }
+                } else {
+                    Mask::InverseBlock {
+                        window: xv,
+                        offset: yv,
+                    }
+                })
             }
             _ => bad(self),
         }

@@ -44,16 +44,20 @@ fn setting_val(s: &Setting) -> SettingVal {
 }
 
 fn bad(s: &Setting, expected: &str) -> Diagnostic {
-    Diagnostic::error(s.value.span, format!("bad value for `{}`", s.key.name)).with_label(format!("expected {expected}"))
+    Diagnostic::error(s.value.span, format!("bad value for `{}`", s.key.name))
+        .with_label(format!("expected {expected}"))
 }
 
 fn check_duplicates(settings: &[Setting], diags: &mut Vec<Diagnostic>) {
     for (i, s) in settings.iter().enumerate() {
         if let Some(prev) = settings[..i].iter().find(|p| p.key.name == s.key.name) {
             diags.push(
-                Diagnostic::error(s.key.span, format!("setting `{}` is given twice", s.key.name))
-                    .with_label("repeated here")
-                    .with_secondary(prev.key.span, "first given here"),
+                Diagnostic::error(
+                    s.key.span,
+                    format!("setting `{}` is given twice", s.key.name),
+                )
+                .with_label("repeated here")
+                .with_secondary(prev.key.span, "first given here"),
             );
         }
     }
@@ -66,10 +70,16 @@ pub fn read_preset(file: &File) -> Result<TargetConfig, Vec<Diagnostic>> {
         return Err(vec![super::missing_header(file)]);
     };
     if h.kind != ItemKind::Preset {
-        return Err(vec![Diagnostic::error(h.span, format!("expected a preset, found a {}", h.kind.keyword()))
-            .with_label("`--target` takes a `preset NAME` file")]);
+        return Err(vec![Diagnostic::error(
+            h.span,
+            format!("expected a preset, found a {}", h.kind.keyword()),
+        )
+        .with_label("`--target` takes a `preset NAME` file")]);
     }
-    let mut cfg = TargetConfig { name: h.name.name.clone(), ..TargetConfig::default() };
+    let mut cfg = TargetConfig {
+        name: h.name.name.clone(),
+        ..TargetConfig::default()
+    };
     check_duplicates(&file.settings, &mut diags);
     for s in &file.settings {
         match (s.key.name.as_str(), setting_val(s)) {
@@ -88,16 +98,30 @@ pub fn read_preset(file: &File) -> Result<TargetConfig, Vec<Diagnostic>> {
         }
     }
     if cfg.family.is_empty() && diags.is_empty() {
-        diags.push(Diagnostic::error(h.span, "preset has no `family`").with_label("add e.g. `family llama`"));
+        diags.push(
+            Diagnostic::error(h.span, "preset has no `family`")
+                .with_label("add e.g. `family llama`"),
+        );
     }
     for (k, v) in &cfg.ints {
         if *v < 1 {
-            let span = file.settings.iter().find(|s| &s.key.name == k).map(|s| s.value.span).unwrap_or(h.span);
-            diags.push(Diagnostic::error(span, format!("bad value for `{k}`: {v}")).with_label("sizes must be positive"));
+            let span = file
+                .settings
+                .iter()
+                .find(|s| &s.key.name == k)
+                .map(|s| s.value.span)
+                .unwrap_or(h.span);
+            diags.push(
+                Diagnostic::error(span, format!("bad value for `{k}`: {v}"))
+                    .with_label("sizes must be positive"),
+            );
         }
     }
     if let Some(s) = file.stmts.first() {
-        diags.push(Diagnostic::error(s.span, "a preset holds only settings").with_label("statements belong in model or drafter files"));
+        diags.push(
+            Diagnostic::error(s.span, "a preset holds only settings")
+                .with_label("statements belong in model or drafter files"),
+        );
     }
     if diags.is_empty() {
         Ok(cfg)
@@ -124,14 +148,19 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
                     }
                 })
             }
-            ("kind", _, true) => diags.push(bad(s, "`parallel`, `autoregressive` or `self_speculative`")),
+            ("kind", _, true) => {
+                diags.push(bad(s, "`parallel`, `autoregressive` or `self_speculative`"))
+            }
             ("l", SettingVal::Int(v), true) if v >= 1 => {
                 lw.graph.meta.draft_len = Some(v);
             }
             ("l", _, true) => diags.push(bad(s, "a positive draft length")),
             ("tree", _, true) => match tree_spec(lw, s) {
                 Some(t) => lw.graph.meta.tree = Some(t),
-                None => diags.push(bad(s, "`chain`, `static(b1, b2, …)` or `dynamic(depth=…, topk=…, nodes=…)`")),
+                None => diags.push(bad(
+                    s,
+                    "`chain`, `static(b1, b2, …)` or `dynamic(depth=…, topk=…, nodes=…)`",
+                )),
             },
             ("base", SettingVal::Path(p), true) => lw.graph.meta.base = Some(p),
             ("mask", _, true) => {
@@ -142,10 +171,13 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
             ("embed" | "final_norm" | "lm_head", SettingVal::Path(p), false) => {
                 lw.graph.meta.exports.insert(key.to_string(), p);
             }
-            ("embed" | "final_norm" | "lm_head", _, false) => diags.push(bad(s, "a tensor name prefix such as `model.embed_tokens`")),
-            ("kind" | "l" | "tree" | "base" | "mask", _, false) => {
-                diags.push(Diagnostic::error(s.key.span, format!("`{key}` is a drafter setting")).with_label("not valid in a model file"))
+            ("embed" | "final_norm" | "lm_head", _, false) => {
+                diags.push(bad(s, "a tensor name prefix such as `model.embed_tokens`"))
             }
+            ("kind" | "l" | "tree" | "base" | "mask", _, false) => diags.push(
+                Diagnostic::error(s.key.span, format!("`{key}` is a drafter setting"))
+                    .with_label("not valid in a model file"),
+            ),
             (_, SettingVal::Int(v), _) => {
                 lw.file_ints.insert(key.to_string(), v);
                 lw.graph.meta.ints.insert(key.to_string(), v);
@@ -176,16 +208,22 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
         let header = file.header.as_ref().map(|h| h.span).unwrap_or_default();
         match lw.graph.meta.drafter_kind {
             None => diags.push(
-                Diagnostic::error(header, "drafter has no `kind`")
-                    .with_label("add `kind parallel`, `kind autoregressive` or `kind self_speculative`"),
+                Diagnostic::error(header, "drafter has no `kind`").with_label(
+                    "add `kind parallel`, `kind autoregressive` or `kind self_speculative`",
+                ),
             ),
-            Some(DrafterKind::Parallel) if lw.graph.meta.draft_len.is_none() => {
-                diags.push(Diagnostic::error(header, "parallel drafter has no draft length").with_label("add e.g. `l 4`"))
+            Some(DrafterKind::Parallel) if lw.graph.meta.draft_len.is_none() => diags.push(
+                Diagnostic::error(header, "parallel drafter has no draft length")
+                    .with_label("add e.g. `l 4`"),
+            ),
+            Some(DrafterKind::SelfSpeculative)
+                if lw.graph.meta.base.is_none() || lw.graph.meta.base_mask.is_none() =>
+            {
+                diags.push(
+                    Diagnostic::error(header, "self-speculative drafter needs `base` and `mask`")
+                        .with_label("add e.g. `base llama` and `mask sliding_window(64, 1)`"),
+                )
             }
-            Some(DrafterKind::SelfSpeculative) if lw.graph.meta.base.is_none() || lw.graph.meta.base_mask.is_none() => diags.push(
-                Diagnostic::error(header, "self-speculative drafter needs `base` and `mask`")
-                    .with_label("add e.g. `base llama` and `mask sliding_window(64, 1)`"),
-            ),
             _ => {}
         }
     }
@@ -195,7 +233,11 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
 fn tree_spec(lw: &mut Lowerer, s: &Setting) -> Option<TreeSpec> {
     match &s.value.kind {
         ExprKind::Name(n) if n == "chain" => Some(TreeSpec::Chain),
-        ExprKind::Call { callee, args, weights: None } => {
+        ExprKind::Call {
+            callee,
+            args,
+            weights: None,
+        } => {
             let name = match &callee.kind {
                 ExprKind::Name(n) => n.as_str(),
                 _ => return None,
@@ -217,7 +259,9 @@ fn tree_spec(lw: &mut Lowerer, s: &Setting) -> Option<TreeSpec> {
                 }
                 "dynamic" => {
                     let mut get = |key: &str| -> Option<i64> {
-                        let a = args.iter().find(|a| a.name.as_ref().is_some_and(|n| n.name == key))?;
+                        let a = args
+                            .iter()
+                            .find(|a| a.name.as_ref().is_some_and(|n| n.name == key))?;
                         lw.const_int(&a.value, key).filter(|v| *v >= 1)
                     };
                     let (depth, topk, nodes) = (get("depth")?, get("topk")?, get("nodes")?);
@@ -241,25 +285,46 @@ pub(super) fn lower_self_speculative(
     let header = file.header.as_ref().map(|h| h.span).unwrap_or_default();
     let mut diags = lw.diags;
     if let Some(s) = file.stmts.first() {
-        diags.push(Diagnostic::error(s.span, "a self-speculative drafter has no statements").with_label("its graph is the base model's"));
+        diags.push(
+            Diagnostic::error(s.span, "a self-speculative drafter has no statements")
+                .with_label("its graph is the base model's"),
+        );
     }
     let base = lw.graph.meta.base.clone().unwrap_or_default();
-    let base_span = file.settings.iter().find(|s| s.key.name == "base").map(|s| s.value.span).unwrap_or(header);
+    let base_span = file
+        .settings
+        .iter()
+        .find(|s| s.key.name == "base")
+        .map(|s| s.value.span)
+        .unwrap_or(header);
     if lw.graph.meta.drafter_kind != Some(DrafterKind::SelfSpeculative) {
-        diags.push(Diagnostic::error(base_span, "`base` is only valid with `kind self_speculative`").with_label("unexpected base model"));
+        diags.push(
+            Diagnostic::error(
+                base_span,
+                "`base` is only valid with `kind self_speculative`",
+            )
+            .with_label("unexpected base model"),
+        );
     }
     if !diags.is_empty() {
         return Err(diags);
     }
     let Some((path, text)) = resolver.resolve(&base) else {
-        return Err(vec![Diagnostic::error(base_span, format!("cannot find base model `{base}`"))
-            .with_label(format!("expected a file `{base}.draft` next to this one"))]);
+        return Err(vec![Diagnostic::error(
+            base_span,
+            format!("cannot find base model `{base}`"),
+        )
+        .with_label(format!(
+            "expected a file `{base}.draft` next to this one"
+        ))]);
     };
     let (base_file, parse_diags) = crate::parser::parse(&text);
     let failed = |what: &str| {
-        vec![Diagnostic::error(base_span, format!("base model `{base}` ({path}) {what}"))
-            .with_label("see its own diagnostics")
-            .with_note(format!("run `draftc check {path}`"))]
+        vec![
+            Diagnostic::error(base_span, format!("base model `{base}` ({path}) {what}"))
+                .with_label("see its own diagnostics")
+                .with_note(format!("run `draftc check {path}`")),
+        ]
     };
     if !parse_diags.is_empty() {
         return Err(failed("has syntax errors"));
@@ -268,7 +333,10 @@ pub(super) fn lower_self_speculative(
         return Err(failed("is not a `model` file"));
     }
     let mut inner = Lowerer::new(lw.config, ItemKind::Model, &base);
-    inner.overrides = Overrides { mask: lw.graph.meta.base_mask, target_cache: true };
+    inner.overrides = Overrides {
+        mask: lw.graph.meta.base_mask,
+        target_cache: true,
+    };
     lower_settings(&mut inner, &base_file, symbol_overrides);
     inner.collect_definitions(&base_file.stmts);
     for stmt in &base_file.stmts {

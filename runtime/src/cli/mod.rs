@@ -1,2 +1,6 @@
 //! The `draftc` subcommands, one module each. `main.rs` only parses arguments
 //! and dispatches here; every command returns an exit code instead of panicking.
+
+pub mod check;
+pub mod inspect;
+pub mod source;

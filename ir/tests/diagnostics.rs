@@ -1,0 +1,309 @@
+//! Every kind of user mistake gives a diagnostic with the right message and
+//! location. One helper, `check(source, expected)`: `expected` lists
+//! `line:col message-fragment` for each diagnostic, in order.
+
+mod common;
+
+use common::errors;
+
+/// A drafter header for the snippets below (3 lines; snippets start on line 4).
+const HEAD: &str = "drafter t\nkind parallel\nl 2\n";
+
+#[track_caller]
+fn check(body: &str, expected: &[&str]) {
+    let src = format!("{HEAD}{body}");
+    let got = errors(&src);
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "diagnostics for:\n{src}\ngot: {got:#?}"
+    );
+    for (g, e) in got.iter().zip(expected) {
+        let (loc, frag) = e.split_once(' ').unwrap();
+        assert!(
+            g.starts_with(&format!("{loc} ")) && g.contains(frag),
+            "expected `{e}`, got `{g}`\nsource:\n{src}"
+        );
+    }
+}
+
+#[test]
+fn unknown_op() {
+    check(
+        "input x = target.hidden[n] : [t, d]\ny = linaer(x, d) @w\noutput o = x\n",
+        &["5:5 unknown op `linaer`"],
+    );
+}
+
+#[test]
+fn unknown_op_suggests_the_closest() {
+    let src = format!("{HEAD}input x = target.hidden[n] : [t, d]\noutput y = rms_nrom(x) @w\n");
+    let diags = common::compile(&src, &common::tiny()).unwrap_err();
+    assert!(
+        diags[0]
+            .notes
+            .iter()
+            .any(|n| n.contains("did you mean `rms_norm`")),
+        "{diags:?}"
+    );
+}
+
+#[test]
+fn shape_mismatch_in_annotation() {
+    check(
+        "input x = target.hidden[0, n] : [t, 2, d]\noutput y = linear(reshape(x, [t, 2*d]), d) @w : [t, 2*d]\n",
+        &["5:47 shape mismatch: expected [t, 128], found [t, 64]"],
+    );
+}
+
+#[test]
+fn shape_mismatch_in_add() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = x + linear(x, 3) @w\n",
+        &["5:12 shape mismatch: cannot broadcast [t, 64] with [t, 3]"],
+    );
+}
+
+#[test]
+fn undefined_name() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = linear(q, d) @w\n",
+        &["5:19 undefined name `q`"],
+    );
+}
+
+#[test]
+fn used_before_definition() {
+    check(
+        "input x = target.hidden[n] : [t, d]\ny = z + x\nz = silu(x)\noutput o = y\n",
+        &["5:5 `z` is used before it is defined"],
+    );
+}
+
+#[test]
+fn redefinition() {
+    check(
+        "input x = target.hidden[n] : [t, d]\ny = silu(x)\ny = silu(x)\noutput o = y\n",
+        &["6:1 `y` is already defined"],
+    );
+}
+
+#[test]
+fn cycle() {
+    check(
+        "input x = target.hidden[n] : [t, d]\np = q + x\nq = p + x\noutput o = q\n",
+        &["5:5 cyclic definition: p → q → p"],
+    );
+}
+
+#[test]
+fn bad_repeat_range() {
+    check(
+        "input x = target.hidden[n] : [t, d]\nrepeat i in 5..2 {\n  x += silu(x)\n}\noutput o = x\n",
+        &["5:13 bad repeat range 5..2"],
+    );
+}
+
+#[test]
+fn repeat_bound_must_be_known() {
+    check(
+        "input x = target.hidden[n] : [t, d]\nrepeat i in 0..t {\n  x += silu(x)\n}\noutput o = x\n",
+        &["5:16 expected a loop bound known before running, found `t`"],
+    );
+}
+
+#[test]
+fn wrong_arity_missing() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = linear(x) @w\n",
+        &["5:12 wrong number of arguments: `linear` needs `out`"],
+    );
+}
+
+#[test]
+fn wrong_arity_extra() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = silu(x, x)\n",
+        &["5:20 wrong number of arguments: `silu` takes 1 positional argument, found 2"],
+    );
+}
+
+#[test]
+fn unknown_argument() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = rms_norm(x, epsilon=1) @w\n",
+        &["5:24 unknown argument `epsilon`"],
+    );
+}
+
+#[test]
+fn bad_attribute_value_mask() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = attention(x, heads=h, mask=diagonal) @a\n",
+        &["5:39 bad value for `mask`"],
+    );
+}
+
+#[test]
+fn bad_attribute_value_heads() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = attention(x, heads=h, kv_heads=3) @a\n",
+        &["5:43 bad value for `kv_heads`: 4 heads are not a multiple of 3 KV heads"],
+    );
+}
+
+#[test]
+fn heads_must_divide_width() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = attention(x, heads=7) @a\n",
+        &["5:31 bad value for `heads`: the model width 64 is not divisible by 7 heads"],
+    );
+}
+
+#[test]
+fn unterminated_block() {
+    check(
+        "input x = target.hidden[n] : [t, d]\nrepeat i in 0..2 {\n  x += silu(x)\n",
+        &["5:18 unterminated `repeat` block"],
+    );
+}
+
+#[test]
+fn unmatched_brace() {
+    check(
+        "input x = target.hidden[n] : [t, d]\n}\noutput o = x\n",
+        &["5:1 unmatched `}`"],
+    );
+}
+
+#[test]
+fn dtype_mismatch() {
+    check(
+        "input ids : [t] u32\noutput y = linear(ids, d) @w\n",
+        &["5:19 dtype mismatch: expected a float tensor, found u32"],
+    );
+}
+
+#[test]
+fn tap_out_of_range() {
+    check(
+        "input x = target.hidden[0, n+1] : [t, 2, d]\noutput o = silu(x)\n",
+        &["4:28 tap index 5 is out of range"],
+    );
+}
+
+#[test]
+fn missing_weight_name() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = linear(x, d)\n",
+        &["5:12 `linear` has weights but no weight name"],
+    );
+}
+
+#[test]
+fn weight_name_on_op_without_weights() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = silu(x) @w\n",
+        &["5:20 `silu` has no weights"],
+    );
+}
+
+#[test]
+fn weight_bound_twice_with_different_shapes() {
+    check(
+        "input x = target.hidden[n] : [t, d]\na = linear(x, d) @w\noutput y = linear(a, 3) @w\n",
+        &["6:25 weight `w.weight` is bound twice with different shapes"],
+    );
+}
+
+#[test]
+fn reshape_element_count() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput y = reshape(x, [t, 3, d])\n",
+        &["5:23 shape mismatch: cannot reshape [t, 64] (64*t elements) to [t, 3, 64] (192*t elements)"],
+    );
+}
+
+#[test]
+fn syntax_error_expected_expression() {
+    check(
+        "input x = target.hidden[n] : [t, d]\ny = (x + \noutput o = x\n",
+        &["5:10 expected an expression, found end of line"],
+    );
+}
+
+#[test]
+fn unexpected_character() {
+    check(
+        "input x = target.hidden[n] : [t, d]\ny = x $ x\noutput o = x\n",
+        &[
+            "5:7 unexpected character '$'",
+            "5:9 expected end of line, found `x`",
+        ],
+    );
+}
+
+#[test]
+fn target_reference_in_model_file() {
+    let src = "model m\ninput ids : [t] u32\noutput y = target.embed(ids)\n";
+    let got = errors(src);
+    assert_eq!(
+        got,
+        vec!["3:12 `target` references are only valid in drafter files"]
+    );
+}
+
+#[test]
+fn drafter_without_kind() {
+    let got = errors("drafter d\ninput x = target.hidden[n] : [t, d]\noutput o = silu(x)\n");
+    assert_eq!(got, vec!["1:1 drafter has no `kind`"]);
+}
+
+#[test]
+fn no_output() {
+    check(
+        "input x = target.hidden[n] : [t, d]\ny = silu(x)\n",
+        &["1:1 `t` has no output"],
+    );
+}
+
+#[test]
+fn empty_file() {
+    assert_eq!(errors(""), vec!["1:1 empty description file"]);
+    assert_eq!(
+        errors("\n# only a comment\n\n"),
+        vec!["1:1 empty description file"]
+    );
+}
+
+#[test]
+fn non_utf8_bytes() {
+    let bytes = b"drafter d\nkind par\xffallel\n";
+    let d = draftc_ir::decode(bytes).unwrap_err();
+    let text = String::from_utf8_lossy(bytes);
+    assert!(
+        d.message.contains("not valid UTF-8: byte 0xff"),
+        "{}",
+        d.message
+    );
+    assert_eq!(common::loc(&text, &d), "2:9");
+}
+
+#[test]
+fn several_errors_are_all_reported() {
+    check(
+        "input x = target.hidden[n] : [t, d]\na = linaer(x, d) @w\nb = silu(q)\nc = x $ x\noutput o = x\n",
+        &["5:5 unknown op", "6:10 undefined name `q`", "7:7 unexpected character", "7:9 expected end of line"],
+    );
+}
+
+#[test]
+fn rendered_diagnostic_has_location_source_line_and_caret() {
+    let src = format!("{HEAD}input x = target.hidden[n] : [t, d]\noutput y = linear(q, d) @w\n");
+    let diags = common::compile(&src, &common::tiny()).unwrap_err();
+    let text = draftc_ir::render_all(&diags, "bad.draft", &src, false);
+    assert!(text.contains("error: undefined name `q`"), "{text}");
+    assert!(text.contains("bad.draft:5:19"), "{text}");
+    assert!(text.contains("output y = linear(q, d) @w"), "{text}");
+    assert!(text.contains("^ not defined"), "{text}");
+}
