@@ -1,0 +1,91 @@
+//! Embedding gather: `out[t, :] = table[ids[t], :]` for a `[vocab, d]` table
+//! and u32 ids `[t]`. Ids are validated on the host (read back, one sync):
+//! an out-of-range id is an [`OpsError::IndexOutOfRange`], never a launch.
+//! The kernel also clamps ids, so memory stays safe whatever the ids hold.
+
+use cubecl::prelude::*;
+
+use crate::block::vector_width;
+use crate::error::{OpsError, Result};
+use crate::launch::{
+    cube_count, expect_dtype, expect_float, expect_nonempty, expect_rank, expect_shape, finish,
+};
+use crate::tensor::{DType, DeviceTensor};
+
+/// Units per cube.
+pub const BLOCK: usize = 64;
+
+/// One cube per token; units stride over the row's `dv` vectors.
+#[cube(launch)]
+pub fn embedding_kernel<F: Float + CubeElement, N: Size>(
+    table: &Array<Vector<F, N>>,
+    ids: &Array<u32>,
+    out: &mut Array<Vector<F, N>>,
+    tokens: usize,
+    vocab: usize,
+    dv: usize,
+) {
+    let t = CUBE_POS;
+    if t < tokens {
+        let id = ids[t] as usize;
+        let row = select(id < vocab, id, vocab - 1);
+        let mut j = UNIT_POS as usize;
+        while j < dv {
+            out[t * dv + j] = table[row * dv + j];
+            j += comptime!(BLOCK);
+        }
+    }
+}
+
+/// Gathers rows of `table` (`[vocab, d]`) by `ids` (u32, `[t]`) into `out` (`[t, d]`).
+pub fn embedding<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "embedding";
+    expect_float(client, OP, "table", table)?;
+    expect_nonempty(OP, "table", table)?;
+    let s = expect_rank(OP, "table", table, 2, "[vocab, d]")?;
+    let (vocab, d) = (s[0], s[1]);
+    expect_dtype(OP, "ids", ids, DType::U32)?;
+    expect_nonempty(OP, "ids", ids)?;
+    expect_rank(OP, "ids", ids, 1, "[t]")?;
+    let tokens = ids.numel();
+    expect_shape(OP, "out", out, &[tokens, d])?;
+    expect_dtype(OP, "out", out, table.dtype())?;
+    let host_ids = ids.download_u32(client)?;
+    if let Some((position, &id)) = host_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab)
+    {
+        return Err(OpsError::IndexOutOfRange {
+            op: OP,
+            arg: "ids",
+            position,
+            index: id as u64,
+            bound: vocab,
+        });
+    }
+    let n = vector_width(client, d);
+    let count = cube_count(OP, tokens)?;
+    crate::dispatch_float!(table.dtype(), OP, F => {
+        embedding_kernel::launch::<F, R>(
+            client, count, CubeDim::new_1d(BLOCK as u32), n,
+            table.array_arg(), ids.array_arg(), out.array_arg(), tokens, vocab, d / n,
+        )
+    })?;
+    finish(client, OP)
+}
+
+/// Plain-Rust oracle.
+pub mod reference {
+    /// Rows of `table` (`[vocab, d]`) picked by `ids`.
+    pub fn embedding(table: &[f32], d: usize, ids: &[u32]) -> Vec<f32> {
+        ids.iter()
+            .flat_map(|&i| table[i as usize * d..(i as usize + 1) * d].iter().copied())
+            .collect()
+    }
+}

@@ -1,0 +1,182 @@
+//! Shared launch plumbing: argument validation, grid sizing within wgpu's
+//! limits, dtype dispatch and error mapping after a launch.
+//!
+//! Every safe launch function in this crate follows the same steps:
+//! validate with the `expect_*` helpers → size the grid with [`cube_count`] →
+//! launch through [`dispatch_float!`](crate::dispatch_float) → [`finish`].
+
+use cubecl::prelude::*;
+
+use crate::error::{OpsError, Result};
+use crate::tensor::{DType, DeviceTensor};
+
+/// Most workgroups per dispatch dimension on wgpu (and the CUDA y/z limit).
+pub const MAX_CUBES_PER_DIM: usize = 65_535;
+
+/// Largest single storage binding on lavapipe (`maxStorageBufferRange`).
+pub const MAX_BINDING_BYTES: usize = 128 << 20;
+
+/// A grid of at least `cubes` cubes that respects [`MAX_CUBES_PER_DIM`],
+/// spread over x then y. Kernels index cubes with the flattened `CUBE_POS`
+/// and must skip `CUBE_POS >= cubes` (the y-split can overshoot).
+pub fn cube_count(op: &'static str, cubes: usize) -> Result<CubeCount> {
+    let cubes = cubes.max(1);
+    let x = cubes.min(MAX_CUBES_PER_DIM);
+    let y = cubes.div_ceil(x);
+    if y > MAX_CUBES_PER_DIM {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!("{cubes} workgroups exceed the 65535x65535 grid"),
+        });
+    }
+    Ok(CubeCount::Static(x as u32, y as u32, 1))
+}
+
+/// Submits queued work and surfaces server errors (resource limits, launch
+/// failures). Panics while a kernel is expanded are *not* reported by cubecl
+/// (see the cubecl guide §5.4); tests catch those by comparing outputs.
+pub fn finish<R: Runtime>(client: &ComputeClient<R>, op: &'static str) -> Result<()> {
+    client.flush().map_err(|e| OpsError::device(op, e))
+}
+
+/// Fails unless `t` is a float tensor the device supports.
+pub fn expect_float<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+) -> Result<()> {
+    if !t.dtype().is_float() {
+        return Err(OpsError::DTypeMismatch {
+            op,
+            arg,
+            expected: DType::F32,
+            found: t.dtype(),
+        });
+    }
+    if !t.dtype().is_supported(client) {
+        return Err(OpsError::UnsupportedDType {
+            op,
+            dtype: t.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// Fails unless `t` has exactly `dtype`.
+pub fn expect_dtype<R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+    dtype: DType,
+) -> Result<()> {
+    if t.dtype() != dtype {
+        return Err(OpsError::DTypeMismatch {
+            op,
+            arg,
+            expected: dtype,
+            found: t.dtype(),
+        });
+    }
+    Ok(())
+}
+
+/// Fails unless `t` has exactly `shape`.
+pub fn expect_shape<R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+    shape: &[usize],
+) -> Result<()> {
+    if t.shape() != shape {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg,
+            expected: format!("{shape:?}"),
+            found: t.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Fails unless `t` has rank `rank`; returns its shape.
+pub fn expect_rank<'a, R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    t: &'a DeviceTensor<R>,
+    rank: usize,
+    expected: &str,
+) -> Result<&'a [usize]> {
+    if t.shape().len() != rank {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg,
+            expected: expected.to_string(),
+            found: t.shape().to_vec(),
+        });
+    }
+    Ok(t.shape())
+}
+
+/// Fails if `t` has no elements.
+pub fn expect_nonempty<R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+) -> Result<()> {
+    if t.numel() == 0 || t.shape().is_empty() {
+        return Err(OpsError::EmptyInput {
+            op,
+            arg,
+            shape: t.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// Fails if the tensor's binding would exceed [`MAX_BINDING_BYTES`].
+pub fn expect_bindable<R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+) -> Result<()> {
+    let bytes = t.numel() * t.dtype().size();
+    if bytes > MAX_BINDING_BYTES {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!("`{arg}` is {bytes} bytes, over the 128 MiB binding limit"),
+        });
+    }
+    Ok(())
+}
+
+/// Runs `$body` with the type alias `$F` bound to the Rust element type of
+/// the float dtype `$dtype` (`f32` or `half::f16`); evaluates to
+/// `Err(DTypeMismatch)` for non-float dtypes.
+///
+/// ```ignore
+/// dispatch_float!(x.dtype(), "rms_norm", F => {
+///     rms_norm_kernel::launch::<F, R>(client, count, dim, ...);
+/// })
+/// ```
+#[macro_export]
+macro_rules! dispatch_float {
+    ($dtype:expr, $op:expr, $F:ident => $body:block) => {
+        match $dtype {
+            $crate::tensor::DType::F32 => {
+                type $F = f32;
+                Ok($body)
+            }
+            $crate::tensor::DType::F16 => {
+                type $F = ::half::f16;
+                Ok($body)
+            }
+            other => Err($crate::error::OpsError::DTypeMismatch {
+                op: $op,
+                arg: "input",
+                expected: $crate::tensor::DType::F32,
+                found: other,
+            }),
+        }
+    };
+}

@@ -1,0 +1,426 @@
+//! Linear layer `y = prologue(x) · Wᵀ (+ epilogue)`, `W` stored `[out, in]`
+//! as in safetensors/HF — the skinny GEMM used for drafting and verification
+//! (m = 1..64 rows) and for everything else that multiplies by a weight.
+//!
+//! * **Prologue** (applied to `x` while it is loaded): none, RMS norm with a
+//!   weight `[in]`, or grouped RMS norm with weights `[groups, d]`,
+//!   `groups * d == in` (see [`crate::group_rms_norm`]). The per-row (per
+//!   group) `1/rms` is recomputed by every cube from `x`, which is small.
+//! * **Epilogue**: none, `+ bias[out]`, `+ residual[m, out]`, or SwiGLU:
+//!   `W` is the gate weight, the epilogue carries the up weight, and
+//!   `out = silu(x·W_gateᵀ) * (x·W_upᵀ)`.
+//!
+//! Kernel layout: one unit per output column, [`BLOCK`] columns per cube.
+//! Each unit streams its weight row once per block of `mb` rows (`mb` = 1,
+//! 2, 4 or 8, comptime) with `Vector<F, 4>` loads along the reduction dim and
+//! keeps `mb` accumulators in registers; `x` is read at the same index by all
+//! units of a cube (uniform loads, broadcast on SIMD CPUs). For m ≤ 8 the
+//! weights are therefore read exactly once. Weights larger than the 128 MiB
+//! binding limit are split into chunks of output columns bound through handle
+//! offsets, and grids are split over x/y so no dimension exceeds 65,535.
+//! Accumulation is in f32.
+
+use cubecl::prelude::*;
+
+use crate::block::{lane_sum, vector_width};
+use crate::error::{OpsError, Result};
+use crate::launch::{
+    cube_count, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
+    MAX_BINDING_BYTES,
+};
+use crate::tensor::DeviceTensor;
+
+/// Output columns (units) per cube.
+pub const BLOCK: usize = 64;
+
+const EPI_NONE: u32 = 0;
+const EPI_BIAS: u32 = 1;
+const EPI_RESIDUAL: u32 = 2;
+const EPI_SWIGLU: u32 = 3;
+
+/// What is applied to `x` as it is loaded.
+#[derive(Debug, Clone, Copy)]
+pub enum Prologue<'a, R: Runtime> {
+    None,
+    /// RMS norm over `in` with `weight` `[in]`.
+    RmsNorm {
+        weight: &'a DeviceTensor<R>,
+        eps: f32,
+    },
+    /// Grouped RMS norm: `x` row is `groups` segments of `d`, `weight` is `[groups, d]`.
+    GroupRmsNorm {
+        weight: &'a DeviceTensor<R>,
+        eps: f32,
+    },
+}
+
+/// What is applied to the product before it is stored.
+#[derive(Debug, Clone, Copy)]
+pub enum Epilogue<'a, R: Runtime> {
+    None,
+    /// `+ bias`, `bias` `[out]`.
+    Bias(&'a DeviceTensor<R>),
+    /// `+ residual`, same shape as `out` (may be `out` itself).
+    Residual(&'a DeviceTensor<R>),
+    /// `silu(x·Wᵀ) * (x·W_upᵀ)`, `up` `[out, in]` like the gate weight.
+    SwiGlu {
+        up: &'a DeviceTensor<R>,
+    },
+}
+
+/// Rows per register block for `m` rows.
+fn rows_per_block(m: usize) -> usize {
+    match m {
+        1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        _ => 8,
+    }
+}
+
+#[cube(launch)]
+pub fn linear_kernel<F: Float + CubeElement, N: Size>(
+    x: &Array<Vector<F, N>>,
+    w: &Array<Vector<F, N>>,
+    w_up: &Array<Vector<F, N>>,
+    gamma: &Array<Vector<F, N>>,
+    extra: &Array<F>,
+    out: &mut Array<F>,
+    m: usize,
+    in_v: usize,
+    n_cols: usize,
+    col_offset: usize,
+    out_stride: usize,
+    groups: usize,
+    dv: usize,
+    d: usize,
+    eps: f32,
+    #[comptime] mb: usize,
+    #[comptime] norm: bool,
+    #[comptime] epilogue: u32,
+) {
+    let o = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
+    let valid = o < n_cols;
+    let oc = select(valid, o, 0usize);
+    let wbase = oc * in_v;
+    let swiglu = comptime!(epilogue == EPI_SWIGLU);
+
+    let mut row0 = 0usize;
+    while row0 < m {
+        let mut acc = Array::<f32>::new(mb);
+        let mut acc_u = Array::<f32>::new(mb);
+        #[unroll]
+        for r in 0..mb {
+            acc[r] = 0.0;
+            acc_u[r] = 0.0;
+        }
+        for g in 0..groups {
+            let kbeg = g * dv;
+            let mut inv = Array::<f32>::new(mb);
+            let mut part = Array::<f32>::new(mb);
+            let mut part_u = Array::<f32>::new(mb);
+            #[unroll]
+            for r in 0..mb {
+                part[r] = 0.0;
+                part_u[r] = 0.0;
+                inv[r] = 1.0;
+            }
+            if norm {
+                #[unroll]
+                for r in 0..mb {
+                    let row = select(row0 + r < m, row0 + r, m - 1);
+                    let mut s = 0f32;
+                    for kv in kbeg..kbeg + dv {
+                        let xv = Vector::<f32, N>::cast_from(x[row * in_v + kv]);
+                        s += lane_sum::<f32, N>(xv * xv);
+                    }
+                    inv[r] = 1f32 / f32::sqrt(s / f32::cast_from(d) + eps);
+                }
+            }
+            for kv in kbeg..kbeg + dv {
+                let wv = Vector::<f32, N>::cast_from(w[wbase + kv]);
+                #[unroll]
+                for r in 0..mb {
+                    let row = select(row0 + r < m, row0 + r, m - 1);
+                    let mut xv = Vector::<f32, N>::cast_from(x[row * in_v + kv]);
+                    if norm {
+                        xv *= Vector::<f32, N>::cast_from(gamma[kv]);
+                    }
+                    part[r] += lane_sum::<f32, N>(xv * wv);
+                    if swiglu {
+                        let uv = Vector::<f32, N>::cast_from(w_up[wbase + kv]);
+                        part_u[r] += lane_sum::<f32, N>(xv * uv);
+                    }
+                }
+            }
+            #[unroll]
+            for r in 0..mb {
+                acc[r] += part[r] * inv[r];
+                acc_u[r] += part_u[r] * inv[r];
+            }
+        }
+        #[unroll]
+        for r in 0..mb {
+            let row = row0 + r;
+            if valid && row < m {
+                let idx = row * out_stride + col_offset + oc;
+                let mut y = acc[r];
+                if comptime!(epilogue == EPI_BIAS) {
+                    y += f32::cast_from(extra[col_offset + oc]);
+                }
+                if comptime!(epilogue == EPI_RESIDUAL) {
+                    y += f32::cast_from(extra[idx]);
+                }
+                if swiglu {
+                    y = y / (1f32 + f32::exp(-y)) * acc_u[r];
+                }
+                out[idx] = F::cast_from(y);
+            }
+        }
+        row0 += mb;
+    }
+}
+
+/// `out = epilogue(prologue(x) · weightᵀ)`.
+///
+/// * `x`: `[..., in]` (all leading dims are rows, `m` = their product).
+/// * `weight`: `[out, in]` (the gate weight for SwiGLU).
+/// * `out`: `[..., out]` with `x`'s leading dims; same dtype as `x`.
+pub fn linear<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: Prologue<'_, R>,
+    epilogue: Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    linear_with_binding_limit(
+        client,
+        x,
+        weight,
+        prologue,
+        epilogue,
+        out,
+        MAX_BINDING_BYTES,
+    )
+}
+
+/// [`linear`] with an explicit per-binding byte limit for the weight chunks
+/// (tests use a small one to exercise the split).
+#[doc(hidden)]
+pub fn linear_with_binding_limit<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: Prologue<'_, R>,
+    epilogue: Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    max_binding_bytes: usize,
+) -> Result<()> {
+    const OP: &str = "linear";
+    expect_float(client, OP, "x", x)?;
+    expect_nonempty(OP, "x", x)?;
+    expect_nonempty(OP, "weight", weight)?;
+    let dtype = x.dtype();
+    let k = *x.shape().last().unwrap_or(&0);
+    let m = x.numel() / k;
+    if weight.shape().len() != 2 || weight.shape()[1] != k {
+        return Err(OpsError::ShapeMismatch {
+            op: OP,
+            arg: "weight",
+            expected: format!("[out, {k}]"),
+            found: weight.shape().to_vec(),
+        });
+    }
+    expect_dtype(OP, "weight", weight, dtype)?;
+    let n = weight.shape()[0];
+    let mut out_shape = x.shape().to_vec();
+    *out_shape.last_mut().unwrap_or(&mut 0) = n;
+    expect_shape(OP, "out", out, &out_shape)?;
+    expect_dtype(OP, "out", out, dtype)?;
+
+    // Dummy binding for unused optional inputs.
+    let dummy = DeviceTensor::<R>::zeros(client, &[4], dtype);
+    let (gamma, groups, d, eps, norm) = match prologue {
+        Prologue::None => (&dummy, 1, k, 0.0, false),
+        Prologue::RmsNorm { weight: g, eps } => {
+            expect_shape(OP, "prologue weight", g, &[k])?;
+            (g, 1, k, eps, true)
+        }
+        Prologue::GroupRmsNorm { weight: g, eps } => {
+            let s = g.shape();
+            if s.len() != 2 || s[0] * s[1] != k || s[1] == 0 {
+                return Err(OpsError::ShapeMismatch {
+                    op: OP,
+                    arg: "prologue weight",
+                    expected: format!("[groups, d] with groups * d = {k}"),
+                    found: s.to_vec(),
+                });
+            }
+            (g, s[0], s[1], eps, true)
+        }
+    };
+    if norm {
+        expect_dtype(OP, "prologue weight", gamma, dtype)?;
+        if !(eps >= 0.0 && eps.is_finite()) {
+            return Err(OpsError::InvalidArgument {
+                op: OP,
+                reason: format!("eps must be finite and >= 0, got {eps}"),
+            });
+        }
+    }
+    let (extra, up, code) = match epilogue {
+        Epilogue::None => (&dummy, None, EPI_NONE),
+        Epilogue::Bias(b) => {
+            expect_shape(OP, "bias", b, &[n])?;
+            (b, None, EPI_BIAS)
+        }
+        Epilogue::Residual(r) => {
+            expect_shape(OP, "residual", r, &out_shape)?;
+            (r, None, EPI_RESIDUAL)
+        }
+        Epilogue::SwiGlu { up } => {
+            expect_shape(OP, "up weight", up, weight.shape())?;
+            (&dummy, Some(up), EPI_SWIGLU)
+        }
+    };
+    expect_dtype(OP, "epilogue tensor", extra, dtype)?;
+    if let Some(up) = up {
+        expect_dtype(OP, "up weight", up, dtype)?;
+    }
+
+    // Split the weight into chunks of output columns that fit one binding.
+    let row_bytes = k * dtype.size();
+    let max_cols = (max_binding_bytes / row_bytes) / 256 * 256;
+    if max_cols == 0 {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("in = {k} is too wide: 256 weight rows exceed one binding"),
+        });
+    }
+    let nv = vector_width(client, d);
+    let mb = rows_per_block(m);
+    let mut c0 = 0;
+    while c0 < n {
+        let cols = (n - c0).min(max_cols);
+        let w_chunk = weight_chunk(weight, c0, cols, row_bytes)?;
+        let up_chunk = match up {
+            Some(u) => weight_chunk(u, c0, cols, row_bytes)?,
+            None => dummy.clone(),
+        };
+        let count = cube_count(OP, cols.div_ceil(BLOCK))?;
+        crate::dispatch_float!(dtype, OP, F => {
+            linear_kernel::launch::<F, R>(
+                client,
+                count,
+                CubeDim::new_1d(BLOCK as u32),
+                nv,
+                x.array_arg(),
+                w_chunk.array_arg(),
+                up_chunk.array_arg(),
+                gamma.array_arg(),
+                extra.array_arg(),
+                out.array_arg(),
+                m,
+                k / nv,
+                cols,
+                c0,
+                n,
+                groups,
+                d / nv,
+                d,
+                eps,
+                mb,
+                norm,
+                code,
+            )
+        })?;
+        c0 += cols;
+    }
+    finish(client, OP)
+}
+
+/// Rows `c0..c0+cols` of a `[out, in]` weight as a tensor over a sub-range of
+/// the same allocation (no copy).
+fn weight_chunk<R: Runtime>(
+    w: &DeviceTensor<R>,
+    c0: usize,
+    cols: usize,
+    row_bytes: usize,
+) -> Result<DeviceTensor<R>> {
+    if c0 == 0 && cols == w.shape()[0] {
+        return Ok(w.clone());
+    }
+    let total = w.handle.size_in_used();
+    let start = (c0 * row_bytes) as u64;
+    let end = start + (cols * row_bytes) as u64;
+    let handle = w.handle.clone().offset_start(start).offset_end(total - end);
+    DeviceTensor::from_handle(handle, &[cols, w.shape()[1]], w.dtype())
+}
+
+/// Plain-Rust oracle (f32, row-major slices).
+pub mod reference {
+    /// Prologue of the reference: `None`, RMS norm with `[in]` weights, or
+    /// grouped RMS norm with `[groups, d]` weights (`groups * d = in`).
+    pub enum Prologue<'a> {
+        None,
+        RmsNorm {
+            weight: &'a [f32],
+            eps: f32,
+        },
+        GroupRmsNorm {
+            weight: &'a [f32],
+            d: usize,
+            eps: f32,
+        },
+    }
+
+    /// Epilogue of the reference.
+    pub enum Epilogue<'a> {
+        None,
+        Bias(&'a [f32]),
+        Residual(&'a [f32]),
+        SwiGlu { up: &'a [f32] },
+    }
+
+    /// `x` `[m, k]`, `w` `[n, k]` → `[m, n]`.
+    pub fn linear(x: &[f32], w: &[f32], k: usize, pro: Prologue, epi: Epilogue) -> Vec<f32> {
+        let n = w.len() / k;
+        let xn: Vec<f32> = match pro {
+            Prologue::None => x.to_vec(),
+            Prologue::RmsNorm { weight, eps } => {
+                crate::rms_norm::reference::rms_norm(x, weight, eps)
+            }
+            Prologue::GroupRmsNorm { weight, d, eps } => {
+                crate::rms_norm::reference::rms_norm_segments(x, weight, d, eps)
+            }
+        };
+        let matmul = |w: &[f32]| -> Vec<f32> {
+            let mut y = Vec::with_capacity(x.len() / k * n);
+            for row in xn.chunks(k) {
+                for wrow in w.chunks(k) {
+                    y.push(
+                        row.iter()
+                            .zip(wrow)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>() as f32,
+                    );
+                }
+            }
+            y
+        };
+        let mut y = matmul(w);
+        match epi {
+            Epilogue::None => {}
+            Epilogue::Bias(b) => y.iter_mut().enumerate().for_each(|(i, v)| *v += b[i % n]),
+            Epilogue::Residual(r) => y.iter_mut().zip(r).for_each(|(v, r)| *v += r),
+            Epilogue::SwiGlu { up } => {
+                let u = matmul(up);
+                y.iter_mut()
+                    .zip(u)
+                    .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
+            }
+        }
+        y
+    }
+}

@@ -1,0 +1,131 @@
+//! Rotary position embedding, HF "rotate_half" convention (Llama):
+//! for `i < h = head_dim / 2`, with `f_i = 1 / θ^(2i / head_dim)` and angle
+//! `a = pos · f_i`,
+//! `out[i] = x[i]·cos a − x[i+h]·sin a`, `out[i+h] = x[i+h]·cos a + x[i]·sin a`.
+//!
+//! `x` is `[t, heads, head_dim]` and every token carries an explicit position
+//! id (`[t]`, u32), so tree nodes can use depth-based positions. The
+//! frequencies are computed on the host in f32 exactly like HF's `inv_freq`
+//! and uploaded (`h` floats); the kernel reduces the angle modulo 2π in two
+//! steps (Cody–Waite) before `sin`/`cos`, so large positions stay accurate
+//! on backends with a short-range `sin`.
+
+use cubecl::prelude::*;
+
+use crate::error::{OpsError, Result};
+use crate::launch::{
+    cube_count, expect_dtype, expect_float, expect_nonempty, expect_rank, expect_shape, finish,
+};
+use crate::tensor::{DType, DeviceTensor};
+
+/// Units per cube.
+pub const BLOCK: usize = 256;
+
+// 2π split into a high part with few mantissa bits and a correction.
+const TWO_PI_HI: f32 = 6.28125;
+const TWO_PI_LO: f32 = 0.001_935_307_2;
+
+/// One unit per (token, head, i < half) pair.
+#[cube(launch)]
+pub fn rope_kernel<F: Float + CubeElement>(
+    x: &Array<F>,
+    pos: &Array<u32>,
+    inv_freq: &Array<f32>,
+    out: &mut Array<F>,
+    pairs: usize,
+    heads: usize,
+    half: usize,
+) {
+    let p = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
+    if p < pairs {
+        let i = p % half;
+        let th = p / half; // token * heads + head
+        let t = th / heads;
+        let a = f32::cast_from(pos[t]) * inv_freq[i];
+        let k = f32::round(a / comptime!(TWO_PI_HI + TWO_PI_LO));
+        let r = (a - k * TWO_PI_HI) - k * TWO_PI_LO;
+        let (c, s) = (f32::cos(r), f32::sin(r));
+        let base = th * 2 * half;
+        let x1 = f32::cast_from(x[base + i]);
+        let x2 = f32::cast_from(x[base + i + half]);
+        out[base + i] = F::cast_from(x1 * c - x2 * s);
+        out[base + i + half] = F::cast_from(x2 * c + x1 * s);
+    }
+}
+
+/// Applies RoPE to `x` (`[t, heads, head_dim]`) at `positions` (u32 `[t]`)
+/// with base `theta`, into `out` (same shape; may be `x`).
+pub fn rope<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    positions: &DeviceTensor<R>,
+    theta: f32,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "rope";
+    expect_float(client, OP, "x", x)?;
+    expect_nonempty(OP, "x", x)?;
+    let s = expect_rank(OP, "x", x, 3, "[t, heads, head_dim]")?;
+    let (t, heads, hd) = (s[0], s[1], s[2]);
+    if hd % 2 != 0 {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("head_dim must be even, got {hd}"),
+        });
+    }
+    if !(theta > 1.0 && theta.is_finite()) {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("theta must be finite and > 1, got {theta}"),
+        });
+    }
+    expect_dtype(OP, "positions", positions, DType::U32)?;
+    expect_shape(OP, "positions", positions, &[t])?;
+    expect_shape(OP, "out", out, x.shape())?;
+    expect_dtype(OP, "out", out, x.dtype())?;
+    let half = hd / 2;
+    let freqs = DeviceTensor::<R>::upload_f32(
+        client,
+        &reference::inv_freq(hd, theta),
+        &[half],
+        DType::F32,
+    )?;
+    let pairs = t * heads * half;
+    let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
+    crate::dispatch_float!(x.dtype(), OP, F => {
+        rope_kernel::launch::<F, R>(
+            client, count, CubeDim::new_1d(BLOCK as u32),
+            x.array_arg(), positions.array_arg(), freqs.array_arg(), out.array_arg(),
+            pairs, heads, half,
+        )
+    })?;
+    finish(client, OP)
+}
+
+/// Plain-Rust oracle.
+pub mod reference {
+    /// HF `inv_freq`: `1 / θ^(2i / head_dim)` for `i < head_dim / 2`, in f32.
+    pub fn inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
+        (0..head_dim / 2)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect()
+    }
+
+    /// RoPE of `x` (`[t, heads, head_dim]`) at `pos` (`[t]`).
+    pub fn rope(x: &[f32], pos: &[u32], heads: usize, head_dim: usize, theta: f32) -> Vec<f32> {
+        let half = head_dim / 2;
+        let f = inv_freq(head_dim, theta);
+        let mut out = x.to_vec();
+        for (th, v) in out.chunks_mut(head_dim).enumerate() {
+            let p = pos[th / heads] as f32;
+            for i in 0..half {
+                let a = (p * f[i]) as f64;
+                let (s, c) = (a.sin() as f32, a.cos() as f32);
+                let (x1, x2) = (x[th * head_dim + i], x[th * head_dim + i + half]);
+                v[i] = x1 * c - x2 * s;
+                v[i + half] = x2 * c + x1 * s;
+            }
+        }
+        out
+    }
+}

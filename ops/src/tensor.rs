@@ -1,0 +1,293 @@
+//! Device tensors: a cubecl [`Handle`] plus a row-major contiguous shape and a
+//! [`DType`].
+//!
+//! Tensors are plain descriptors: cloning one clones the ref-counted handle,
+//! not the data, and launch functions write their outputs through `&DeviceTensor`
+//! (device memory is shared, like any GPU buffer). Uploads are padded to a
+//! multiple of 16 bytes so that f16 tensors of odd length are valid wgpu
+//! buffers and vector loads never touch unallocated memory; `numel` is the
+//! logical length and the only one kernels see.
+
+use std::marker::PhantomData;
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+use half::f16;
+
+use crate::error::{OpsError, Result};
+
+/// Element type of a [`DeviceTensor`]. Floats are what kernels compute on;
+/// `U32` carries token ids and parent indices. bf16 is not supported yet (and
+/// not at all by wgpu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    U32,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    /// Whether this is a floating-point type.
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F16)
+    }
+
+    /// Whether the device behind `client` can run kernels on this type.
+    pub fn is_supported<R: Runtime>(self, client: &ComputeClient<R>) -> bool {
+        let ty = match self {
+            DType::F32 => f32::as_type_native_unchecked(),
+            DType::F16 => f16::as_type_native_unchecked(),
+            DType::U32 => u32::as_type_native_unchecked(),
+        };
+        client.properties().supports_type(ty)
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::U32 => "u32",
+        })
+    }
+}
+
+/// A row-major contiguous tensor in device memory.
+pub struct DeviceTensor<R: Runtime> {
+    /// The allocation; at least `numel * dtype.size()` bytes.
+    pub handle: Handle,
+    shape: Vec<usize>,
+    dtype: DType,
+    _runtime: PhantomData<R>,
+}
+
+impl<R: Runtime> Clone for DeviceTensor<R> {
+    fn clone(&self) -> Self {
+        Self {
+            handle: self.handle.clone(),
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            _runtime: PhantomData,
+        }
+    }
+}
+
+impl<R: Runtime> std::fmt::Debug for DeviceTensor<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeviceTensor<{}>{:?}", self.dtype, self.shape)
+    }
+}
+
+/// Allocation size for `numel` elements: padded to 16 bytes, never zero.
+fn padded_bytes(numel: usize, dtype: DType) -> usize {
+    (numel * dtype.size()).div_ceil(16).max(1) * 16
+}
+
+impl<R: Runtime> DeviceTensor<R> {
+    /// Wraps an existing handle. Fails if the allocation is smaller than the shape needs.
+    pub fn from_handle(handle: Handle, shape: &[usize], dtype: DType) -> Result<Self> {
+        let need = (shape.iter().product::<usize>() * dtype.size()) as u64;
+        if handle.size_in_used() < need {
+            return Err(OpsError::InvalidArgument {
+                op: "from_handle",
+                reason: format!(
+                    "handle holds {} bytes, shape {shape:?} of {dtype} needs {need}",
+                    handle.size_in_used()
+                ),
+            });
+        }
+        Ok(Self {
+            handle,
+            shape: shape.to_vec(),
+            dtype,
+            _runtime: PhantomData,
+        })
+    }
+
+    /// Uploads f32 data as `dtype` (F32, or F16 by round-to-nearest).
+    pub fn upload_f32(
+        client: &ComputeClient<R>,
+        data: &[f32],
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Self> {
+        check_len("upload_f32", data.len(), shape)?;
+        let mut bytes = match dtype {
+            DType::F32 => bytemuck::cast_slice::<f32, u8>(data).to_vec(),
+            DType::F16 => {
+                let h: Vec<f16> = data.iter().map(|&x| f16::from_f32(x)).collect();
+                bytemuck::cast_slice::<f16, u8>(&h).to_vec()
+            }
+            DType::U32 => {
+                return Err(OpsError::InvalidArgument {
+                    op: "upload_f32",
+                    reason: "cannot upload f32 data as u32; use upload_u32".into(),
+                })
+            }
+        };
+        bytes.resize(padded_bytes(data.len(), dtype), 0);
+        Self::from_handle(client.create_from_slice(&bytes), shape, dtype)
+    }
+
+    /// Uploads u32 data (token ids, parent indices).
+    pub fn upload_u32(client: &ComputeClient<R>, data: &[u32], shape: &[usize]) -> Result<Self> {
+        check_len("upload_u32", data.len(), shape)?;
+        let mut bytes = bytemuck::cast_slice::<u32, u8>(data).to_vec();
+        bytes.resize(padded_bytes(data.len(), DType::U32), 0);
+        Self::from_handle(client.create_from_slice(&bytes), shape, DType::U32)
+    }
+
+    /// A zero-filled tensor.
+    pub fn zeros(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
+        let numel = shape.iter().product::<usize>();
+        let handle = client.create_from_slice(&vec![0u8; padded_bytes(numel, dtype)]);
+        Self {
+            handle,
+            shape: shape.to_vec(),
+            dtype,
+            _runtime: PhantomData,
+        }
+    }
+
+    /// An uninitialised tensor, for outputs that a launch overwrites entirely.
+    pub fn empty(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
+        let numel = shape.iter().product::<usize>();
+        Self {
+            handle: client.empty(padded_bytes(numel, dtype)),
+            shape: shape.to_vec(),
+            dtype,
+            _runtime: PhantomData,
+        }
+    }
+
+    /// Reads the tensor back as f32 (f16 is widened exactly). Blocks until
+    /// the work queued before it has run.
+    pub fn download_f32(&self, client: &ComputeClient<R>) -> Result<Vec<f32>> {
+        let bytes = self.read_bytes(client, "download_f32")?;
+        let n = self.numel();
+        match self.dtype {
+            DType::F32 => Ok(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[..n * 4])),
+            DType::F16 => Ok(bytemuck::pod_collect_to_vec::<u8, f16>(&bytes[..n * 2])
+                .into_iter()
+                .map(f16::to_f32)
+                .collect()),
+            DType::U32 => Err(self.dtype_err("download_f32", DType::F32)),
+        }
+    }
+
+    /// Reads a u32 tensor back.
+    pub fn download_u32(&self, client: &ComputeClient<R>) -> Result<Vec<u32>> {
+        if self.dtype != DType::U32 {
+            return Err(self.dtype_err("download_u32", DType::U32));
+        }
+        let bytes = self.read_bytes(client, "download_u32")?;
+        Ok(bytemuck::pod_collect_to_vec::<u8, u32>(
+            &bytes[..self.numel() * 4],
+        ))
+    }
+
+    fn read_bytes(&self, client: &ComputeClient<R>, op: &'static str) -> Result<Vec<u8>> {
+        let bytes = client
+            .read_one(self.handle.clone())
+            .map_err(|e| OpsError::device(op, e))?;
+        if bytes.len() < self.numel() * self.dtype.size() {
+            return Err(OpsError::Device {
+                op,
+                message: format!(
+                    "read {} bytes, expected {}",
+                    bytes.len(),
+                    self.numel() * self.dtype.size()
+                ),
+            });
+        }
+        Ok(bytes.to_vec())
+    }
+
+    fn dtype_err(&self, op: &'static str, expected: DType) -> OpsError {
+        OpsError::DTypeMismatch {
+            op,
+            arg: "self",
+            expected,
+            found: self.dtype,
+        }
+    }
+
+    /// Same data, new shape with the same number of elements (no copy).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(OpsError::ShapeMismatch {
+                op: "reshape",
+                arg: "shape",
+                expected: format!("{} elements", self.numel()),
+                found: shape.to_vec(),
+            });
+        }
+        let mut t = self.clone();
+        t.shape = shape.to_vec();
+        Ok(t)
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Row-major strides, in elements.
+    pub fn strides(&self) -> Vec<usize> {
+        let mut strides = vec![1usize; self.shape.len()];
+        for i in (0..self.shape.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * self.shape[i + 1];
+        }
+        strides
+    }
+
+    /// The tensor as a flat `Array` argument of `numel` scalars.
+    ///
+    /// Safe because the allocation always holds `numel` elements. For an
+    /// `Array<Vector<F, N>>` parameter the length is still given in scalars.
+    pub fn array_arg(&self) -> ArrayArg<R> {
+        // SAFETY: every constructor checks the handle holds `numel` elements.
+        unsafe { ArrayArg::from_raw_parts(self.handle.clone(), self.numel()) }
+    }
+
+    /// The tensor as a `Tensor` argument with its shape and row-major strides.
+    pub fn tensor_arg(&self) -> TensorArg<R> {
+        // SAFETY: shape and strides describe exactly `numel` elements of the allocation.
+        unsafe {
+            TensorArg::from_raw_parts(
+                self.handle.clone(),
+                self.strides().into(),
+                self.shape.clone().into(),
+            )
+        }
+    }
+}
+
+fn check_len(op: &'static str, len: usize, shape: &[usize]) -> Result<()> {
+    if shape.iter().product::<usize>() != len {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg: "shape",
+            expected: format!("{len} elements (the data's length)"),
+            found: shape.to_vec(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,144 @@
+//! Test support shared by every kernel family's tests: the wgpu client,
+//! tolerance comparison against a reference, deterministic random data, and
+//! proptest strategies for awkward sizes.
+//!
+//! Nothing here sets global state, so tests run on cargo's parallel threads
+//! against one shared client.
+
+use cubecl::prelude::*;
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+use crate::tensor::DType;
+
+/// The default wgpu device (lavapipe on a machine without a GPU). Every call
+/// returns a handle to the same per-device server.
+pub fn wgpu_client() -> ComputeClient<WgpuRuntime> {
+    WgpuRuntime::client(&WgpuDevice::DefaultDevice)
+}
+
+/// Relative tolerance for a dtype: 1e-5 for f32, 1e-2 for f16.
+pub fn tolerance(dtype: DType) -> f32 {
+    match dtype {
+        DType::F16 => 1e-2,
+        _ => 1e-5,
+    }
+}
+
+/// Compares `actual` with `expected` element by element:
+/// `|a - e| <= tol * (|e| + max|expected|)`, with `tol` from [`tolerance`].
+/// The second term scales the absolute slack with the tensor's magnitude, so
+/// values that cancel to near zero are judged against the whole tensor.
+/// Reports the first bad element and the count of bad ones.
+pub fn assert_close(
+    what: &str,
+    actual: &[f32],
+    expected: &[f32],
+    dtype: DType,
+) -> Result<(), TestCaseError> {
+    assert_close_tol(what, actual, expected, tolerance(dtype))
+}
+
+/// [`assert_close`] with an explicit relative tolerance.
+pub fn assert_close_tol(
+    what: &str,
+    actual: &[f32],
+    expected: &[f32],
+    tol: f32,
+) -> Result<(), TestCaseError> {
+    if actual.len() != expected.len() {
+        return Err(TestCaseError::fail(format!(
+            "{what}: length {} != expected {}",
+            actual.len(),
+            expected.len()
+        )));
+    }
+    let scale = expected.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let mut first = None;
+    let mut bad = 0usize;
+    for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+        let ok = (a - e).abs() <= tol * (e.abs() + scale) || (a.is_nan() && e.is_nan());
+        if !ok {
+            bad += 1;
+            first.get_or_insert((i, *a, *e));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some((i, a, e)) => Err(TestCaseError::fail(format!(
+            "{what}: {bad}/{} elements differ; first at {i}: got {a}, expected {e} (tol {tol}, scale {scale})",
+            actual.len()
+        ))),
+    }
+}
+
+/// Rounds host data the way an upload at `dtype` does, so references see the
+/// same inputs as the kernel.
+pub fn round_to(dtype: DType, data: &[f32]) -> Vec<f32> {
+    match dtype {
+        DType::F16 => data
+            .iter()
+            .map(|&x| half::f16::from_f32(x).to_f32())
+            .collect(),
+        _ => data.to_vec(),
+    }
+}
+
+/// `n` deterministic pseudo-random values in `[lo, hi)` (splitmix64), rounded
+/// to `dtype`. Cheap for large `n`, unlike a proptest vector strategy.
+pub fn random_f32(seed: u64, n: usize, lo: f32, hi: f32, dtype: DType) -> Vec<f32> {
+    let mut state = seed;
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            let u = (splitmix64(&mut state) >> 40) as f32 / (1u64 << 24) as f32;
+            lo + (hi - lo) * u
+        })
+        .collect();
+    round_to(dtype, &v)
+}
+
+/// `n` deterministic pseudo-random integers in `0..bound`.
+pub fn random_u32(seed: u64, n: usize, bound: u32) -> Vec<u32> {
+    let mut state = seed;
+    (0..n)
+        .map(|_| (splitmix64(&mut state) % bound.max(1) as u64) as u32)
+        .collect()
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Sizes where kernels break: 1, 3, 50, 783 (ragged against every vector and
+/// block width), plus uniform in `1..=max`. Values above `max` are clamped.
+pub fn awkward_size(max: usize) -> impl Strategy<Value = usize> {
+    let max = max.max(1);
+    prop_oneof![
+        Just(1usize),
+        Just(3usize),
+        Just(50usize),
+        Just(783usize),
+        1..=max,
+    ]
+    .prop_map(move |n| n.min(max))
+}
+
+/// f32 or f16.
+pub fn float_dtype() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::F16)]
+}
+
+/// A proptest config with `cases` cases and no regression files written into
+/// the source tree.
+pub fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}

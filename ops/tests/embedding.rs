@@ -1,0 +1,64 @@
+//! Embedding gather against the reference; out-of-range ids are errors.
+
+use draftc_ops::embedding::{embedding, reference};
+use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, random_u32, wgpu_client};
+use draftc_ops::{DType, DeviceTensor, OpsError};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    #[test]
+    fn embedding_matches_reference(vocab in awkward_size(1000), d in awkward_size(800), t in awkward_size(64),
+                                   dtype in float_dtype(), seed in any::<u64>()) {
+        let client = wgpu_client();
+        let table = random_f32(seed, vocab * d, -1.0, 1.0, dtype);
+        let ids = random_u32(seed ^ 5, t, vocab as u32);
+        let tt = DeviceTensor::upload_f32(&client, &table, &[vocab, d], dtype).unwrap();
+        let it = DeviceTensor::upload_u32(&client, &ids, &[t]).unwrap();
+        let out = DeviceTensor::empty(&client, &[t, d], dtype);
+        embedding(&client, &tt, &it, &out).unwrap();
+        // A gather is exact.
+        prop_assert_eq!(out.download_f32(&client).unwrap(), reference::embedding(&table, d, &ids));
+    }
+}
+
+#[test]
+fn errors() {
+    let client = wgpu_client();
+    let table = DeviceTensor::upload_f32(
+        &client,
+        &random_f32(1, 40, -1.0, 1.0, DType::F32),
+        &[10, 4],
+        DType::F32,
+    )
+    .unwrap();
+    let ids = DeviceTensor::upload_u32(&client, &[3, 10, 2], &[3]).unwrap();
+    let out = DeviceTensor::empty(&client, &[3, 4], DType::F32);
+    assert_eq!(
+        embedding(&client, &table, &ids, &out),
+        Err(OpsError::IndexOutOfRange {
+            op: "embedding",
+            arg: "ids",
+            position: 1,
+            index: 10,
+            bound: 10
+        })
+    );
+    let ok = DeviceTensor::upload_u32(&client, &[3, 9, 2], &[3]).unwrap();
+    let bad_out = DeviceTensor::empty(&client, &[3, 5], DType::F32);
+    assert!(matches!(
+        embedding(&client, &table, &ok, &bad_out),
+        Err(OpsError::ShapeMismatch { arg: "out", .. })
+    ));
+    let fids = DeviceTensor::zeros(&client, &[3], DType::F32);
+    assert!(matches!(
+        embedding(&client, &table, &fids, &out),
+        Err(OpsError::DTypeMismatch { arg: "ids", .. })
+    ));
+    let none = DeviceTensor::upload_u32(&client, &[], &[0]).unwrap();
+    assert!(matches!(
+        embedding(&client, &table, &none, &out),
+        Err(OpsError::EmptyInput { .. })
+    ));
+}

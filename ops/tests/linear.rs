@@ -1,0 +1,265 @@
+//! Linear (skinny GEMM) with every prologue/epilogue against the reference
+//! on wgpu, f32 and f16, ragged sizes, the weight-chunk split, and errors.
+
+use draftc_ops::linear::{
+    linear, linear_with_binding_limit, reference as lref, Epilogue, Prologue,
+};
+use draftc_ops::testing::{
+    assert_close, awkward_size, config, float_dtype, random_f32, wgpu_client,
+};
+use draftc_ops::{DType, DeviceTensor, OpsError};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone, Copy)]
+enum Pro {
+    None,
+    Rms,
+    Group(usize),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Epi {
+    None,
+    Bias,
+    Residual,
+    SwiGlu,
+}
+
+fn pro() -> impl Strategy<Value = Pro> {
+    prop_oneof![
+        Just(Pro::None),
+        Just(Pro::Rms),
+        (1usize..5).prop_map(Pro::Group)
+    ]
+}
+
+fn epi() -> impl Strategy<Value = Epi> {
+    prop_oneof![
+        Just(Epi::None),
+        Just(Epi::Bias),
+        Just(Epi::Residual),
+        Just(Epi::SwiGlu)
+    ]
+}
+
+/// Runs kernel and reference for one configuration; `limit` is the binding limit.
+#[allow(clippy::too_many_arguments)]
+fn check(
+    m: usize,
+    d: usize,
+    n: usize,
+    p: Pro,
+    e: Epi,
+    dtype: DType,
+    seed: u64,
+    limit: usize,
+) -> Result<(), TestCaseError> {
+    let client = wgpu_client();
+    let groups = match p {
+        Pro::Group(g) => g,
+        _ => 1,
+    };
+    let k = d * groups;
+    let x = random_f32(seed, m * k, -1.0, 1.0, dtype);
+    let w = random_f32(seed ^ 1, n * k, -0.5, 0.5, dtype);
+    let up = random_f32(seed ^ 2, n * k, -0.5, 0.5, dtype);
+    let gamma = random_f32(seed ^ 3, k, 0.5, 1.5, dtype);
+    let extra_n = if matches!(e, Epi::Bias) { n } else { m * n };
+    let extra = random_f32(seed ^ 4, extra_n, -1.0, 1.0, dtype);
+
+    let up_t = |v: &[f32], s: &[usize]| DeviceTensor::upload_f32(&client, v, s, dtype).unwrap();
+    let xt = up_t(&x, &[m, k]);
+    let wt = up_t(&w, &[n, k]);
+    let upt = up_t(&up, &[n, k]);
+    let gt = match p {
+        Pro::Group(g) => up_t(&gamma, &[g, d]),
+        _ => up_t(&gamma, &[k]),
+    };
+    let et = if matches!(e, Epi::Bias) {
+        up_t(&extra, &[n])
+    } else {
+        up_t(&extra, &[m, n])
+    };
+    let out = DeviceTensor::empty(&client, &[m, n], dtype);
+    let eps = 1e-5;
+    let (kp, rp) = match p {
+        Pro::None => (Prologue::None, lref::Prologue::None),
+        Pro::Rms => (
+            Prologue::RmsNorm { weight: &gt, eps },
+            lref::Prologue::RmsNorm {
+                weight: &gamma,
+                eps,
+            },
+        ),
+        Pro::Group(_) => (
+            Prologue::GroupRmsNorm { weight: &gt, eps },
+            lref::Prologue::GroupRmsNorm {
+                weight: &gamma,
+                d,
+                eps,
+            },
+        ),
+    };
+    let (ke, re) = match e {
+        Epi::None => (Epilogue::None, lref::Epilogue::None),
+        Epi::Bias => (Epilogue::Bias(&et), lref::Epilogue::Bias(&extra)),
+        Epi::Residual => (Epilogue::Residual(&et), lref::Epilogue::Residual(&extra)),
+        Epi::SwiGlu => (
+            Epilogue::SwiGlu { up: &upt },
+            lref::Epilogue::SwiGlu { up: &up },
+        ),
+    };
+    linear_with_binding_limit(&client, &xt, &wt, kp, ke, &out, limit).unwrap();
+    let got = out.download_f32(&client).unwrap();
+    let want = lref::linear(&x, &w, k, rp, re);
+    assert_close(
+        &format!("linear m={m} k={k} n={n} {p:?} {e:?} {dtype}"),
+        &got,
+        &want,
+        dtype,
+    )
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    #[test]
+    fn linear_matches_reference(m in awkward_size(64), d in awkward_size(800), n in awkward_size(300),
+                                p in pro(), e in epi(), dtype in float_dtype(), seed in any::<u64>()) {
+        // Keep the reference cheap: cap the work.
+        let d = d.min(200_000 / (m * n).max(1)).max(1);
+        check(m, d, n, p, e, dtype, seed, usize::MAX)?;
+    }
+}
+
+#[test]
+fn weight_split_into_chunks() {
+    // 600 output columns of 12 f32 = 48 bytes per row; a 256-row chunk is
+    // 12 KiB, so a 16 KiB limit gives chunks of 256, 256, 88 columns.
+    for p in [Pro::None, Pro::Rms] {
+        for e in [Epi::Bias, Epi::SwiGlu, Epi::Residual] {
+            check(5, 12, 600, p, e, DType::F32, 42, 16 << 10).unwrap();
+        }
+    }
+    check(
+        3,
+        16,
+        700,
+        Pro::Group(2),
+        Epi::None,
+        DType::F16,
+        7,
+        16 << 10,
+    )
+    .unwrap();
+}
+
+#[test]
+fn smollm_shapes() {
+    check(
+        8,
+        576,
+        1536,
+        Pro::Rms,
+        Epi::SwiGlu,
+        DType::F32,
+        1,
+        usize::MAX,
+    )
+    .unwrap();
+    check(
+        1,
+        1536,
+        576,
+        Pro::None,
+        Epi::Residual,
+        DType::F16,
+        2,
+        usize::MAX,
+    )
+    .unwrap();
+}
+
+#[test]
+fn errors() {
+    let client = wgpu_client();
+    let z = |s: &[usize]| DeviceTensor::zeros(&client, s, DType::F32);
+    let (x, w, out) = (z(&[2, 8]), z(&[4, 8]), z(&[2, 4]));
+    let none = || (Prologue::None, Epilogue::None);
+    let (p, e) = none();
+    assert!(matches!(
+        linear(&client, &x, &z(&[4, 7]), p, e, &out),
+        Err(OpsError::ShapeMismatch { arg: "weight", .. })
+    ));
+    let (p, e) = none();
+    assert!(matches!(
+        linear(&client, &x, &w, p, e, &z(&[2, 5])),
+        Err(OpsError::ShapeMismatch { arg: "out", .. })
+    ));
+    let (p, e) = none();
+    assert!(matches!(
+        linear(&client, &z(&[0, 8]), &w, p, e, &z(&[0, 4])),
+        Err(OpsError::EmptyInput { .. })
+    ));
+    let g = z(&[7]);
+    assert!(matches!(
+        linear(
+            &client,
+            &x,
+            &w,
+            Prologue::RmsNorm {
+                weight: &g,
+                eps: 1e-5
+            },
+            Epilogue::None,
+            &out
+        ),
+        Err(OpsError::ShapeMismatch {
+            arg: "prologue weight",
+            ..
+        })
+    ));
+    let g = z(&[3, 3]);
+    assert!(matches!(
+        linear(
+            &client,
+            &x,
+            &w,
+            Prologue::GroupRmsNorm {
+                weight: &g,
+                eps: 1e-5
+            },
+            Epilogue::None,
+            &out
+        ),
+        Err(OpsError::ShapeMismatch {
+            arg: "prologue weight",
+            ..
+        })
+    ));
+    let b = z(&[5]);
+    assert!(matches!(
+        linear(&client, &x, &w, Prologue::None, Epilogue::Bias(&b), &out),
+        Err(OpsError::ShapeMismatch { arg: "bias", .. })
+    ));
+    let up = z(&[4, 9]);
+    assert!(matches!(
+        linear(
+            &client,
+            &x,
+            &w,
+            Prologue::None,
+            Epilogue::SwiGlu { up: &up },
+            &out
+        ),
+        Err(OpsError::ShapeMismatch {
+            arg: "up weight",
+            ..
+        })
+    ));
+    let wh = DeviceTensor::zeros(&client, &[4, 8], DType::F16);
+    assert!(matches!(
+        linear(&client, &x, &wh, Prologue::None, Epilogue::None, &out),
+        Err(OpsError::DTypeMismatch { arg: "weight", .. })
+    ));
+}

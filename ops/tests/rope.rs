@@ -1,0 +1,70 @@
+//! RoPE against the reference (HF rotate_half), explicit positions incl.
+//! large ones, f32 and f16.
+
+use draftc_ops::rope::{reference, rope};
+use draftc_ops::testing::{
+    assert_close, awkward_size, config, float_dtype, random_f32, random_u32, wgpu_client,
+};
+use draftc_ops::{DType, DeviceTensor, OpsError};
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    #[test]
+    fn rope_matches_reference(t in awkward_size(64), heads in 1usize..10, half in prop_oneof![Just(1usize), Just(3), Just(32), 1usize..70],
+                              max_pos in prop_oneof![Just(1u32), Just(8192u32)], theta in prop_oneof![Just(10_000f32), Just(100_000f32)],
+                              dtype in float_dtype(), seed in any::<u64>()) {
+        let client = wgpu_client();
+        let hd = 2 * half;
+        let x = random_f32(seed, t * heads * hd, -2.0, 2.0, dtype);
+        let pos = random_u32(seed ^ 3, t, max_pos);
+        let xt = DeviceTensor::upload_f32(&client, &x, &[t, heads, hd], dtype).unwrap();
+        let pt = DeviceTensor::upload_u32(&client, &pos, &[t]).unwrap();
+        let out = DeviceTensor::empty(&client, &[t, heads, hd], dtype);
+        rope(&client, &xt, &pt, theta, &out).unwrap();
+        assert_close("rope", &out.download_f32(&client).unwrap(), &reference::rope(&x, &pos, heads, hd, theta), dtype)?;
+    }
+}
+
+#[test]
+fn position_zero_is_identity_and_tree_positions_repeat() {
+    let client = wgpu_client();
+    // Two tree nodes at the same depth get the same rotation.
+    let x = random_f32(4, 2 * 8, -1.0, 1.0, DType::F32);
+    let x2: Vec<f32> = x[..8].iter().chain(&x[..8]).copied().collect();
+    let xt = DeviceTensor::upload_f32(&client, &x2, &[2, 1, 8], DType::F32).unwrap();
+    let pt = DeviceTensor::upload_u32(&client, &[5, 5], &[2]).unwrap();
+    rope(&client, &xt, &pt, 1e4, &xt).unwrap();
+    let got = xt.download_f32(&client).unwrap();
+    assert_eq!(got[..8], got[8..]);
+    let z = DeviceTensor::upload_f32(&client, &x[..8], &[1, 1, 8], DType::F32).unwrap();
+    let p0 = DeviceTensor::upload_u32(&client, &[0], &[1]).unwrap();
+    rope(&client, &z, &p0, 1e4, &z).unwrap();
+    assert_eq!(z.download_f32(&client).unwrap(), x[..8]);
+}
+
+#[test]
+fn errors() {
+    let client = wgpu_client();
+    let x = DeviceTensor::zeros(&client, &[2, 1, 7], DType::F32);
+    let p = DeviceTensor::upload_u32(&client, &[0, 1], &[2]).unwrap();
+    assert!(matches!(
+        rope(&client, &x, &p, 1e4, &x),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    let x = DeviceTensor::zeros(&client, &[2, 1, 8], DType::F32);
+    let p3 = DeviceTensor::upload_u32(&client, &[0, 1, 2], &[3]).unwrap();
+    assert!(matches!(
+        rope(&client, &x, &p3, 1e4, &x),
+        Err(OpsError::ShapeMismatch {
+            arg: "positions",
+            ..
+        })
+    ));
+    let x2 = DeviceTensor::zeros(&client, &[2, 8], DType::F32);
+    assert!(matches!(
+        rope(&client, &x2, &p, 1e4, &x2),
+        Err(OpsError::ShapeMismatch { arg: "x", .. })
+    ));
+}
