@@ -46,6 +46,8 @@ pub mod block;
 pub mod error;
 pub mod launch;
 pub mod tensor;
+pub mod tree;
+pub mod kv;
 
 pub mod argmax_topk;
 pub mod elementwise;

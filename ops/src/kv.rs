@@ -1,0 +1,269 @@
+//! KV-cache ops: **append** (write new K/V rows at given slots) and
+//! **compaction** (move the accepted tree nodes' K/V rows into contiguous
+//! slots after the committed prefix; DESIGN.md §6 step 4).
+//!
+//! A cache is `[layers, slots, width]` (or `[slots, width]` = one layer),
+//! `width = kv_heads · head_dim`, row-major; new rows are `[layers, n, width]`
+//! (or `[n, width]`). Both ops are the one row-copy kernel
+//! `dst[l, dst_idx[i]] = src[l, src_idx[i]]`, vectorised over the row.
+//!
+//! Compaction reads and writes the same cache, and a source slot may be the
+//! destination of another row (accepted slots `[P+1, P+3]` → `[P, P+1]`:
+//! row 1 writes slot `P+1` while row 0 reads it). Parallel rows give no
+//! ordering, so compaction always **gathers into a temporary** first and then
+//! writes the contiguous destination range: two launches, correct for any
+//! overlap. Destination slots must be distinct (append and compaction).
+
+use cubecl::prelude::*;
+
+use crate::error::{OpsError, Result};
+use crate::launch::{cube_count, expect_bindable, expect_dtype, expect_float, finish};
+use crate::tensor::DeviceTensor;
+
+const CUBE_UNITS: u32 = 256;
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn copy_rows<F: Float + CubeElement, N: Size>(
+    src: &Array<Vector<F, N>>,
+    src_idx: &Array<u32>,
+    dst: &mut Array<Vector<F, N>>,
+    dst_idx: &Array<u32>,
+    rows: u32,
+    layers: u32,
+    src_rows_per_layer: u32,
+    dst_rows_per_layer: u32,
+    width_v: u32,
+) {
+    let idx = ABSOLUTE_POS;
+    if idx < (layers * rows * width_v) as usize {
+        let i = idx as u32;
+        let j = i % width_v;
+        let r = (i / width_v) % rows;
+        let l = i / (width_v * rows);
+        let s = (l * src_rows_per_layer + src_idx[r as usize]) * width_v + j;
+        let d = (l * dst_rows_per_layer + dst_idx[r as usize]) * width_v + j;
+        dst[d as usize] = src[s as usize];
+    }
+}
+
+/// `(layers, rows, width)` of a rank-2 or rank-3 tensor.
+fn dims3<R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+) -> Result<(usize, usize, usize)> {
+    match *t.shape() {
+        [r, w] => Ok((1, r, w)),
+        [l, r, w] => Ok((l, r, w)),
+        _ => Err(OpsError::ShapeMismatch {
+            op,
+            arg,
+            expected: "[slots, width] or [layers, slots, width]".into(),
+            found: t.shape().to_vec(),
+        }),
+    }
+}
+
+/// Checks every index is `< bound` and (for destinations) distinct.
+fn check_indices(
+    op: &'static str,
+    arg: &'static str,
+    idx: &[u32],
+    bound: usize,
+    distinct: bool,
+) -> Result<()> {
+    let mut seen = vec![false; if distinct { bound } else { 0 }];
+    for (position, &i) in idx.iter().enumerate() {
+        if i as usize >= bound {
+            return Err(OpsError::IndexOutOfRange {
+                op,
+                arg,
+                position,
+                index: i as u64,
+                bound,
+            });
+        }
+        if distinct {
+            if seen[i as usize] {
+                return Err(OpsError::InvalidArgument {
+                    op,
+                    reason: format!("`{arg}` repeats slot {i}"),
+                });
+            }
+            seen[i as usize] = true;
+        }
+    }
+    Ok(())
+}
+
+/// Launches `dst[l, dst_idx[i]] = src[l, src_idx[i]]` after validation.
+fn launch_copy<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    src: &DeviceTensor<R>,
+    src_idx: &[u32],
+    dst: &DeviceTensor<R>,
+    dst_idx: &[u32],
+) -> Result<()> {
+    let (ls, rs, ws) = dims3(op, "src", src)?;
+    let (ld, rd, wd) = dims3(op, "dst", dst)?;
+    expect_float(client, op, "src", src)?;
+    expect_dtype(op, "dst", dst, src.dtype())?;
+    if ls != ld || ws != wd || src.shape().len() != dst.shape().len() {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg: "dst",
+            expected: format!("[{ld}, _, {ws}] (layers and width of the source)"),
+            found: dst.shape().to_vec(),
+        });
+    }
+    if src_idx.len() != dst_idx.len() {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg: "slots",
+            expected: format!("[{}]", src_idx.len()),
+            found: vec![dst_idx.len()],
+        });
+    }
+    check_indices(op, "src slots", src_idx, rs, false)?;
+    check_indices(op, "dst slots", dst_idx, rd, true)?;
+    expect_bindable(op, "src", src)?;
+    expect_bindable(op, "dst", dst)?;
+    let n = src_idx.len();
+    if n == 0 || ws == 0 || ls == 0 {
+        return Ok(());
+    }
+    let vec = [4usize, 2, 1]
+        .into_iter()
+        .find(|v| ws % v == 0)
+        .unwrap_or(1);
+    let units = ls * n * (ws / vec);
+    let count = cube_count(op, units.div_ceil(CUBE_UNITS as usize))?;
+    let si = DeviceTensor::<R>::upload_u32(client, src_idx, &[n])?;
+    let di = DeviceTensor::<R>::upload_u32(client, dst_idx, &[n])?;
+    crate::dispatch_float!(src.dtype(), op, F => {
+        // SAFETY: every index was checked against its tensor's slot count,
+        // layers and widths match, and the kernel guards `idx < units`.
+        unsafe {
+            copy_rows::launch_unchecked::<F, R>(client, count, CubeDim::new_1d(CUBE_UNITS), vec,
+                src.array_arg(), si.array_arg(), dst.array_arg(), di.array_arg(),
+                n as u32, ls as u32, rs as u32, rd as u32, (ws / vec) as u32)
+        }
+    })?;
+    finish(client, op)
+}
+
+/// Writes the rows of `new` (`[n, width]` or `[layers, n, width]`) into
+/// `cache` at `slots[i]` (distinct, `< slots`).
+pub fn append_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    new: &DeviceTensor<R>,
+    slots: &[u32],
+    cache: &DeviceTensor<R>,
+) -> Result<()> {
+    let (_, n, _) = dims3("kv_append", "new", new)?;
+    let identity: Vec<u32> = (0..n as u32).collect();
+    launch_copy(client, "kv_append", new, &identity, cache, slots)
+}
+
+/// Appends new K and V rows at `slots` (see [`append_rows`]).
+pub fn kv_append<R: Runtime>(
+    client: &ComputeClient<R>,
+    k_new: &DeviceTensor<R>,
+    v_new: &DeviceTensor<R>,
+    slots: &[u32],
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+) -> Result<()> {
+    append_rows(client, k_new, slots, k_cache)?;
+    append_rows(client, v_new, slots, v_cache)
+}
+
+/// Moves rows `src_slots[i]` of `cache` to `dst_start + i`, for every layer,
+/// correct for any overlap between sources and destinations.
+pub fn compact_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    src_slots: &[u32],
+    dst_start: usize,
+    cache: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "kv_compact";
+    let (layers, slots, width) = dims3(OP, "cache", cache)?;
+    let m = src_slots.len();
+    if dst_start + m > slots {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!(
+                "destination {dst_start}..{} exceeds the cache's {slots} slots",
+                dst_start + m
+            ),
+        });
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    let shape: Vec<usize> = if cache.shape().len() == 3 {
+        vec![layers, m, width]
+    } else {
+        vec![m, width]
+    };
+    let temp = DeviceTensor::<R>::empty(client, &shape, cache.dtype());
+    let identity: Vec<u32> = (0..m as u32).collect();
+    let dst: Vec<u32> = (dst_start as u32..(dst_start + m) as u32).collect();
+    launch_copy(client, OP, cache, src_slots, &temp, &identity)?;
+    launch_copy(client, OP, &temp, &identity, cache, &dst)
+}
+
+/// Compacts both caches (see [`compact_rows`]).
+pub fn kv_compact<R: Runtime>(
+    client: &ComputeClient<R>,
+    src_slots: &[u32],
+    dst_start: usize,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+) -> Result<()> {
+    compact_rows(client, src_slots, dst_start, k_cache)?;
+    compact_rows(client, src_slots, dst_start, v_cache)
+}
+
+/// Plain-Rust oracles on `[layers · slots, width]` row-major data.
+pub mod reference {
+    /// `cache[l, slots[i]] = new[l, i]`.
+    pub fn append(
+        cache: &mut [f32],
+        slots_per_layer: usize,
+        width: usize,
+        new: &[f32],
+        slots: &[u32],
+    ) {
+        let n = slots.len();
+        for l in 0..cache.len() / (slots_per_layer * width).max(1) {
+            for (i, &s) in slots.iter().enumerate() {
+                let d = (l * slots_per_layer + s as usize) * width;
+                cache[d..d + width].copy_from_slice(&new[(l * n + i) * width..][..width]);
+            }
+        }
+    }
+
+    /// Sequential-semantics compaction: all sources are read before any
+    /// destination is written.
+    pub fn compact(
+        cache: &mut [f32],
+        slots_per_layer: usize,
+        width: usize,
+        src: &[u32],
+        dst_start: usize,
+    ) {
+        for l in 0..cache.len() / (slots_per_layer * width).max(1) {
+            let rows: Vec<Vec<f32>> = src
+                .iter()
+                .map(|&s| cache[(l * slots_per_layer + s as usize) * width..][..width].to_vec())
+                .collect();
+            for (i, row) in rows.iter().enumerate() {
+                let d = (l * slots_per_layer + dst_start + i) * width;
+                cache[d..d + width].copy_from_slice(row);
+            }
+        }
+    }
+}

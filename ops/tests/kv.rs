@@ -1,0 +1,145 @@
+//! KV append and compaction on the wgpu runtime against the sequential
+//! reference, including compaction whose sources overlap its destinations.
+
+use draftc_ops::kv::{append_rows, compact_rows, kv_append, kv_compact, reference};
+use draftc_ops::testing::{config, float_dtype, random_f32, random_u32, wgpu_client};
+use draftc_ops::{DType, DeviceTensor, OpsError};
+use proptest::prelude::*;
+
+type R = cubecl::wgpu::WgpuRuntime;
+
+fn upload(data: &[f32], shape: &[usize], dtype: DType) -> DeviceTensor<R> {
+    DeviceTensor::upload_f32(&wgpu_client(), data, shape, dtype).unwrap()
+}
+
+/// `k` distinct slots out of `0..bound` in random order.
+fn distinct_slots(k: usize, bound: usize, seed: u64) -> Vec<u32> {
+    let mut all: Vec<u32> = (0..bound as u32).collect();
+    let r = random_u32(seed, bound, u32::MAX);
+    for i in (1..bound).rev() {
+        all.swap(i, r[i] as usize % (i + 1));
+    }
+    all.truncate(k);
+    all
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    #[test]
+    fn append_matches_reference(
+        dtype in float_dtype(), layers in 1usize..4, slots in prop_oneof![Just(1usize), Just(3), Just(50), 1..80usize],
+        width in prop_oneof![Just(1usize), Just(3), Just(64), Just(192), 1..70usize], frac in 0.0f64..1.0, seed in 0u64..1000,
+    ) {
+        let n = ((slots as f64 * frac) as usize).max(1);
+        let at = distinct_slots(n, slots, seed);
+        let mut cache = random_f32(seed, layers * slots * width, -1.0, 1.0, dtype);
+        let new = random_f32(seed + 1, layers * n * width, -1.0, 1.0, dtype);
+        let ct = upload(&cache, &[layers, slots, width], dtype);
+        append_rows(&wgpu_client(), &upload(&new, &[layers, n, width], dtype), &at, &ct).unwrap();
+        reference::append(&mut cache, slots, width, &new, &at);
+        prop_assert_eq!(ct.download_f32(&wgpu_client()).unwrap(), cache);
+    }
+
+    /// Accepted tree nodes at increasing slots after a committed prefix move to
+    /// the slots right after it: sources and destinations overlap.
+    #[test]
+    fn compaction_of_accepted_path_matches_reference(
+        dtype in float_dtype(), layers in 1usize..3, committed in 0usize..40, nodes in 1usize..65,
+        width in prop_oneof![Just(3usize), Just(64), 1..40usize], seed in 0u64..1000,
+    ) {
+        let slots = committed + nodes;
+        let mut path: Vec<u32> = distinct_slots(nodes.min(8), nodes, seed).iter().map(|&s| (committed as u32) + s).collect();
+        path.sort_unstable();
+        let mut cache = random_f32(seed, layers * slots * width, -1.0, 1.0, dtype);
+        let ct = upload(&cache, &[layers, slots, width], dtype);
+        compact_rows(&wgpu_client(), &path, committed, &ct).unwrap();
+        reference::compact(&mut cache, slots, width, &path, committed);
+        prop_assert_eq!(ct.download_f32(&wgpu_client()).unwrap(), cache);
+    }
+}
+
+/// Worst cases for an in-place parallel copy: a chain where every
+/// destination is the next row's source, and a reversal.
+#[test]
+fn compaction_with_adversarial_overlap() {
+    let client = wgpu_client();
+    let (slots, width) = (12, 5);
+    let base: Vec<f32> = (0..slots * width).map(|i| i as f32).collect();
+    for (src, dst) in [
+        (vec![1u32, 2, 3, 4, 5], 0),
+        (vec![5, 4, 3, 2, 1], 1),
+        (vec![0, 11, 6], 5),
+        (vec![7, 3], 3),
+    ] {
+        let (k, v) = (
+            upload(&base, &[slots, width], DType::F32),
+            upload(&base, &[slots, width], DType::F32),
+        );
+        kv_compact(&client, &src, dst, &k, &v).unwrap();
+        let mut want = base.clone();
+        reference::compact(&mut want, slots, width, &src, dst);
+        assert_eq!(
+            k.download_f32(&client).unwrap(),
+            want,
+            "K, src {src:?} -> {dst}"
+        );
+        assert_eq!(
+            v.download_f32(&client).unwrap(),
+            want,
+            "V, src {src:?} -> {dst}"
+        );
+    }
+}
+
+#[test]
+fn kv_append_writes_both_caches_and_validates() {
+    let client = wgpu_client();
+    let (k, v) = (
+        upload(&[0.0; 12], &[4, 3], DType::F16),
+        upload(&[0.0; 12], &[4, 3], DType::F16),
+    );
+    let (kn, vn) = (
+        upload(&[1.0; 6], &[2, 3], DType::F16),
+        upload(&[2.0; 6], &[2, 3], DType::F16),
+    );
+    kv_append(&client, &kn, &vn, &[3, 1], &k, &v).unwrap();
+    assert_eq!(
+        k.download_f32(&client).unwrap(),
+        [0., 0., 0., 1., 1., 1., 0., 0., 0., 1., 1., 1.]
+    );
+    assert_eq!(
+        v.download_f32(&client).unwrap(),
+        [0., 0., 0., 2., 2., 2., 0., 0., 0., 2., 2., 2.]
+    );
+    assert!(matches!(
+        kv_append(&client, &kn, &vn, &[4, 1], &k, &v),
+        Err(OpsError::IndexOutOfRange { .. })
+    ));
+    assert!(matches!(
+        kv_append(&client, &kn, &vn, &[1, 1], &k, &v),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        kv_append(&client, &kn, &vn, &[1], &k, &v),
+        Err(OpsError::ShapeMismatch { .. })
+    ));
+    let wide = upload(&[0.0; 8], &[2, 4], DType::F16);
+    assert!(matches!(
+        append_rows(&client, &wide, &[0, 1], &k),
+        Err(OpsError::ShapeMismatch { .. })
+    ));
+    let f32_rows = upload(&[0.0; 6], &[2, 3], DType::F32);
+    assert!(matches!(
+        append_rows(&client, &f32_rows, &[0, 1], &k),
+        Err(OpsError::DTypeMismatch { .. })
+    ));
+    assert!(matches!(
+        compact_rows(&client, &[0, 1], 3, &k),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    assert!(matches!(
+        compact_rows(&client, &[9], 0, &k),
+        Err(OpsError::IndexOutOfRange { .. })
+    ));
+}
