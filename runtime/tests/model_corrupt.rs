@@ -1,0 +1,310 @@
+//! Bad input gives clear errors, never panics: truncated GGUF at every header
+//! byte, flipped bytes in tensor headers and metadata, bad magic/version,
+//! unsupported quant types, broken safetensors, wrong checksums. All files
+//! are built in-process; nothing is downloaded.
+
+mod model_support;
+
+use std::collections::BTreeMap;
+
+use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
+use draftc_runtime::model::dequant::GgmlType;
+use draftc_runtime::model::fetch::verify_sha256;
+use draftc_runtime::model::gguf::Gguf;
+use draftc_runtime::model::gguf_value::GgufValue;
+use draftc_runtime::model::safetensors_io::{SafetensorsFile, SafetensorsWriter, WeightDtype};
+use draftc_runtime::model::ModelError;
+use model_support::*;
+
+fn parse_err(bytes: Vec<u8>) -> String {
+    match Gguf::parse(bytes) {
+        Ok(_) => panic!("corrupt GGUF parsed without error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// One F32 tensor "w" of dims [4, 2]; returns bytes and the offsets of its
+/// n_dims, dims[0], type and data-offset fields.
+fn one_tensor() -> (Vec<u8>, [usize; 4]) {
+    let mut w = GgufWriter::new();
+    w.kv("general.name", s("x"));
+    w.tensor("w", &[4, 2], GgmlType::F32, f32_bytes(&[1.0; 8]));
+    let (bytes, infos_at, _) = w.build_with_offsets();
+    let n_dims = infos_at + 8 + 1;
+    (
+        bytes,
+        [n_dims, n_dims + 4, n_dims + 4 + 16, n_dims + 4 + 16 + 4],
+    )
+}
+
+#[test]
+fn bad_magic_and_version() {
+    let (mut bytes, _) = one_tensor();
+    bytes[..4].copy_from_slice(b"GGML");
+    let e = parse_err(bytes);
+    assert!(
+        e.contains("not a GGUF file") && e.contains("47, 47, 4d, 4c"),
+        "{e}"
+    );
+    for v in [1u32, 4, 0xffff_ffff] {
+        let (mut bytes, _) = one_tensor();
+        bytes[4..8].copy_from_slice(&v.to_le_bytes());
+        assert!(parse_err(bytes).contains(&format!("unsupported GGUF version {v}")));
+    }
+    assert!(parse_err(Vec::new()).contains("truncated while reading magic"));
+}
+
+#[test]
+fn every_truncation_is_an_error_naming_what_was_read() {
+    let bytes = tiny_llama().build();
+    let g = Gguf::parse(bytes.clone()).unwrap();
+    let header_end = g.data_offset as usize;
+    for cut in 0..bytes.len() {
+        // Every header byte; then a sample of data cuts (all end inside data).
+        if cut > header_end && cut % 97 != 0 {
+            continue;
+        }
+        let e = match Gguf::parse(bytes[..cut].to_vec()) {
+            Ok(_) => panic!("file cut at {cut} of {} parsed", bytes.len()),
+            Err(e) => e,
+        };
+        let msg = e.to_string();
+        match e {
+            ModelError::Truncated { offset, .. } => assert!(offset as usize <= cut, "{msg}"),
+            ModelError::TensorOutOfBounds { .. } => assert!(cut >= header_end - 32, "{msg}"),
+            other => panic!("cut at {cut}: unexpected error {other}"),
+        }
+    }
+    let tokens_at = find(&bytes, b"tokenizer.ggml.tokens") + 40;
+    let e = parse_err(bytes[..tokens_at].to_vec());
+    assert!(
+        e.contains("`tokenizer.ggml.tokens`") && e.contains("truncated"),
+        "{e}"
+    );
+    let e = parse_err(bytes[..bytes.len() - 1].to_vec());
+    assert!(
+        e.contains("tensor `output_norm.weight`") && e.contains("outside"),
+        "{e}"
+    );
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> usize {
+    hay.windows(needle.len()).position(|w| w == needle).unwrap()
+}
+
+#[test]
+fn flipped_tensor_header_fields() {
+    let (base, [n_dims, dim0, ty, offset]) = one_tensor();
+    let patch = |at: usize, value: &[u8]| {
+        let mut b = base.clone();
+        b[at..at + value.len()].copy_from_slice(value);
+        parse_err(b)
+    };
+    let e = patch(n_dims, &9u32.to_le_bytes());
+    assert!(
+        e.contains("tensor info `w`") && e.contains("9 dimensions (expected 1..=4)"),
+        "{e}"
+    );
+    let e = patch(ty, &99u32.to_le_bytes());
+    assert!(
+        e.contains("tensor info `w`") && e.contains("unknown ggml type 99"),
+        "{e}"
+    );
+    let e = patch(dim0, &u64::MAX.to_le_bytes());
+    assert!(e.contains("implausible dimensions"), "{e}");
+    let e = patch(dim0, &400u64.to_le_bytes());
+    assert!(e.contains("tensor `w`") && e.contains("outside"), "{e}");
+    let e = patch(offset, &4u64.to_le_bytes());
+    assert!(
+        e.contains("data offset 4 is not a multiple of the alignment 32"),
+        "{e}"
+    );
+    let e = patch(offset, &(1u64 << 60).to_le_bytes());
+    assert!(e.contains("tensor `w`") && e.contains("outside"), "{e}");
+    let e = patch(ty, &GgmlType::Q8_0.0.to_le_bytes());
+    assert!(
+        e.contains("row length 4 is not a multiple of the Q8_0 block size 32"),
+        "{e}"
+    );
+}
+
+#[test]
+fn corrupt_metadata() {
+    let mut w = GgufWriter::new();
+    w.kv("flag", GgufValue::Bool(true));
+    let b = w.build();
+    let at = find(&b, b"flag") + 4;
+    let mut bad = b.clone();
+    bad[at..at + 4].copy_from_slice(&77u32.to_le_bytes());
+    assert!(parse_err(bad).contains("unknown value type 77"));
+    let mut bad = b.clone();
+    bad[at + 4] = 2;
+    assert!(parse_err(bad).contains("bool byte is 2"));
+    let mut bad = b.clone();
+    bad[at - 4] = 0xff;
+    assert!(parse_err(bad).contains("not valid UTF-8"));
+    // An array claiming 2^60 elements fails fast instead of allocating.
+    let mut w = GgufWriter::new();
+    w.kv(
+        "arr",
+        GgufValue::Array(
+            draftc_runtime::model::gguf_value::GgufValueType::U32,
+            vec![GgufValue::U32(1)],
+        ),
+    );
+    let mut bad = w.build();
+    let len_at = find(&bad, b"arr") + 3 + 4 + 4;
+    bad[len_at..len_at + 8].copy_from_slice(&(1u64 << 60).to_le_bytes());
+    let e = parse_err(bad);
+    assert!(e.contains("array `arr`") && e.contains("truncated"), "{e}");
+    let mut w = GgufWriter::new();
+    w.kv("general.alignment", GgufValue::U32(48));
+    assert!(parse_err(w.build()).contains("not a power of two"));
+}
+
+#[test]
+fn single_byte_flips_never_panic() {
+    let bytes = tiny_llama().build();
+    let header_end = Gguf::parse(bytes.clone()).unwrap().data_offset as usize;
+    // Flip each header byte outside the big token/merge string arrays, and a
+    // sample inside them.
+    for at in (0..header_end).filter(|i| i % 7 == 0 || *i < 600 || *i > header_end - 1500) {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut b = bytes.clone();
+            b[at] ^= flip;
+            if let Ok(g) = Gguf::parse(b) {
+                for t in g.tensors.clone() {
+                    let _ = g.tensor_f32(&t);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn unsupported_quant_type_is_named() {
+    let mut w = GgufWriter::new();
+    w.tensor(
+        "blk.0.attn_q.weight",
+        &[256, 1],
+        GgmlType::Q6_K,
+        vec![0u8; 210],
+    );
+    let g = Gguf::parse(w.build()).expect("Q6_K is a known type, so the file parses");
+    let e = g.tensor_f32(&g.tensors[0]).unwrap_err().to_string();
+    assert!(
+        e.contains("`blk.0.attn_q.weight`")
+            && e.contains("Q6_K (tag 14)")
+            && e.contains("cannot dequantise"),
+        "{e}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("q.gguf");
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    let retype = |ty: GgmlType, block_bytes: u64| {
+        let mut w = tiny_llama();
+        for t in w
+            .tensors
+            .iter_mut()
+            .filter(|t| t.name == "blk.1.ffn_up.weight")
+        {
+            t.ty = ty;
+            t.data = vec![0u8; (FFN * D / 32 * block_bytes) as usize];
+        }
+        w.build()
+    };
+    // Q5_0 has 32-weight blocks, so the file parses and conversion reaches the tensor.
+    std::fs::write(&path, retype(GgmlType(6), 22)).unwrap();
+    let e = convert_gguf(&path, &dir.path().join("out"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("`blk.1.ffn_up.weight`")
+            && e.contains("Q5_0 (tag 6)")
+            && e.contains("cannot dequantise"),
+        "{e}"
+    );
+    // Q4_K blocks hold 256 weights: rows of 32 cannot be Q4_K.
+    std::fs::write(&path, retype(GgmlType(12), 18)).unwrap();
+    let e = convert_gguf(&path, &dir.path().join("out"), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("blk.1.ffn_up.weight") && e.contains("Q4_K block size 256"),
+        "{e}"
+    );
+}
+
+#[test]
+fn broken_safetensors_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.safetensors");
+    let tensors = vec![
+        ("a".to_string(), vec![2u64, 3]),
+        ("b".to_string(), vec![4u64]),
+    ];
+    let mut w =
+        SafetensorsWriter::create(&path, WeightDtype::F32, &tensors, &BTreeMap::new()).unwrap();
+    w.write_tensor("a", &[1.0; 6]).unwrap();
+    w.write_tensor("b", &[2.0; 4]).unwrap();
+    w.finish().unwrap();
+    let st = SafetensorsFile::open(&path).unwrap();
+    assert_eq!(st.tensor_f32("a", &[2, 3]).unwrap(), vec![1.0; 6]);
+
+    let mut expected = tensors.clone();
+    expected.push(("model.norm.weight".to_string(), vec![4]));
+    let e = st.check_tensors(&expected).unwrap_err().to_string();
+    assert!(
+        e.contains("missing tensor `model.norm.weight`") && e.contains("m.safetensors"),
+        "{e}"
+    );
+    let e = st.tensor_f32("b", &[5]).unwrap_err().to_string();
+    assert!(
+        e.contains("tensor `b`: expected shape [5], found [4]"),
+        "{e}"
+    );
+
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+    let e = SafetensorsFile::open(&path)
+        .err()
+        .expect("truncated file is rejected")
+        .to_string();
+    assert!(
+        e.contains("safetensors file") && e.contains("m.safetensors"),
+        "{e}"
+    );
+
+    let mut w =
+        SafetensorsWriter::create(&path, WeightDtype::F32, &tensors, &BTreeMap::new()).unwrap();
+    w.write_tensor("a", &[1.0; 6]).unwrap();
+    let e = w.write_tensor("a", &[1.0; 6]).unwrap_err().to_string();
+    assert!(e.contains("where `b` of shape [4] was declared"), "{e}");
+    let w = SafetensorsWriter::create(&path, WeightDtype::F32, &tensors, &BTreeMap::new()).unwrap();
+    assert!(w
+        .finish()
+        .unwrap_err()
+        .to_string()
+        .contains("`a` declared but never written"));
+}
+
+#[test]
+fn checksum_mismatch_names_both_hashes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("x.whl");
+    std::fs::write(&path, b"not the wheel").unwrap();
+    let expected = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
+    let e = verify_sha256(&path, expected).unwrap_err().to_string();
+    assert!(
+        e.contains("checksum mismatch") && e.contains(expected) && e.contains("x.whl"),
+        "{e}"
+    );
+    let e = verify_sha256(&dir.path().join("absent"), expected)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("absent"), "{e}");
+}
