@@ -34,6 +34,7 @@ pub fn parse(src: &str) -> (File, Vec<Diagnostic>) {
         tokens,
         pos: 0,
         diags: Vec::new(),
+        depth: 0,
     };
     let file = p.file();
     diags.append(&mut p.diags);
@@ -50,10 +51,14 @@ const KEYWORDS: &[&str] = &[
     "input", "output", "emit", "memory", "append", "repeat", "in",
 ];
 
+/// Deeper expression nesting is an error rather than a stack overflow.
+const MAX_DEPTH: usize = 128;
+
 struct Parser {
     tokens: Vec<Token>,
     pos: usize,
     diags: Vec<Diagnostic>,
+    depth: usize,
 }
 
 impl Parser {
@@ -423,6 +428,21 @@ impl Parser {
     }
 
     fn expr(&mut self) -> PResult<Expr> {
+        if self.depth >= MAX_DEPTH {
+            let span = self.span();
+            self.diags.push(
+                Diagnostic::error(span, "expression nested too deeply")
+                    .with_label(format!("more than {MAX_DEPTH} levels of nesting")),
+            );
+            return Err(Recover);
+        }
+        self.depth += 1;
+        let e = self.expr_inner();
+        self.depth -= 1;
+        e
+    }
+
+    fn expr_inner(&mut self) -> PResult<Expr> {
         let lhs = self.sum()?;
         if self.eat(&TokenKind::DotDot) {
             let rhs = self.sum()?;
@@ -475,7 +495,14 @@ impl Parser {
     fn unary(&mut self) -> PResult<Expr> {
         if self.at(&TokenKind::Minus) {
             let start = self.bump().span;
-            let inner = self.unary()?;
+            if self.depth >= MAX_DEPTH {
+                self.diags.push(Diagnostic::error(start, "expression nested too deeply").with_label("too many `-`"));
+                return Err(Recover);
+            }
+            self.depth += 1;
+            let inner = self.unary();
+            self.depth -= 1;
+            let inner = inner?;
             let span = start.to(inner.span);
             return Ok(Expr {
                 kind: ExprKind::Neg(Box::new(inner)),
@@ -639,6 +666,7 @@ pub fn parse_expr_fragment(src: &str, offset: usize) -> Result<Expr, Vec<Diagnos
         tokens,
         pos: 0,
         diags: Vec::new(),
+        depth: 0,
     };
     let e = p.expr();
     if !p.at(&TokenKind::Eof) && e.is_ok() {

@@ -307,3 +307,10 @@ fn rendered_diagnostic_has_location_source_line_and_caret() {
     assert!(text.contains("output y = linear(q, d) @w"), "{text}");
     assert!(text.contains("^ not defined"), "{text}");
 }
+
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    let deep = format!("output y = {}x{}\n", "(".repeat(100_000), ")".repeat(100_000));
+    let got = errors(&format!("{HEAD}input x = target.hidden[n] : [t, d]\n{deep}"));
+    assert!(got.iter().any(|e| e.contains("expression nested too deeply")), "{got:?}");
+}

@@ -1,0 +1,130 @@
+//! `draftc` as a user runs it: exit codes, what goes to stdout and stderr,
+//! and that no input makes it panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn draftc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_draftc"))
+        .args(args)
+        .current_dir(repo())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("draftc runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("draftc-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+#[test]
+fn check_passes_for_every_model_file() {
+    let mut files: Vec<String> = std::fs::read_dir(repo().join("models"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "draft"))
+        .map(|p| p.strip_prefix(repo()).unwrap().display().to_string())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 7, "{files:?}");
+    let mut args = vec!["check"];
+    args.extend(files.iter().map(|s| s.as_str()));
+    let out = draftc(&args);
+    assert!(out.status.success(), "stderr:\n{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for f in &files {
+        assert!(stdout.contains(&format!("ok   {f}")), "{stdout}");
+    }
+}
+
+#[test]
+fn check_reports_errors_with_location_and_caret_and_exits_1() {
+    let p = temp_file(
+        "bad.draft",
+        b"drafter bad\nkind parallel\nl 2\ninput x = target.hidden[n] : [t, d]\ny = linaer(x, d) @w\noutput o = silu(q)\n",
+    );
+    let out = draftc(&["check", p.to_str().unwrap(), "--target", "models/smollm2-135m.draft"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(err.contains("error: unknown op `linaer`"), "{err}");
+    assert!(err.contains("bad.draft:5:5"), "{err}");
+    assert!(err.contains("y = linaer(x, d) @w"), "{err}");
+    assert!(err.contains("^^^^^^ no such op"), "{err}");
+    assert!(err.contains("error: undefined name `q`"), "{err}");
+    assert!(err.contains("1 of 1 file(s) have errors"), "{err}");
+    assert!(text(&out.stdout).is_empty());
+}
+
+#[test]
+fn hostile_inputs_exit_1_without_panicking() {
+    let parens = format!("drafter d\nkind parallel\nx = {}\ny = {}1\n", "(".repeat(200_000), "-".repeat(200_000));
+    let cases: Vec<(&str, &[u8])> = vec![
+        ("empty.draft", b""),
+        ("binary.draft", &[0xff, 0xfe, 0x00, 0x41, 0x80]),
+        ("latin1.draft", b"drafter d\nkind caf\xe9\n"),
+        ("parens.draft", parens.as_bytes()),
+        (
+            "huge_repeat.draft",
+            b"drafter d\nkind parallel\nl 1\ninput x = target.hidden[n] : [t, d]\nrepeat i in 0..1000000000 {\n  x += silu(x)\n}\noutput o = x\n",
+        ),
+    ];
+    for (name, bytes) in cases {
+        let p = temp_file(name, bytes);
+        let out = draftc(&["check", p.to_str().unwrap()]);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert!(err.contains("error"), "{name}: {err}");
+    }
+}
+
+#[test]
+fn missing_file_and_missing_target_are_clear_errors() {
+    let out = draftc(&["check", "models/does-not-exist.draft"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("cannot read models/does-not-exist.draft"), "{}", text(&out.stderr));
+    let out = draftc(&["check", "models/specformer.draft", "--target", "no-such-preset"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("target preset `no-such-preset` not found"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn inspect_prints_graph_params_and_flops() {
+    let out = draftc(&["inspect", "models/specformer.draft"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.contains("input taps = target.hidden[0, 15, 29, 30] : [t, 4, 576] float"), "{s}");
+    assert!(s.contains("position-dependent m_p = 332,352 per draft position"), "{s}");
+    assert!(s.contains("FLOPs per token"), "{s}");
+}
+
+#[test]
+fn inspect_set_overrides_draft_length() {
+    let out = draftc(&["inspect", "models/specformer.draft", "--set", "l=8"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("l = 8"));
+    let out = draftc(&["inspect", "models/specformer.draft", "--set", "l=zero"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn inspect_dot_is_graphviz() {
+    let out = draftc(&["inspect", "models/beagle.draft", "--dot"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    assert!(s.starts_with("digraph \"beagle\" {"), "{s}");
+    assert!(s.contains("->"), "{s}");
+    assert!(s.trim_end().ends_with('}'));
+}

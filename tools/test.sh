@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole test suite, with its set-up: installs Mesa's lavapipe (Vulkan on
+# the CPU, for CubeCL's wgpu runtime) when it is missing, then runs every
+# default test of the workspace, formatting and lints.
+#
+#   bash tools/test.sh            # default suite (no downloads)
+#   bash tools/test.sh --ignored  # also the slow tests (real model download)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_vulkan() {
+  [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ] \
+    || ! ldconfig -p | grep -q 'libvulkan.so.1'
+}
+if need_vulkan; then
+  echo "==> installing Vulkan loader and Mesa lavapipe (mesa-vulkan-drivers libvulkan1)"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "error: cargo not found; install a stable Rust toolchain (https://rustup.rs) and re-run" >&2
+  exit 1
+fi
+
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/draftc-xdg-$(id -u)}"
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> cargo test --workspace"
+cargo test --workspace --no-fail-fast
+if [ "${1:-}" = "--ignored" ]; then
+  echo "==> slow tests (cargo test --workspace -- --ignored)"
+  cargo test --workspace --no-fail-fast -- --ignored
+fi
+echo "==> cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "==> lines of Rust per crate"
+for c in ir ops codegen runtime tests; do
+  printf '  %-8s %6s\n' "$c" "$(find "$c" -name '*.rs' -print0 | xargs -0 cat 2>/dev/null | wc -l)"
+done
