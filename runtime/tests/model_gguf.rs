@@ -112,7 +112,7 @@ fn dequantises_q8_0_exactly() {
 fn dequantises_q4_0_and_q4_1_nibble_order() {
     let mut q = [0u8; 32];
     for (j, x) in q.iter_mut().enumerate() {
-        *x = (j % 16) as u8 ^ (j / 16) as u8 * 5;
+        *x = (j % 16) as u8 ^ ((j / 16) as u8 * 5);
     }
     let out = dequantize(GgmlType::Q4_0, &q4_bytes(&[(0.5, None, q)]), 32, "t").unwrap();
     for j in 0..32 {

@@ -71,7 +71,7 @@ impl LlamaConfig {
             bos_token_id: meta.require_u64("tokenizer.ggml.bos_token_id")? as u32,
             eos_token_id: meta.require_u64("tokenizer.ggml.eos_token_id")? as u32,
             hidden_act: "silu".into(),
-            head_dim: if heads == 0 { 0 } else { hidden_size / heads },
+            head_dim: hidden_size.checked_div(heads).unwrap_or(0),
             torch_dtype: dtype.into(),
         };
         config.validate()?;
@@ -84,19 +84,24 @@ impl LlamaConfig {
         if self.num_attention_heads == 0 || self.num_key_value_heads == 0 {
             return fail("head counts must be positive".into());
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return fail(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
             ));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return fail(format!(
                 "num_attention_heads {} is not divisible by num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim * self.num_attention_heads != self.hidden_size || self.head_dim % 2 != 0 {
+        if self.head_dim * self.num_attention_heads != self.hidden_size
+            || !self.head_dim.is_multiple_of(2)
+        {
             return fail(format!(
                 "head_dim {} must be even and equal hidden_size / num_attention_heads",
                 self.head_dim

@@ -138,7 +138,7 @@ impl Gguf {
                 });
             }
             let size = dequant::byte_size(t.ty, &t.dims, &t.name)?;
-            let end = t.offset.checked_add(size).unwrap_or(u64::MAX);
+            let end = t.offset.saturating_add(size);
             if end > data_len {
                 return Err(ModelError::TensorOutOfBounds {
                     tensor: t.name.clone(),

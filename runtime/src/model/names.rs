@@ -90,7 +90,11 @@ pub fn expected_tensors(config: &LlamaConfig) -> Vec<(String, Vec<u64>)> {
 /// `w.reshape(heads, head_dim/2, 2, cols).swapaxes(1, 2).reshape(rows, cols)`.
 /// Returns `None` if the shape does not split into `heads` even-sized heads.
 pub fn unpermute_rows(w: &[f32], rows: usize, cols: usize, heads: usize) -> Option<Vec<f32>> {
-    if heads == 0 || rows % heads != 0 || (rows / heads) % 2 != 0 || w.len() != rows * cols {
+    if heads == 0
+        || !rows.is_multiple_of(heads)
+        || !(rows / heads).is_multiple_of(2)
+        || w.len() != rows * cols
+    {
         return None;
     }
     let head_dim = rows / heads;

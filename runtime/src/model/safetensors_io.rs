@@ -97,7 +97,7 @@ impl SafetensorsWriter {
             offset += bytes;
         }
         let mut json = serde_json::Value::Object(header).to_string().into_bytes();
-        while json.len() % 8 != 0 {
+        while !json.len().is_multiple_of(8) {
             json.push(b' ');
         }
         let file = File::create(path).map_err(|e| ModelError::io(path, e))?;

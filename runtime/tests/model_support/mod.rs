@@ -90,7 +90,7 @@ impl GgufWriter {
 }
 
 fn pad(b: &mut Vec<u8>, alignment: u64) {
-    while b.len() as u64 % alignment != 0 {
+    while !(b.len() as u64).is_multiple_of(alignment) {
         b.push(0);
     }
 }
