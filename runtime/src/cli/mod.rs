@@ -2,5 +2,7 @@
 //! and dispatches here; every command returns an exit code instead of panicking.
 
 pub mod check;
+pub mod convert;
+pub mod fetch;
 pub mod inspect;
 pub mod source;
