@@ -14,6 +14,7 @@ Usage:
     .venv-ref/bin/python tools/reference.py tokenizer  MODEL_DIR   # tokenizer_cases.json
     .venv-ref/bin/python tools/reference.py greedy     MODEL_DIR   # greedy.json
     .venv-ref/bin/python tools/reference.py perplexity MODEL_DIR   # prints; no file
+    .venv-ref/bin/python tools/reference.py dequant    MODEL_DIR GGUF  # prints; needs `pip install gguf`
 
 MODEL_DIR is the converted directory (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json), e.g. ~/.cache/draftc/smollm2-135m-instruct/float32.
@@ -216,6 +217,42 @@ def cmd_perplexity(model_dir):
     print(f"perplexity with GGUF row order (no un-permutation): {ppl_raw:.3f}")
 
 
+def cmd_dequant(model_dir, gguf_path):
+    """Every tensor of draftc's model.safetensors against gguf-py's dequantize
+    plus DESIGN.md's numpy un-permutation formula for Q/K."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    heads = {"attn_q": cfg["num_attention_heads"], "attn_k": cfg["num_key_value_heads"]}
+    hf = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+          "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+          "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+          "ffn_down": "mlp.down_proj"}
+    st = load_file(str(Path(model_dir) / "model.safetensors"))
+    worst = 0.0
+    reader = GGUFReader(gguf_path)
+    for t in reader.tensors:
+        w = dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape([int(x) for x in reversed(t.shape)])
+        if t.name == "token_embd.weight":
+            name = "model.embed_tokens.weight"
+        elif t.name == "output_norm.weight":
+            name = "model.norm.weight"
+        else:
+            _, layer, kind, _ = t.name.split(".")
+            name = f"model.layers.{layer}.{hf[kind]}.weight"
+            if kind in heads:
+                n = heads[kind]
+                w = w.reshape(n, w.shape[0] // n // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
+        ours = st[name].astype(np.float32)
+        assert ours.shape == w.shape, (name, ours.shape, w.shape)
+        worst = max(worst, float(np.abs(ours - w).max()))
+    print(f"{len(reader.tensors)} tensors; max |draftc - gguf-py| = {worst}")
+
+
 def write(path, obj):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(obj, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
@@ -223,6 +260,8 @@ def write(path, obj):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("tokenizer", "greedy", "perplexity"):
+    commands = {"tokenizer": cmd_tokenizer, "greedy": cmd_greedy, "perplexity": cmd_perplexity,
+                "dequant": cmd_dequant}
+    if len(sys.argv) < 3 or sys.argv[1] not in commands:
         sys.exit(__doc__)
-    {"tokenizer": cmd_tokenizer, "greedy": cmd_greedy, "perplexity": cmd_perplexity}[sys.argv[1]](sys.argv[2])
+    commands[sys.argv[1]](*sys.argv[2:])

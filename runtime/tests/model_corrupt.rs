@@ -308,3 +308,62 @@ fn checksum_mismatch_names_both_hashes() {
         .to_string();
     assert!(e.contains("absent"), "{e}");
 }
+
+#[test]
+fn inconsistent_or_unsupported_metadata_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.gguf");
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    let cases: [(&str, GgufValue, &str); 5] = [
+        (
+            "llama.attention.head_count",
+            GgufValue::U32(5),
+            "hidden_size 32 is not divisible by num_attention_heads 5",
+        ),
+        (
+            "llama.attention.head_count_kv",
+            GgufValue::U32(3),
+            "num_attention_heads 2 is not divisible by num_key_value_heads 3",
+        ),
+        (
+            "general.architecture",
+            s("gpt2"),
+            "architecture `gpt2` is not supported",
+        ),
+        (
+            "tokenizer.ggml.pre",
+            s("llama-bpe"),
+            "pre-tokeniser `llama-bpe` is not supported",
+        ),
+        (
+            "llama.block_count",
+            s("two"),
+            "metadata key `llama.block_count`: expected an unsigned integer, found String",
+        ),
+    ];
+    for (key, value, expected) in cases {
+        let mut w = tiny_llama();
+        for (k, v) in w.metadata.iter_mut() {
+            if k == key {
+                *v = value.clone();
+            }
+        }
+        std::fs::write(&path, w.build()).unwrap();
+        let e = convert_gguf(&path, &dir.path().join("out"), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(expected), "{key}: {e}");
+    }
+    for key in ["llama.embedding_length", "tokenizer.ggml.pre"] {
+        let mut w = tiny_llama();
+        w.metadata.retain(|(k, _)| k != key);
+        std::fs::write(&path, w.build()).unwrap();
+        let e = convert_gguf(&path, &dir.path().join("out"), &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("missing metadata key `{key}`")), "{e}");
+    }
+}

@@ -41,15 +41,13 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
             "tokenizer.ggml.model `{model}` is not supported (only byte-level BPE, `gpt2`)"
         )));
     }
-    if let Some(pre) = meta
-        .get_value("tokenizer.ggml.pre")
-        .and_then(GgufValue::as_str)
-    {
-        if pre != "smollm" {
-            return Err(err(format!(
-                "pre-tokeniser `{pre}` is not supported (only `smollm`: digits split, then byte-level)"
-            )));
-        }
+    // Without `tokenizer.ggml.pre`, llama.cpp falls back to GPT-2's splitting,
+    // which differs from ours on digits: refuse rather than mis-tokenise.
+    let pre = meta.require_str("tokenizer.ggml.pre")?;
+    if pre != "smollm" {
+        return Err(err(format!(
+            "pre-tokeniser `{pre}` is not supported (only `smollm`: digits split, then byte-level)"
+        )));
     }
     let tokens = meta.require_str_array("tokenizer.ggml.tokens")?;
     let merges = meta.require_str_array("tokenizer.ggml.merges")?;
