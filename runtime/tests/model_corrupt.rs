@@ -367,3 +367,54 @@ fn inconsistent_or_unsupported_metadata_is_named() {
         assert!(e.contains(&format!("missing metadata key `{key}`")), "{e}");
     }
 }
+
+#[test]
+fn converted_dir_with_a_missing_tensor_is_rejected_on_open() {
+    use draftc_runtime::model::names::expected_tensors;
+    use draftc_runtime::model::ConvertedModel;
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("tiny.gguf");
+    std::fs::write(&gguf, tiny_llama().build()).unwrap();
+    let out = dir.path().join("hf");
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    convert_gguf(&gguf, &out, &opts).unwrap();
+    let model = ConvertedModel::open(&out).unwrap();
+    assert_eq!(
+        model.tensor_f32("model.norm.weight").unwrap().len(),
+        D as usize
+    );
+    let e = model
+        .tensor_f32("lm_head.weight")
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("missing tensor `lm_head.weight`"), "{e}");
+
+    // Rewrite model.safetensors without one layer norm.
+    let dropped = "model.layers.1.input_layernorm.weight";
+    let all = expected_tensors(&model.config);
+    let kept: Vec<_> = all.iter().filter(|(n, _)| n != dropped).cloned().collect();
+    let path = out.join("model.safetensors");
+    let values: Vec<Vec<f32>> = kept
+        .iter()
+        .map(|(n, s)| model.weights.tensor_f32(n, s).unwrap())
+        .collect();
+    drop(model);
+    let mut w =
+        SafetensorsWriter::create(&path, WeightDtype::F32, &kept, &BTreeMap::new()).unwrap();
+    for ((n, _), v) in kept.iter().zip(&values) {
+        w.write_tensor(n, v).unwrap();
+    }
+    w.finish().unwrap();
+    let e = ConvertedModel::open(&out)
+        .err()
+        .expect("missing tensor is an error")
+        .to_string();
+    assert!(
+        e.contains(&format!("missing tensor `{dropped}`")) && e.contains("model.safetensors"),
+        "{e}"
+    );
+}

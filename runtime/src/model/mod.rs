@@ -14,9 +14,11 @@ pub mod error;
 pub mod fetch;
 pub mod gguf;
 pub mod gguf_value;
+pub mod load;
 pub mod names;
 pub mod safetensors_io;
 pub mod tokenizer;
 pub mod tokenizer_build;
 
 pub use error::{ModelError, Result};
+pub use load::ConvertedModel;
