@@ -122,7 +122,8 @@ impl Lowerer<'_> {
                 } else {
                     ElementwiseOp::Mul
                 };
-                let alias = (b_numel == numel).then_some(0);
+                // In place into the full-size operand when it dies here.
+                let alias = (na.max(nb) == numel).then_some(0);
                 let kernel = Kernel::Elementwise {
                     op: ew,
                     numel,
