@@ -112,7 +112,7 @@ fn tree_batch(committed: usize, n: usize, seed: u64) -> SeqBatch {
     let r = random_u32(seed, n, 1 << 16);
     let parents: Vec<u32> = (0..n)
         .map(|i| {
-            if i == 0 || r[i] % 5 == 0 {
+            if i == 0 || r[i].is_multiple_of(5) {
                 TREE_ROOT
             } else {
                 r[i] % i as u32
@@ -123,7 +123,7 @@ fn tree_batch(committed: usize, n: usize, seed: u64) -> SeqBatch {
 }
 
 proptest! {
-    #![proptest_config(config(24))]
+    #![proptest_config(config(16))]
 
     #[test]
     fn positional_masks_match_reference(

@@ -18,7 +18,10 @@ fn random_tree(n: usize, vocab: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
     let mut parents = vec![TREE_ROOT];
     let mut tokens = vec![r[0] % vocab as u32];
     for i in 1..n {
-        let p = r[2 * i] % i as u32;
+        let mut p = r[2 * i] % i as u32;
+        if (1..i).filter(|&j| parents[j] == p).count() >= vocab {
+            p = i as u32 - 1; // node i-1 has no children yet
+        }
         let used: Vec<u32> = (1..i)
             .filter(|&j| parents[j] == p)
             .map(|j| tokens[j])

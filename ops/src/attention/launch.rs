@@ -168,7 +168,7 @@ pub fn attention_rows<R: Runtime>(
         .into_iter()
         .find(|n| head_dim % n == 0)
         .unwrap_or(1);
-    let cap_scalars = [16usize, 64, 128, 256]
+    let cap_scalars = [64usize, 256]
         .into_iter()
         .find(|&c| c >= head_dim)
         .unwrap_or(256);

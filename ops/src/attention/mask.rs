@@ -274,8 +274,8 @@ impl SeqBatch {
             .max(1);
         let mut bits = vec![0u32; self.total_q() * words];
         let q_starts = self.q_starts();
-        for s in 0..self.batch() {
-            for node in 0..self.q_lens[s] {
+        for (s, &q_len) in self.q_lens.iter().enumerate() {
+            for node in 0..q_len {
                 let row = q_starts[s] + node;
                 let mut cur = node as u32;
                 loop {

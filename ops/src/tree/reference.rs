@@ -120,8 +120,8 @@ pub fn accept_ref(
         } else {
             let s = chunked_sum(vocab, |v| (p[v] - qrow(v)).max(0.0));
             if s > 0.0 {
-                for v in 0..vocab {
-                    p[v] = (p[v] - qrow(v)).max(0.0) / s;
+                for (v, pv) in p.iter_mut().enumerate() {
+                    *pv = (*pv - qrow(v)).max(0.0) / s;
                 }
             }
         }
