@@ -35,7 +35,7 @@ fn silu_v<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
 }
 
 /// `out[i] = op(a[i], b[i])` over `len_v` vectors; `b` is unused for SiLU.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn elementwise_kernel<F: Float + CubeElement, N: Size>(
     a: &Array<Vector<F, N>>,
     b: &Array<Vector<F, N>>,
@@ -82,11 +82,15 @@ fn launch<R: Runtime>(
     let len_v = a.numel() / n;
     let count = cube_count(op_name, len_v.div_ceil(BLOCK))?;
     let b = b.unwrap_or(a);
+    // Unchecked launch: no per-access bounds checks in the shader.
     crate::dispatch_float!(a.dtype(), op_name, F => {
-        elementwise_kernel::launch::<F, R>(
-            client, count, CubeDim::new_1d(BLOCK as u32), n,
-            a.array_arg(), b.array_arg(), out.array_arg(), len_v, code,
-        )
+        // SAFETY: shapes validated above; every index is guarded or clamped in the kernel.
+        unsafe {
+            elementwise_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32), n,
+                a.array_arg(), b.array_arg(), out.array_arg(), len_v, code,
+            )
+        }
     })?;
     finish(client, op_name)
 }

@@ -16,7 +16,7 @@ use crate::tensor::DeviceTensor;
 /// Units per cube.
 pub const BLOCK: usize = 256;
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn layer_sum_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
     w: &Array<F>,
@@ -70,11 +70,15 @@ pub fn layer_sum<R: Runtime>(
     let len = out.numel();
     let n = vector_width(client, len);
     let count = cube_count(OP, (len / n).div_ceil(BLOCK))?;
+    // Unchecked launch: no per-access bounds checks in the shader.
     crate::dispatch_float!(x.dtype(), OP, F => {
-        layer_sum_kernel::launch::<F, R>(
-            client, count, CubeDim::new_1d(BLOCK as u32), n,
-            x.array_arg(), weights.array_arg(), out.array_arg(), layers, len / n,
-        )
+        // SAFETY: shapes validated above; every index is guarded or clamped in the kernel.
+        unsafe {
+            layer_sum_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32), n,
+                x.array_arg(), weights.array_arg(), out.array_arg(), layers, len / n,
+            )
+        }
     })?;
     finish(client, OP)
 }

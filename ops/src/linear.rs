@@ -5,19 +5,22 @@
 //! * **Prologue** (applied to `x` while it is loaded): none, RMS norm with a
 //!   weight `[in]`, or grouped RMS norm with weights `[groups, d]`,
 //!   `groups * d == in` (see [`crate::group_rms_norm`]). The per-row (per
-//!   group) `1/rms` is recomputed by every cube from `x`, which is small.
+//!   group) sum of squares is accumulated in the same pass over `x` as the
+//!   dot products, and `1/rms` scales the group's partial sums at the end.
 //! * **Epilogue**: none, `+ bias[out]`, `+ residual[m, out]`, or SwiGLU:
 //!   `W` is the gate weight, the epilogue carries the up weight, and
 //!   `out = silu(x·W_gateᵀ) * (x·W_upᵀ)`.
 //!
-//! Kernel layout: one unit per output column, [`BLOCK`] columns per cube.
-//! Each unit streams its weight row once per block of `mb` rows (`mb` = 1,
-//! 2, 4 or 8, comptime) with `Vector<F, 4>` loads along the reduction dim and
-//! keeps `mb` accumulators in registers; `x` is read at the same index by all
-//! units of a cube (uniform loads, broadcast on SIMD CPUs). For m ≤ 8 the
-//! weights are therefore read exactly once. Weights larger than the 128 MiB
-//! binding limit are split into chunks of output columns bound through handle
-//! offsets, and grids are split over x/y so no dimension exceeds 65,535.
+//! Kernel layout: each unit owns [`COLS`] adjacent output columns, [`BLOCK`]
+//! units per cube. A unit streams its weight rows once per block of `mb` rows
+//! (`mb` = 1, 2, 4 or 8, comptime) with `Vector<F, 4>` loads along the
+//! reduction dim and keeps `mb × COLS` accumulators in registers; each load
+//! of an `x` vector serves `COLS` columns, and `x` is read at the same index
+//! by all units of a cube. For m ≤ 8 the weights are read exactly once.
+//! Weights larger than the 128 MiB binding limit are split into chunks of
+//! output columns bound through handle offsets, and grids are split over x/y
+//! so no dimension exceeds 65,535. The layout is tuned for lavapipe (SIMD
+//! lanes = units); a coalesced layout for real GPUs is future work.
 //! Accumulation is in f32.
 
 use cubecl::prelude::*;
@@ -30,8 +33,11 @@ use crate::launch::{
 };
 use crate::tensor::DeviceTensor;
 
-/// Output columns (units) per cube.
-pub const BLOCK: usize = 64;
+/// Units per cube.
+pub const BLOCK: usize = 16;
+/// Output columns per unit: one load of an `x` vector serves this many
+/// columns (the x loads, not the weights, limited m > 1 on lavapipe).
+pub const COLS: usize = 4;
 
 const EPI_NONE: u32 = 0;
 const EPI_BIAS: u32 = 1;
@@ -78,7 +84,7 @@ fn rows_per_block(m: usize) -> usize {
     }
 }
 
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
     w: &Array<Vector<F, N>>,
@@ -99,82 +105,111 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     #[comptime] norm: bool,
     #[comptime] epilogue: u32,
 ) {
-    let o = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
-    let valid = o < n_cols;
-    let oc = select(valid, o, 0usize);
-    let wbase = oc * in_v;
+    // This unit's COLS columns: o0, o0 + 1, ... (clamped for loads, guarded for stores).
+    let o0 = (CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize) * comptime!(COLS);
     let swiglu = comptime!(epilogue == EPI_SWIGLU);
+    let mut wbase = Array::<usize>::new(COLS);
+    #[unroll]
+    for c in 0..COLS {
+        wbase[c] = select(o0 + c < n_cols, o0 + c, n_cols - 1) * in_v;
+    }
 
     let mut row0 = 0usize;
     while row0 < m {
-        let mut acc = Array::<f32>::new(mb);
-        let mut acc_u = Array::<f32>::new(mb);
+        // acc[r * COLS + c]: row r, column c of this unit.
+        let mut acc = Array::<f32>::new(comptime!(mb * COLS));
+        let mut acc_u = Array::<f32>::new(comptime!(mb * COLS));
+        // Row offsets into x; rows past m are clamped (computed, never stored).
+        let mut xoff = Array::<usize>::new(mb);
         #[unroll]
         for r in 0..mb {
-            acc[r] = 0.0;
-            acc_u[r] = 0.0;
+            xoff[r] = select(row0 + r < m, row0 + r, m - 1) * in_v;
+            #[unroll]
+            for c in 0..COLS {
+                acc[r * COLS + c] = 0.0;
+                acc_u[r * COLS + c] = 0.0;
+            }
         }
         for g in 0..groups {
             let kbeg = g * dv;
-            let mut inv = Array::<f32>::new(mb);
-            let mut part = Array::<f32>::new(mb);
-            let mut part_u = Array::<f32>::new(mb);
+            let mut sq = Array::<f32>::new(mb);
+            let mut part = Array::<f32>::new(comptime!(mb * COLS));
+            let mut part_u = Array::<f32>::new(comptime!(mb * COLS));
             #[unroll]
             for r in 0..mb {
-                part[r] = 0.0;
-                part_u[r] = 0.0;
-                inv[r] = 1.0;
-            }
-            if norm {
+                sq[r] = 0.0;
                 #[unroll]
-                for r in 0..mb {
-                    let row = select(row0 + r < m, row0 + r, m - 1);
-                    let mut s = 0f32;
-                    for kv in kbeg..kbeg + dv {
-                        let xv = Vector::<f32, N>::cast_from(x[row * in_v + kv]);
-                        s += lane_sum::<f32, N>(xv * xv);
-                    }
-                    inv[r] = 1f32 / f32::sqrt(s / f32::cast_from(d) + eps);
+                for c in 0..COLS {
+                    part[r * COLS + c] = 0.0;
+                    part_u[r * COLS + c] = 0.0;
                 }
             }
             for kv in kbeg..kbeg + dv {
-                let wv = Vector::<f32, N>::cast_from(w[wbase + kv]);
+                let mut wv = Array::<Vector<f32, N>>::new(COLS);
+                let mut uv = Array::<Vector<f32, N>>::new(COLS);
+                #[unroll]
+                for c in 0..COLS {
+                    wv[c] = Vector::<f32, N>::cast_from(w[wbase[c] + kv]);
+                    if swiglu {
+                        uv[c] = Vector::<f32, N>::cast_from(w_up[wbase[c] + kv]);
+                    }
+                }
+                let mut gv = Vector::<f32, N>::new(1.0);
+                if norm {
+                    gv = Vector::<f32, N>::cast_from(gamma[kv]);
+                }
                 #[unroll]
                 for r in 0..mb {
-                    let row = select(row0 + r < m, row0 + r, m - 1);
-                    let mut xv = Vector::<f32, N>::cast_from(x[row * in_v + kv]);
+                    // One load of x per row serves COLS columns.
+                    let xr = Vector::<f32, N>::cast_from(x[xoff[r] + kv]);
                     if norm {
-                        xv *= Vector::<f32, N>::cast_from(gamma[kv]);
+                        // Sum of squares in the same pass; 1/rms scales the
+                        // group's dot products at the end.
+                        sq[r] += lane_sum::<f32, N>(xr * xr);
                     }
-                    part[r] += lane_sum::<f32, N>(xv * wv);
-                    if swiglu {
-                        let uv = Vector::<f32, N>::cast_from(w_up[wbase + kv]);
-                        part_u[r] += lane_sum::<f32, N>(xv * uv);
+                    let xv = xr * gv;
+                    #[unroll]
+                    for c in 0..COLS {
+                        part[r * COLS + c] += lane_sum::<f32, N>(xv * wv[c]);
+                        if swiglu {
+                            part_u[r * COLS + c] += lane_sum::<f32, N>(xv * uv[c]);
+                        }
                     }
                 }
             }
             #[unroll]
             for r in 0..mb {
-                acc[r] += part[r] * inv[r];
-                acc_u[r] += part_u[r] * inv[r];
+                let mut inv = 1f32;
+                if norm {
+                    inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
+                }
+                #[unroll]
+                for c in 0..COLS {
+                    acc[r * COLS + c] += part[r * COLS + c] * inv;
+                    acc_u[r * COLS + c] += part_u[r * COLS + c] * inv;
+                }
             }
         }
         #[unroll]
         for r in 0..mb {
-            let row = row0 + r;
-            if valid && row < m {
-                let idx = row * out_stride + col_offset + oc;
-                let mut y = acc[r];
-                if comptime!(epilogue == EPI_BIAS) {
-                    y += f32::cast_from(extra[col_offset + oc]);
+            #[unroll]
+            for c in 0..COLS {
+                let row = row0 + r;
+                let o = o0 + c;
+                if o < n_cols && row < m {
+                    let idx = row * out_stride + col_offset + o;
+                    let mut y = acc[r * COLS + c];
+                    if comptime!(epilogue == EPI_BIAS) {
+                        y += f32::cast_from(extra[col_offset + o]);
+                    }
+                    if comptime!(epilogue == EPI_RESIDUAL) {
+                        y += f32::cast_from(extra[idx]);
+                    }
+                    if swiglu {
+                        y = y / (1f32 + f32::exp(-y)) * acc_u[r * COLS + c];
+                    }
+                    out[idx] = F::cast_from(y);
                 }
-                if comptime!(epilogue == EPI_RESIDUAL) {
-                    y += f32::cast_from(extra[idx]);
-                }
-                if swiglu {
-                    y = y / (1f32 + f32::exp(-y)) * acc_u[r];
-                }
-                out[idx] = F::cast_from(y);
             }
         }
         row0 += mb;
@@ -239,10 +274,10 @@ pub fn linear_with_binding_limit<R: Runtime>(
     expect_shape(OP, "out", out, &out_shape)?;
     expect_dtype(OP, "out", out, dtype)?;
 
-    // Dummy binding for unused optional inputs.
-    let dummy = DeviceTensor::<R>::zeros(client, &[4], dtype);
+    // Unused optional inputs are bound to `x` (never read: comptime flags).
+    let dummy = x;
     let (gamma, groups, d, eps, norm) = match prologue {
-        Prologue::None => (&dummy, 1, k, 0.0, false),
+        Prologue::None => (dummy, 1, k, 0.0, false),
         Prologue::RmsNorm { weight: g, eps } => {
             expect_shape(OP, "prologue weight", g, &[k])?;
             (g, 1, k, eps, true)
@@ -270,7 +305,7 @@ pub fn linear_with_binding_limit<R: Runtime>(
         }
     }
     let (extra, up, code) = match epilogue {
-        Epilogue::None => (&dummy, None, EPI_NONE),
+        Epilogue::None => (dummy, None, EPI_NONE),
         Epilogue::Bias(b) => {
             expect_shape(OP, "bias", b, &[n])?;
             (b, None, EPI_BIAS)
@@ -281,7 +316,7 @@ pub fn linear_with_binding_limit<R: Runtime>(
         }
         Epilogue::SwiGlu { up } => {
             expect_shape(OP, "up weight", up, weight.shape())?;
-            (&dummy, Some(up), EPI_SWIGLU)
+            (dummy, Some(up), EPI_SWIGLU)
         }
     };
     expect_dtype(OP, "epilogue tensor", extra, dtype)?;
@@ -308,32 +343,37 @@ pub fn linear_with_binding_limit<R: Runtime>(
             Some(u) => weight_chunk(u, c0, cols, row_bytes)?,
             None => dummy.clone(),
         };
-        let count = cube_count(OP, cols.div_ceil(BLOCK))?;
+        let count = cube_count(OP, cols.div_ceil(BLOCK * COLS))?;
+        // SAFETY: every index the kernel forms is in bounds for the shapes
+        // validated above (rows clamped to m - 1, columns guarded by
+        // `n_cols`, optional inputs only read when their comptime flag is set).
         crate::dispatch_float!(dtype, OP, F => {
-            linear_kernel::launch::<F, R>(
-                client,
-                count,
-                CubeDim::new_1d(BLOCK as u32),
-                nv,
-                x.array_arg(),
-                w_chunk.array_arg(),
-                up_chunk.array_arg(),
-                gamma.array_arg(),
-                extra.array_arg(),
-                out.array_arg(),
-                m,
-                k / nv,
-                cols,
-                c0,
-                n,
-                groups,
-                d / nv,
-                d,
-                eps,
-                mb,
-                norm,
-                code,
-            )
+            unsafe {
+                linear_kernel::launch_unchecked::<F, R>(
+                    client,
+                    count,
+                    CubeDim::new_1d(BLOCK as u32),
+                    nv,
+                    x.array_arg(),
+                    w_chunk.array_arg(),
+                    up_chunk.array_arg(),
+                    gamma.array_arg(),
+                    extra.array_arg(),
+                    out.array_arg(),
+                    m,
+                    k / nv,
+                    cols,
+                    c0,
+                    n,
+                    groups,
+                    d / nv,
+                    d,
+                    eps,
+                    mb,
+                    norm,
+                    code,
+                )
+            }
         })?;
         c0 += cols;
     }

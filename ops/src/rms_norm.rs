@@ -23,7 +23,7 @@ pub const BLOCK: usize = 64;
 
 /// Normalises `segments` segments of `dv` vectors (`d` scalars) each.
 /// Weight row for segment `s` is `s % groups`.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn rms_norm_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
     w: &Array<Vector<F, N>>,
@@ -86,22 +86,26 @@ pub(crate) fn launch_segments<R: Runtime>(
     let segments = x.numel() / d;
     let n = vector_width(client, d);
     let count = cube_count(op, segments)?;
+    // Unchecked launch: no per-access bounds checks in the shader.
     crate::dispatch_float!(x.dtype(), op, F => {
-        rms_norm_kernel::launch::<F, R>(
-            client,
-            count,
-            CubeDim::new_1d(BLOCK as u32),
-            n,
-            x.array_arg(),
-            w.array_arg(),
-            out.array_arg(),
-            segments,
-            groups,
-            d / n,
-            d,
-            eps,
-            BLOCK,
-        )
+        // SAFETY: shapes validated above; every index is guarded or clamped in the kernel.
+        unsafe {
+            rms_norm_kernel::launch_unchecked::<F, R>(
+                client,
+                count,
+                CubeDim::new_1d(BLOCK as u32),
+                n,
+                x.array_arg(),
+                w.array_arg(),
+                out.array_arg(),
+                segments,
+                groups,
+                d / n,
+                d,
+                eps,
+                BLOCK,
+            )
+        }
     })?;
     finish(client, op)
 }

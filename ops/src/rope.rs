@@ -26,7 +26,7 @@ const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.001_935_307_2;
 
 /// One unit per (token, head, i < half) pair.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn rope_kernel<F: Float + CubeElement>(
     x: &Array<F>,
     pos: &Array<u32>,
@@ -92,12 +92,16 @@ pub fn rope<R: Runtime>(
     )?;
     let pairs = t * heads * half;
     let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
+    // Unchecked launch: no per-access bounds checks in the shader.
     crate::dispatch_float!(x.dtype(), OP, F => {
-        rope_kernel::launch::<F, R>(
-            client, count, CubeDim::new_1d(BLOCK as u32),
-            x.array_arg(), positions.array_arg(), freqs.array_arg(), out.array_arg(),
-            pairs, heads, half,
-        )
+        // SAFETY: shapes validated above; every index is guarded or clamped in the kernel.
+        unsafe {
+            rope_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32),
+                x.array_arg(), positions.array_arg(), freqs.array_arg(), out.array_arg(),
+                pairs, heads, half,
+            )
+        }
     })?;
     finish(client, OP)
 }

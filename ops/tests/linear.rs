@@ -155,6 +155,35 @@ fn weight_split_into_chunks() {
 }
 
 #[test]
+fn norm_prologue_rows_past_32_with_odd_width() {
+    // Regression: an earlier kernel computed 1/rms in a separate unrolled
+    // loop over x and got rows >= 32 wrong for odd (scalar-load) widths.
+    check(40, 1563, 1, Pro::Rms, Epi::None, DType::F32, 0, usize::MAX).unwrap();
+    check(
+        26,
+        1001,
+        3,
+        Pro::Group(2),
+        Epi::Bias,
+        DType::F32,
+        0,
+        usize::MAX,
+    )
+    .unwrap();
+    check(
+        64,
+        783,
+        5,
+        Pro::Group(2),
+        Epi::SwiGlu,
+        DType::F16,
+        1,
+        usize::MAX,
+    )
+    .unwrap();
+}
+
+#[test]
 fn smollm_shapes() {
     check(
         8,

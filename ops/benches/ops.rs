@@ -1,0 +1,314 @@
+//! `cargo bench -p draftc-ops`: kernel throughput at SmolLM2-135M shapes
+//! (d 576, FFN 1536, vocab 49152) on the default wgpu device, next to the
+//! machine's native memory bandwidth.
+//!
+//! Tables: native copy/sum bandwidth; the skinny-GEMM table (linear at
+//! m = 1, 2, 4, 8, 16: time, GB/s of weights streamed, GFLOP/s, ratio to
+//! m = 1); then the other ops (GB/s of bytes read + written once).
+//! `DRAFTC_BENCH_QUICK=1` runs fewer shapes (for a smoke run);
+//! `DRAFTC_BENCH_ONLY=linear|other` runs one table.
+
+use std::time::{Duration, Instant};
+
+use cubecl::prelude::*;
+use draftc_ops::elementwise::{binary, BinaryOp};
+use draftc_ops::linear::{linear, Epilogue, Prologue};
+use draftc_ops::sampling::{sample, SamplingParams};
+use draftc_ops::testing::{random_f32, random_u32, wgpu_client};
+use draftc_ops::{argmax_topk, embedding, group_rms_norm, layer_sum, rms_norm, rope, softmax};
+use draftc_ops::{DType, DeviceTensor};
+
+type R = cubecl::wgpu::WgpuRuntime;
+
+/// Best wall time of `f` (launch + sync) after one warm-up call (JIT). The
+/// minimum, not the median: lavapipe runs on the same CPU cores as everything
+/// else on the machine, and the minimum is the least disturbed sample.
+fn time(client: &ComputeClient<R>, mut f: impl FnMut()) -> Duration {
+    f();
+    cubecl::future::block_on(client.sync()).expect("sync");
+    let mut samples = Vec::new();
+    let start = Instant::now();
+    while samples.len() < 5 || (start.elapsed() < Duration::from_millis(600) && samples.len() < 50)
+    {
+        let t = Instant::now();
+        f();
+        cubecl::future::block_on(client.sync()).expect("sync");
+        samples.push(t.elapsed());
+    }
+    samples.into_iter().min().unwrap_or_default()
+}
+
+fn gbs(bytes: usize, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn native_bandwidth() {
+    println!("## native memory bandwidth (Rust, this machine)");
+    let n = 64 << 20; // 64 Mi f32 = 256 MiB
+    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let mut dst = vec![0f32; n];
+    let mut best_copy = Duration::MAX;
+    let mut best_sum = Duration::MAX;
+    let mut sink = 0f32;
+    for _ in 0..3 {
+        let t = Instant::now();
+        dst.copy_from_slice(&src);
+        best_copy = best_copy.min(t.elapsed());
+        let t = Instant::now();
+        // 8 independent accumulators so the adds vectorise.
+        let mut acc = [0f32; 8];
+        for c in src.chunks_exact(8) {
+            for k in 0..8 {
+                acc[k] += c[k];
+            }
+        }
+        sink += acc.iter().sum::<f32>();
+        best_sum = best_sum.min(t.elapsed());
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let t = Instant::now();
+    std::thread::scope(|s| {
+        for chunk in src.chunks(n.div_ceil(threads)) {
+            s.spawn(move || chunk.iter().fold(0f32, |a, b| a + b));
+        }
+    });
+    let par_sum = t.elapsed();
+    println!("| test | GB/s |\n|---|---|");
+    println!(
+        "| copy 256 MiB (read+write) | {:.1} |",
+        gbs(2 * 4 * n, best_copy)
+    );
+    println!("| sum 256 MiB, 1 thread | {:.1} |", gbs(4 * n, best_sum));
+    println!(
+        "| sum 256 MiB, {threads} threads | {:.1} |",
+        gbs(4 * n, par_sum)
+    );
+    println!("(checksum {sink}, {})\n", dst[n - 1]);
+}
+
+fn up(client: &ComputeClient<R>, shape: &[usize], dtype: DType, seed: u64) -> DeviceTensor<R> {
+    let n = shape.iter().product();
+    DeviceTensor::upload_f32(client, &random_f32(seed, n, -1.0, 1.0, dtype), shape, dtype)
+        .expect("upload")
+}
+
+fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
+    // Fixed cost of one launch + flush + sync, for reading the table.
+    let tiny = up(client, &[4], DType::F32, 9);
+    let d0 = time(client, || {
+        binary(client, &tiny, &tiny, BinaryOp::Add, &tiny).expect("add")
+    });
+    println!(
+        "(fixed cost of one launch + flush + sync, measured on a 4-element add: {:.3} ms)\n",
+        d0.as_secs_f64() * 1e3
+    );
+    println!("## linear / skinny GEMM (y = x·Wᵀ, W [out, in]); weights streamed once per call");
+    println!("| dtype | in→out | epilogue | m | time | weight GB/s | GFLOP/s | ratio to m=1 |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let shapes: &[(usize, usize)] = if quick {
+        &[(576, 1536)]
+    } else {
+        &[(576, 1536), (1536, 576), (576, 49152)]
+    };
+    for dtype in [DType::F32, DType::F16] {
+        for &(k, n) in shapes {
+            let w = up(client, &[n, k], dtype, 1);
+            let mut base = None;
+            for m in [1usize, 2, 4, 8, 16] {
+                let x = up(client, &[m, k], dtype, 2);
+                let out = DeviceTensor::empty(client, &[m, n], dtype);
+                let d = time(client, || {
+                    linear(client, &x, &w, Prologue::None, Epilogue::None, &out).expect("linear")
+                });
+                let b = *base.get_or_insert(d);
+                let wbytes = n * k * dtype.size();
+                println!(
+                    "| {dtype} | {k}→{n} | none | {m} | {:.3} ms | {:.2} | {:.2} | {:.2} |",
+                    d.as_secs_f64() * 1e3,
+                    gbs(wbytes, d),
+                    2.0 * (m * n * k) as f64 / d.as_secs_f64() / 1e9,
+                    d.as_secs_f64() / b.as_secs_f64()
+                );
+            }
+        }
+    }
+    // Fused variants at m = 8 (verification width).
+    let dtype = DType::F32;
+    let (k, n, m) = (576, 1536, 8);
+    let (x, w, wu, g) = (
+        up(client, &[m, k], dtype, 3),
+        up(client, &[n, k], dtype, 4),
+        up(client, &[n, k], dtype, 5),
+        up(client, &[k], dtype, 6),
+    );
+    let out = DeviceTensor::empty(client, &[m, n], dtype);
+    let d = time(client, || {
+        linear(
+            client,
+            &x,
+            &w,
+            Prologue::RmsNorm {
+                weight: &g,
+                eps: 1e-5,
+            },
+            Epilogue::SwiGlu { up: &wu },
+            &out,
+        )
+        .expect("linear")
+    });
+    println!(
+        "| f32 | 576→1536 | rms prologue + SwiGLU (2 weights) | 8 | {:.3} ms | {:.2} | {:.2} | |\n",
+        d.as_secs_f64() * 1e3,
+        gbs(2 * n * k * 4, d),
+        4.0 * (m * n * k) as f64 / d.as_secs_f64() / 1e9
+    );
+}
+
+fn other_ops(client: &ComputeClient<R>, quick: bool) {
+    println!("## other ops (GB/s = bytes read + written once / time)");
+    println!("| op | shape | dtype | time | GB/s |\n|---|---|---|---|---|");
+    let row = |name: &str, shape: String, dtype: DType, bytes: usize, d: Duration| {
+        println!(
+            "| {name} | {shape} | {dtype} | {:.3} ms | {:.2} |",
+            d.as_secs_f64() * 1e3,
+            gbs(bytes, d)
+        );
+    };
+    let ts: &[usize] = if quick { &[64] } else { &[64, 4096] };
+    for dtype in [DType::F32, DType::F16] {
+        let e = dtype.size();
+        for &t in ts {
+            let x = up(client, &[t, 576], dtype, 1);
+            let w = up(client, &[576], dtype, 2);
+            let out = DeviceTensor::empty(client, &[t, 576], dtype);
+            let d = time(client, || {
+                rms_norm::rms_norm(client, &x, &w, 1e-5, &out).expect("rms")
+            });
+            row("rms_norm", format!("[{t}, 576]"), dtype, 2 * t * 576 * e, d);
+            let xg = up(client, &[t, 4, 576], dtype, 3);
+            let wg = up(client, &[4, 576], dtype, 4);
+            let og = DeviceTensor::empty(client, &[t, 4 * 576], dtype);
+            let d = time(client, || {
+                group_rms_norm::group_rms_norm(client, &xg, &wg, 1e-5, &og).expect("grms")
+            });
+            row(
+                "group_rms_norm",
+                format!("[{t}, 4, 576]"),
+                dtype,
+                2 * t * 4 * 576 * e,
+                d,
+            );
+            let a = up(client, &[t, 1536], dtype, 5);
+            let b = up(client, &[t, 1536], dtype, 6);
+            let o = DeviceTensor::empty(client, &[t, 1536], dtype);
+            let d = time(client, || {
+                binary(client, &a, &b, BinaryOp::SwiGlu, &o).expect("swiglu")
+            });
+            row("swiglu", format!("[{t}, 1536]"), dtype, 3 * t * 1536 * e, d);
+            let d = time(client, || {
+                binary(client, &a, &b, BinaryOp::Add, &o).expect("add")
+            });
+            row("add", format!("[{t}, 1536]"), dtype, 3 * t * 1536 * e, d);
+            let q = up(client, &[t, 9, 64], dtype, 7);
+            let pos = DeviceTensor::upload_u32(client, &(0..t as u32).collect::<Vec<_>>(), &[t])
+                .expect("pos");
+            let d = time(client, || {
+                rope::rope(client, &q, &pos, 1e5, &q).expect("rope")
+            });
+            row("rope", format!("[{t}, 9, 64]"), dtype, 2 * t * 576 * e, d);
+            let table = up(client, &[49152, 576], dtype, 8);
+            let ids =
+                DeviceTensor::upload_u32(client, &random_u32(9, t, 49152), &[t]).expect("ids");
+            let o = DeviceTensor::empty(client, &[t, 576], dtype);
+            let d = time(client, || {
+                embedding::embedding(client, &table, &ids, &o).expect("emb")
+            });
+            row(
+                "embedding (incl. id check)",
+                format!("{t} ids of [49152, 576]"),
+                dtype,
+                2 * t * 576 * e,
+                d,
+            );
+            let xs = up(client, &[4, t, 576], dtype, 10);
+            let lw = up(client, &[4], dtype, 11);
+            let o = DeviceTensor::empty(client, &[t, 576], dtype);
+            let d = time(client, || {
+                layer_sum::layer_sum(client, &xs, &lw, &o).expect("ls")
+            });
+            row(
+                "layer_sum (L=4)",
+                format!("[4, {t}, 576]"),
+                dtype,
+                5 * t * 576 * e,
+                d,
+            );
+        }
+        let bs: &[usize] = if quick { &[1] } else { &[1, 64] };
+        for &b in bs {
+            let logits = up(client, &[b, 49152], dtype, 12);
+            let o = DeviceTensor::empty(client, &[b, 49152], dtype);
+            let d = time(client, || {
+                softmax::softmax(client, &logits, 0.8, &o).expect("softmax")
+            });
+            row(
+                "softmax",
+                format!("[{b}, 49152]"),
+                dtype,
+                2 * b * 49152 * e,
+                d,
+            );
+            let ids = DeviceTensor::empty(client, &[b], DType::U32);
+            let d = time(client, || {
+                argmax_topk::argmax(client, &logits, &ids).expect("argmax")
+            });
+            row("argmax", format!("[{b}, 49152]"), dtype, b * 49152 * e, d);
+            let (v, i) = (
+                DeviceTensor::empty(client, &[b, 8], dtype),
+                DeviceTensor::empty(client, &[b, 8], DType::U32),
+            );
+            let d = time(client, || {
+                argmax_topk::topk(client, &logits, 8, &v, &i).expect("topk")
+            });
+            row("top-8", format!("[{b}, 49152]"), dtype, b * 49152 * e, d);
+            for (label, top_k, top_p) in [
+                ("sample (full vocab)", 0, 1.0),
+                ("sample (top-k 40, top-p 0.9)", 40, 0.9),
+            ] {
+                let p = SamplingParams {
+                    temperature: 0.8,
+                    top_k,
+                    top_p,
+                    seed: 1,
+                    step: 0,
+                };
+                let d = time(client, || sample(client, &logits, p, &ids).expect("sample"));
+                row(label, format!("[{b}, 49152]"), dtype, b * 49152 * e, d);
+            }
+        }
+    }
+    println!();
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let quick = std::env::var_os("DRAFTC_BENCH_QUICK").is_some();
+    native_bandwidth();
+    let client = wgpu_client();
+    println!(
+        "device: {:?}\n",
+        client
+            .properties()
+            .hardware
+            .num_cpu_cores
+            .map(|c| format!("{c} CPU cores"))
+            .unwrap_or_else(|| "GPU".into())
+    );
+    let only = std::env::var("DRAFTC_BENCH_ONLY").unwrap_or_default();
+    if only.is_empty() || only == "linear" {
+        skinny_gemm(&client, quick);
+    }
+    if only.is_empty() || only == "other" {
+        other_ops(&client, quick);
+    }
+}
