@@ -26,6 +26,8 @@ enum Command {
     Fetch(cli::fetch::FetchArgs),
     /// Convert a GGUF into model.safetensors + config.json + tokenizer.json.
     Convert(cli::convert::ConvertArgs),
+    /// Show the plan of fused kernel launches (FLOPs, bytes moved, fused vs unfused).
+    Plan(cli::plan::PlanArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,5 +37,6 @@ fn main() -> ExitCode {
         Command::Inspect(args) => cli::inspect::run(args),
         Command::Fetch(args) => cli::fetch::run(args),
         Command::Convert(args) => cli::convert::run(args),
+        Command::Plan(args) => cli::plan::run(args),
     }
 }

@@ -7,11 +7,13 @@
 //! | file | lowers |
 //! | --- | --- |
 //! | `single.rs` | one op on its own (`Single` groups, everything unfused) |
-//! | `blocks.rs` | the weight ops: linear / LM head, attention, SwiGLU, with or without a fused prologue/epilogue |
+//! | `blocks.rs` | the weight ops: linear / LM head and SwiGLU, with or without a fused prologue/epilogue |
+//! | `attention.rs` | attention: projections, RoPE, KV cache, the fused kernel, o_proj |
 //!
 //! Rows of all sequences are packed (`[batch·t, …]`), as `draftc-ops`
 //! expects. Limits: the cache length is `context + t` for every sequence.
 
+mod attention;
 mod blocks;
 mod single;
 

@@ -5,4 +5,5 @@ pub mod check;
 pub mod convert;
 pub mod fetch;
 pub mod inspect;
+pub mod plan;
 pub mod source;

@@ -1,0 +1,231 @@
+//! Lowering of one `attention` op (with its folded norm prologue and
+//! residual epilogue) into `ops` launches: q/k/v projections (the norm
+//! recomputed in each projection's prologue), RoPE of q and k, the K/V rows
+//! into the cache (fused: the projections write the cache's new rows
+//! directly; unfused: a `kv_append`), the fused attention kernel (comptime
+//! mask, GQA; draft-axis attention in chunks), and o_proj (residual epilogue).
+//!
+//! Limits: ops has no single whole-attention kernel yet, so even fused an
+//! attention is 5–7 launches; cache length is `context + t` per sequence;
+//! memory attention projects only this pass's new memory rows (earlier rows'
+//! K/V are in the memory's cache).
+
+use draftc_ir::graph::ValueId;
+use draftc_ir::op::{AttentionAttrs, Axis, Cache, Mask};
+
+use super::blocks::{Epi, Lin, Pro};
+use super::Lowerer;
+use crate::error::CodegenError;
+use crate::kernel::Kernel;
+use crate::plan::{BufferClass, BufferId};
+
+impl Lowerer<'_> {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(
+        &mut self,
+        main: ValueId,
+        a: &AttentionAttrs,
+        pro: Option<&Pro>,
+        residual: Option<(ValueId, BufferId)>,
+        x: BufferId,
+        out: BufferId,
+        fused: bool,
+    ) -> Result<(), CodegenError> {
+        let name = self.graph().node(main).name.clone();
+        let (rows, dm) = self.rows_last(self.input(main, 0)?)?;
+        let (qw, kvw) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        let batch = self.batch();
+        let mut pro_nodes: Vec<ValueId> = pro.map(|p| p.nodes.clone()).unwrap_or_default();
+        pro_nodes.push(main);
+        // Where K/V are projected from, and how many new rows.
+        let (kv_x, kv_rows_new, dkv, kv_pro) = if a.cross {
+            let kv_val = self.input(main, 1)?;
+            let (r, d) = self.rows_last(kv_val)?;
+            (self.buf(kv_val)?, r, d, None)
+        } else if let Some(mem) = &a.memory {
+            let b = self.state(mem.to_string(), vec![rows, dm], BufferClass::Input);
+            (b, rows, dm, None)
+        } else {
+            (x, rows, dm, pro)
+        };
+        let cache = match (&a.cache, &a.memory) {
+            (Cache::Own(s), _) => Some(s.to_string()),
+            (Cache::Target(s), _) => Some(format!("target.{s}")),
+            (Cache::None, Some(m)) => Some(format!("{m}.kv")),
+            (Cache::None, None) => None,
+        };
+        let wq = self.weight(main, "q_proj.weight", vec![qw, dm])?;
+        let wk = self.weight(main, "k_proj.weight", vec![kvw, dkv])?;
+        let wv = self.weight(main, "v_proj.weight", vec![kvw, dkv])?;
+        let wo = self.weight(main, "o_proj.weight", vec![dm, qw])?;
+        let q = self.temp(format!("{name}.q"), vec![rows, qw]);
+        let kv_nodes = if kv_pro.is_some() {
+            pro_nodes.clone()
+        } else {
+            vec![main]
+        };
+        self.lin(Lin {
+            part: "q_proj",
+            nodes: pro_nodes,
+            x,
+            m: rows,
+            k: dm,
+            n: qw,
+            pro,
+            weight: wq,
+            epi: Epi::None,
+            out: q,
+            into_cache: false,
+        });
+        let per_seq_new = kv_rows_new / batch.max(1);
+        let cache_rows = batch * (self.context() + per_seq_new);
+        let caches = cache.as_ref().map(|c| {
+            let k = self.state(format!("{c}.k"), vec![cache_rows, kvw], BufferClass::State);
+            let v = self.state(format!("{c}.v"), vec![cache_rows, kvw], BufferClass::State);
+            (k, v)
+        });
+        let direct = fused && caches.is_some();
+        let (k, v) = match caches {
+            Some(kv) if direct => kv,
+            _ => (
+                self.temp(format!("{name}.k"), vec![kv_rows_new, kvw]),
+                self.temp(format!("{name}.v"), vec![kv_rows_new, kvw]),
+            ),
+        };
+        for (part, w, o) in [("k_proj", wk, k), ("v_proj", wv, v)] {
+            self.lin(Lin {
+                part,
+                nodes: kv_nodes.clone(),
+                x: kv_x,
+                m: kv_rows_new,
+                k: dkv,
+                n: kvw,
+                pro: kv_pro,
+                weight: w,
+                epi: Epi::None,
+                out: o,
+                into_cache: direct,
+            });
+        }
+        if let Some(theta) = a.rope {
+            for (part, b, r, h) in [
+                ("rope q", q, rows, a.heads),
+                ("rope k", k, kv_rows_new, a.kv_heads),
+            ] {
+                let kernel = Kernel::Rope {
+                    tokens: r,
+                    heads: h,
+                    head_dim: a.head_dim,
+                    theta,
+                };
+                self.launch(
+                    kernel,
+                    part,
+                    vec![main],
+                    vec![b],
+                    vec![b],
+                    Vec::new(),
+                    Some(0),
+                );
+            }
+        }
+        let (k_read, v_read) = match caches {
+            Some((kc, vc)) => {
+                if !direct {
+                    let kernel = Kernel::KvAppend {
+                        rows: kv_rows_new,
+                        width: kvw,
+                    };
+                    self.launch(
+                        kernel,
+                        "",
+                        vec![main],
+                        vec![k, v],
+                        vec![kc, vc],
+                        Vec::new(),
+                        None,
+                    );
+                }
+                (kc, vc)
+            }
+            None => (k, v),
+        };
+        let o = self.temp(format!("{name}.o"), vec![rows, qw]);
+        let kernel = match a.axis {
+            Axis::Draft => {
+                let l = self.symbol("l");
+                let bt = rows / l.max(1);
+                Kernel::DraftDimAttention {
+                    bt,
+                    l,
+                    heads: a.heads,
+                    kv_heads: a.kv_heads,
+                    head_dim: a.head_dim,
+                    chunk: a.chunk.unwrap_or(bt),
+                }
+            }
+            Axis::Sequence => {
+                let per_seq = if caches.is_some() {
+                    self.context() + per_seq_new
+                } else {
+                    per_seq_new
+                };
+                let keys = match a.mask {
+                    Mask::SlidingWindow { window, sink } => per_seq.min(window + sink),
+                    Mask::Causal
+                    | Mask::Full
+                    | Mask::CrossDiagonal
+                    | Mask::InverseBlock { .. }
+                    | Mask::Tree => per_seq,
+                };
+                let read_rows = match a.mask {
+                    Mask::SlidingWindow { window, sink } => {
+                        per_seq.min(window + sink + per_seq_new)
+                    }
+                    Mask::Causal
+                    | Mask::Full
+                    | Mask::CrossDiagonal
+                    | Mask::InverseBlock { .. }
+                    | Mask::Tree => per_seq,
+                };
+                Kernel::Attention {
+                    q_rows: rows,
+                    kv_rows: batch * read_rows,
+                    keys,
+                    heads: a.heads,
+                    kv_heads: a.kv_heads,
+                    head_dim: a.head_dim,
+                    mask: a.mask,
+                }
+            }
+        };
+        self.launch(
+            kernel,
+            "core",
+            vec![main],
+            vec![q, k_read, v_read],
+            vec![o],
+            Vec::new(),
+            None,
+        );
+        let epi = match residual {
+            Some((_, r)) => Epi::Residual(r),
+            None => Epi::None,
+        };
+        let last: Vec<ValueId> = std::iter::once(main).chain(residual.map(|r| r.0)).collect();
+        self.lin(Lin {
+            part: "o_proj",
+            nodes: last,
+            x: o,
+            m: rows,
+            k: qw,
+            n: dm,
+            pro: None,
+            weight: wo,
+            epi,
+            out,
+            into_cache: false,
+        });
+        Ok(())
+    }
+}
