@@ -496,7 +496,10 @@ impl Parser {
         if self.at(&TokenKind::Minus) {
             let start = self.bump().span;
             if self.depth >= MAX_DEPTH {
-                self.diags.push(Diagnostic::error(start, "expression nested too deeply").with_label("too many `-`"));
+                self.diags.push(
+                    Diagnostic::error(start, "expression nested too deeply")
+                        .with_label("too many `-`"),
+                );
                 return Err(Recover);
             }
             self.depth += 1;

@@ -310,7 +310,17 @@ fn rendered_diagnostic_has_location_source_line_and_caret() {
 
 #[test]
 fn deep_nesting_is_an_error_not_a_stack_overflow() {
-    let deep = format!("output y = {}x{}\n", "(".repeat(100_000), ")".repeat(100_000));
-    let got = errors(&format!("{HEAD}input x = target.hidden[n] : [t, d]\n{deep}"));
-    assert!(got.iter().any(|e| e.contains("expression nested too deeply")), "{got:?}");
+    let deep = format!(
+        "output y = {}x{}\n",
+        "(".repeat(100_000),
+        ")".repeat(100_000)
+    );
+    let got = errors(&format!(
+        "{HEAD}input x = target.hidden[n] : [t, d]\n{deep}"
+    ));
+    assert!(
+        got.iter()
+            .any(|e| e.contains("expression nested too deeply")),
+        "{got:?}"
+    );
 }

@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn draftc(args: &[&str]) -> Output {
@@ -55,7 +58,12 @@ fn check_reports_errors_with_location_and_caret_and_exits_1() {
         "bad.draft",
         b"drafter bad\nkind parallel\nl 2\ninput x = target.hidden[n] : [t, d]\ny = linaer(x, d) @w\noutput o = silu(q)\n",
     );
-    let out = draftc(&["check", p.to_str().unwrap(), "--target", "models/smollm2-135m.draft"]);
+    let out = draftc(&[
+        "check",
+        p.to_str().unwrap(),
+        "--target",
+        "models/smollm2-135m.draft",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let err = text(&out.stderr);
     assert!(err.contains("error: unknown op `linaer`"), "{err}");
@@ -69,7 +77,11 @@ fn check_reports_errors_with_location_and_caret_and_exits_1() {
 
 #[test]
 fn hostile_inputs_exit_1_without_panicking() {
-    let parens = format!("drafter d\nkind parallel\nx = {}\ny = {}1\n", "(".repeat(200_000), "-".repeat(200_000));
+    let parens = format!(
+        "drafter d\nkind parallel\nx = {}\ny = {}1\n",
+        "(".repeat(200_000),
+        "-".repeat(200_000)
+    );
     let cases: Vec<(&str, &[u8])> = vec![
         ("empty.draft", b""),
         ("binary.draft", &[0xff, 0xfe, 0x00, 0x41, 0x80]),
@@ -94,10 +106,23 @@ fn hostile_inputs_exit_1_without_panicking() {
 fn missing_file_and_missing_target_are_clear_errors() {
     let out = draftc(&["check", "models/does-not-exist.draft"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("cannot read models/does-not-exist.draft"), "{}", text(&out.stderr));
-    let out = draftc(&["check", "models/specformer.draft", "--target", "no-such-preset"]);
+    assert!(
+        text(&out.stderr).contains("cannot read models/does-not-exist.draft"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = draftc(&[
+        "check",
+        "models/specformer.draft",
+        "--target",
+        "no-such-preset",
+    ]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("target preset `no-such-preset` not found"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("target preset `no-such-preset` not found"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
@@ -105,8 +130,14 @@ fn inspect_prints_graph_params_and_flops() {
     let out = draftc(&["inspect", "models/specformer.draft"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let s = text(&out.stdout);
-    assert!(s.contains("input taps = target.hidden[0, 15, 29, 30] : [t, 4, 576] float"), "{s}");
-    assert!(s.contains("position-dependent m_p = 332,352 per draft position"), "{s}");
+    assert!(
+        s.contains("input taps = target.hidden[0, 15, 29, 30] : [t, 4, 576] float"),
+        "{s}"
+    );
+    assert!(
+        s.contains("position-dependent m_p = 332,352 per draft position"),
+        "{s}"
+    );
     assert!(s.contains("FLOPs per token"), "{s}");
 }
 
