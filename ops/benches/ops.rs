@@ -6,7 +6,9 @@
 //! m = 1, 2, 4, 8, 16: time, GB/s of weights streamed, GFLOP/s, ratio to
 //! m = 1); then the other ops (GB/s of bytes read + written once).
 //! `DRAFTC_BENCH_QUICK=1` runs fewer shapes (for a smoke run);
-//! `DRAFTC_BENCH_ONLY=linear|other` runs one table.
+//! `DRAFTC_BENCH_ONLY=linear|other` runs one table. With `--features
+//! cubek-compare`, the skinny-GEMM table also times cubek 0.2's matmul on the
+//! same problem (W read through a transposed [k, n] view, no copy).
 
 use std::time::{Duration, Instant};
 
@@ -132,6 +134,12 @@ fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
             }
         }
     }
+    #[cfg(feature = "cubek-compare")]
+    for &(k, n) in shapes {
+        for m in [1usize, 8, 16] {
+            cubek_linear(client, k, n, m);
+        }
+    }
     // Fused variants at m = 8 (verification width).
     let dtype = DType::F32;
     let (k, n, m) = (576, 1536, 8);
@@ -162,6 +170,73 @@ fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
         gbs(2 * n * k * 4, d),
         4.0 * (m * n * k) as f64 / d.as_secs_f64() / 1e9
     );
+}
+
+/// cubek 0.2 matmul on `x [1, m, k] · Wᵀ` with W `[n, k]` viewed as
+/// `[1, k, n]` through strides (no transpose copy); checked against `linear`.
+#[cfg(feature = "cubek-compare")]
+fn cubek_linear(client: &ComputeClient<R>, k: usize, n: usize, m: usize) {
+    use cubecl::prelude::TensorBinding;
+    use cubek::matmul::{definition::MatmulElems, launch::Strategy};
+    use cubek::std::InputBinding;
+    let dtype = DType::F32;
+    let (x, w) = (up(client, &[m, k], dtype, 2), up(client, &[n, k], dtype, 1));
+    let ours = DeviceTensor::empty(client, &[m, n], dtype);
+    linear(client, &x, &w, Prologue::None, Epilogue::None, &ours).expect("linear");
+    let want = ours.download_f32(client).expect("download");
+    let f32_ty = f32::as_type_native_unchecked().storage_type();
+    for (name, strategy) in [
+        ("Auto", Strategy::Auto),
+        ("SimpleUnit", Strategy::SimpleUnit(Default::default())),
+    ] {
+        // SAFETY: shapes and strides describe the tensors' own allocations.
+        let (lhs, rhs, out) = unsafe {
+            (
+                TensorBinding::<R>::from_raw_parts(
+                    x.handle.clone(),
+                    [m * k, k, 1].into(),
+                    [1, m, k].into(),
+                ),
+                TensorBinding::<R>::from_raw_parts(
+                    w.handle.clone(),
+                    [n * k, 1, k].into(),
+                    [1, k, n].into(),
+                ),
+                TensorBinding::<R>::from_raw_parts(
+                    ours.handle.clone(),
+                    [m * n, n, 1].into(),
+                    [1, m, n].into(),
+                ),
+            )
+        };
+        let run = || {
+            let mut dtypes = MatmulElems::from_single_dtype(f32::as_type_native_unchecked());
+            cubek::matmul::launch::launch_ref(
+                &strategy,
+                client,
+                InputBinding::Normal(lhs.clone(), f32_ty),
+                InputBinding::Normal(rhs.clone(), f32_ty),
+                out.clone(),
+                &mut dtypes,
+            )
+        };
+        if let Err(e) = run() {
+            println!("| f32 | {k}→{n} | cubek {name} | {m} | unavailable: {e:?} | | | |");
+            continue;
+        }
+        let d = time(client, || run().expect("cubek matmul"));
+        let got = ours.download_f32(client).expect("download");
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+        println!(
+            "| f32 | {k}→{n} | cubek {name} (max |Δ| vs linear {err:.1e}) | {m} | {:.3} ms | {:.2} | {:.2} | |",
+            d.as_secs_f64() * 1e3,
+            gbs(n * k * 4, d),
+            2.0 * (m * n * k) as f64 / d.as_secs_f64() / 1e9
+        );
+    }
 }
 
 fn other_ops(client: &ComputeClient<R>, quick: bool) {

@@ -34,10 +34,10 @@ use crate::launch::{
 use crate::tensor::DeviceTensor;
 
 /// Units per cube.
-pub const BLOCK: usize = 16;
+pub const BLOCK: usize = 8;
 /// Output columns per unit: one load of an `x` vector serves this many
 /// columns (the x loads, not the weights, limited m > 1 on lavapipe).
-pub const COLS: usize = 4;
+pub const COLS: usize = 8;
 
 const EPI_NONE: u32 = 0;
 const EPI_BIAS: u32 = 1;
