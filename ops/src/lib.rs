@@ -48,10 +48,10 @@
 pub mod attention;
 pub mod block;
 pub mod error;
+pub mod kv;
 pub mod launch;
 pub mod tensor;
 pub mod tree;
-pub mod kv;
 
 pub mod argmax_topk;
 pub mod elementwise;
