@@ -33,7 +33,7 @@ echo "==> cargo test --workspace"
 cargo test --workspace --no-fail-fast
 if [ "${1:-}" = "--ignored" ]; then
   echo "==> slow tests (cargo test --workspace -- --ignored)"
-  cargo test --workspace --no-fail-fast -- --ignored
+  cargo test --workspace --lib --bins --tests --no-fail-fast -- --ignored
 fi
 echo "==> cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
