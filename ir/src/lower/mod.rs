@@ -4,6 +4,7 @@
 //! mistake does not cascade into many.
 
 mod args;
+mod attention;
 mod expr;
 mod ops;
 mod settings;
