@@ -145,3 +145,20 @@ pub fn flop_stats(g: &Graph, context: i64, target_dims: (i64, i64)) -> FlopStats
         total,
     }
 }
+
+/// `1,234,567`: thousands separators for reports (`inspect`, `plan`).
+pub fn thousands(n: i64) -> String {
+    let s = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        format!("-{out}")
+    } else {
+        out
+    }
+}

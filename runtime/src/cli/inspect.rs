@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Args;
-use draftc_ir::stats::{flop_stats, param_stats};
+use draftc_ir::stats::{flop_stats, param_stats, thousands as group};
 use draftc_ir::{Graph, TargetConfig};
 
 use super::source::{compile_file, load_target, parse_sets, Compiled};
@@ -60,23 +60,6 @@ pub fn run(args: InspectArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(_) => ExitCode::FAILURE,
-    }
-}
-
-/// Thousands separators: 1,327,104.
-fn group(n: i64) -> String {
-    let s = n.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if n < 0 {
-        format!("-{out}")
-    } else {
-        out
     }
 }
 
