@@ -24,7 +24,7 @@ const CUBE_UNITS: u32 = 256;
 
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn copy_rows<F: Float + CubeElement, N: Size>(
+pub(crate) fn copy_rows<F: Float + CubeElement, N: Size>(
     src: &Array<Vector<F, N>>,
     src_idx: &Array<u32>,
     dst: &mut Array<Vector<F, N>>,
@@ -165,6 +165,19 @@ pub fn append_rows<R: Runtime>(
     let (_, n, _) = dims3("kv_append", "new", new)?;
     let identity: Vec<u32> = (0..n as u32).collect();
     launch_copy(client, "kv_append", new, &identity, cache, slots)
+}
+
+/// General row gather/scatter: `dst[dst_rows[i]] = src[src_rows[i]]` for
+/// `[rows, width]` tensors of equal width and dtype (destinations distinct).
+/// The executor uses it for block copies (stack, concat, split, broadcast).
+pub fn gather_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    src: &DeviceTensor<R>,
+    src_rows: &[u32],
+    dst: &DeviceTensor<R>,
+    dst_rows: &[u32],
+) -> Result<()> {
+    launch_copy(client, "gather_rows", src, src_rows, dst, dst_rows)
 }
 
 /// Appends new K and V rows at `slots` (see [`append_rows`]).

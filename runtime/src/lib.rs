@@ -2,4 +2,5 @@
 //! engine, and the command implementations behind the `draftc` binary.
 
 pub mod cli;
+pub mod exec;
 pub mod model;

@@ -73,6 +73,69 @@ impl<R: Runtime> AttnMeta<R> {
         })
     }
 
+    /// Like [`AttnMeta::new`], but the keys of sequence `s` are the rows
+    /// `key_base[s] .. key_base[s] + k_lens[s]` of a larger K/V buffer (a
+    /// cache with a fixed capacity per sequence) instead of being packed.
+    /// `k_pos` is given per sequence as in `batch` and scattered to those rows;
+    /// `key_rows` is the row count of the K/V buffers the kernel will get.
+    pub fn with_key_base(
+        client: &ComputeClient<R>,
+        batch: &SeqBatch,
+        mask: Mask,
+        key_base: &[usize],
+        key_rows: usize,
+    ) -> Result<Self> {
+        batch.validate("attention", &mask)?;
+        if key_base.len() != batch.batch() {
+            return Err(OpsError::ShapeMismatch {
+                op: "attention",
+                arg: "key_base",
+                expected: format!("[{}] (one base row per sequence)", batch.batch()),
+                found: vec![key_base.len()],
+            });
+        }
+        let (q_starts, k_starts) = (batch.q_starts(), batch.k_starts());
+        let rows = (0..batch.batch())
+            .map(|s| key_base[s] + batch.k_lens[s])
+            .max()
+            .unwrap_or(0);
+        if rows > key_rows {
+            return Err(OpsError::InvalidArgument {
+                op: "attention",
+                reason: format!("keys reach row {rows} but the K/V buffers have {key_rows} rows"),
+            });
+        }
+        let mut k_pos = vec![0u32; key_rows.max(1)];
+        let mut meta = Vec::with_capacity(batch.total_q() * 4);
+        for s in 0..batch.batch() {
+            let (base, len) = (key_base[s], batch.k_lens[s]);
+            k_pos[base..base + len].copy_from_slice(&batch.k_pos[k_starts[s]..k_starts[s + 1]]);
+            let tree_base = base + len - batch.q_lens[s].min(len);
+            for row in q_starts[s]..q_starts[s + 1] {
+                meta.extend([
+                    batch.q_pos[row],
+                    base as u32,
+                    (base + len) as u32,
+                    tree_base as u32,
+                ]);
+            }
+        }
+        let (anc, words) = if mask == Mask::Tree {
+            batch.ancestor_bits()
+        } else {
+            (vec![0], 0)
+        };
+        Ok(AttnMeta {
+            meta: DeviceTensor::upload_u32(client, &meta, &[batch.total_q(), 4])?,
+            k_pos: DeviceTensor::upload_u32(client, &k_pos, &[k_pos.len()])?,
+            anc: DeviceTensor::upload_u32(client, &anc, &[anc.len()])?,
+            words,
+            total_q: batch.total_q(),
+            total_k: key_rows,
+            mask,
+        })
+    }
+
     /// Total query rows of the batch.
     pub fn total_q(&self) -> usize {
         self.total_q

@@ -1,0 +1,992 @@
+//! The [`Executor`]: runs a codegen [`Plan`] on a CubeCL client. It keeps
+//! one plan per row count (rows of all sequences packed, so a plan built
+//! for `t = rows, batch = 1` serves any ragged batch — only attention sees
+//! sequence boundaries, and it takes them from the [`Step`]), the weights
+//! uploaded in the plan's dtype, and maps each [`Kernel`] to its
+//! `draftc-ops` launch.
+//!
+//! Buffers: intermediates share the allocator slots `schedule` chose (one
+//! device allocation per slot); outputs get their own. KV-cache rows:
+//! projections that write "into the cache" (fused) or a `kv_append`
+//! (unfused) produce this pass's new rows; RoPE applies to them; the
+//! attention launch first appends them to the [`CacheStore`] at each
+//! sequence's next rows, then attends over each sequence's cache range.
+//! In a tree pass (the step has parents), causal attentions over a cache
+//! use the tree mask instead.
+
+use std::collections::{BTreeMap, HashMap};
+
+use cubecl::prelude::*;
+use draftc_codegen::bind::BindError;
+use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
+use draftc_codegen::{
+    BufferClass, BufferId, CodegenError, Kernel, Plan, PlanConfig, PlanDType, TargetWeights,
+};
+use draftc_ir::graph::{Graph, ValueId};
+use draftc_ir::op::{Mask as IrMask, Op};
+use draftc_ir::types::DType as IrDType;
+use draftc_ops::attention::{AttnDims, AttnMeta, Mask, SeqBatch, TREE_ROOT};
+use draftc_ops::elementwise::BinaryOp;
+use draftc_ops::{linear, DType, DeviceTensor, OpsError};
+
+use super::cache::CacheStore;
+use super::step::Step;
+use super::weights::HostWeights;
+
+/// Why a pass could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Ops(#[from] OpsError),
+    #[error(transparent)]
+    Codegen(#[from] CodegenError),
+    #[error("the weights do not fit the plan:\n{}", list(.0))]
+    Bind(Vec<BindError>),
+    #[error("input `{name}` missing: expected {expected}")]
+    MissingInput { name: String, expected: String },
+    #[error("input `{name}` has {found} elements, the plan expects shape {expected:?}")]
+    InputShape {
+        name: String,
+        expected: Vec<i64>,
+        found: usize,
+    },
+    #[error(
+        "KV cache `{cache}` of sequence slot {slot} is full: {need} rows needed, capacity {capacity} \
+         (raise the capacity, e.g. a smaller --max-tokens or fewer sequences)"
+    )]
+    CacheFull {
+        cache: String,
+        slot: usize,
+        need: usize,
+        capacity: usize,
+    },
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+fn list(errors: &[BindError]) -> String {
+    errors
+        .iter()
+        .map(|e| format!("  {e}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Where the new rows of a pending cache write come from.
+#[derive(Clone, Debug, PartialEq)]
+enum RowSource {
+    /// One row per step row (self-attention).
+    Step,
+    /// The new rows of a memory stream.
+    Memory(String),
+}
+
+/// The values a pass produced, by name: graph outputs (`logits`), emitted
+/// streams (`hidden[3]`), appended memory rows (`states`, `mem[0]`).
+pub struct Outputs<R: Runtime> {
+    pub tensors: BTreeMap<String, DeviceTensor<R>>,
+}
+
+impl<R: Runtime> Outputs<R> {
+    pub fn get(&self, name: &str) -> Result<&DeviceTensor<R>, ExecError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ExecError::Internal(format!("the pass produced no `{name}`")))
+    }
+}
+
+/// Runs one graph's plans with bound weights.
+pub struct Executor<R: Runtime> {
+    client: ComputeClient<R>,
+    graph: Graph,
+    canonical: Graph,
+    target: TargetWeights,
+    dtype: PlanDType,
+    fuse: bool,
+    weights: BTreeMap<String, DeviceTensor<R>>,
+    plans: HashMap<usize, Plan>,
+}
+
+fn ops_dtype(d: PlanDType) -> DType {
+    match d {
+        PlanDType::F32 => DType::F32,
+        PlanDType::F16 => DType::F16,
+    }
+}
+
+fn ops_mask(m: IrMask) -> Mask {
+    match m {
+        IrMask::Causal => Mask::Causal,
+        IrMask::Full => Mask::Full,
+        IrMask::CrossDiagonal => Mask::CrossDiagonal,
+        IrMask::InverseBlock { window, offset } => Mask::InverseBlock {
+            window: window as u32,
+            offset: offset as u32,
+        },
+        IrMask::SlidingWindow { window, sink } => Mask::SlidingSink {
+            window: window as u32,
+            sink: sink as u32,
+        },
+        IrMask::Tree => Mask::Tree,
+    }
+}
+
+fn us(shape: &[i64]) -> Vec<usize> {
+    shape.iter().map(|&d| d.max(0) as usize).collect()
+}
+
+impl<R: Runtime> Executor<R> {
+    /// Checks `weights` against the plan's weight table (every problem named
+    /// before anything launches) and uploads the needed tensors as `dtype`.
+    pub fn new(
+        client: &ComputeClient<R>,
+        graph: &Graph,
+        target: &TargetWeights,
+        weights: &HostWeights,
+        dtype: PlanDType,
+        fuse: bool,
+    ) -> Result<Self, ExecError> {
+        let cfg = PlanConfig {
+            tokens: 1,
+            batch: 1,
+            context: 0,
+            dtype,
+            fuse,
+        };
+        let trace = draftc_codegen::trace(graph, target, &cfg)?;
+        let table = draftc_codegen::pipeline::weights(&trace.plan).map_err(ExecError::Bind)?;
+        weights.check(&table).map_err(ExecError::Bind)?;
+        let mut dev = BTreeMap::new();
+        for spec in &table {
+            let (shape, data) = weights.get(&spec.name).ok_or_else(|| {
+                ExecError::Internal(format!("weight `{}` vanished after the check", spec.name))
+            })?;
+            let t = DeviceTensor::upload_f32(client, data, shape, ops_dtype(dtype))?;
+            dev.insert(spec.name.clone(), t);
+        }
+        let mut plans = HashMap::new();
+        plans.insert(1, trace.plan);
+        Ok(Executor {
+            client: client.clone(),
+            graph: graph.clone(),
+            canonical: trace.canonical,
+            target: target.clone(),
+            dtype,
+            fuse,
+            weights: dev,
+            plans,
+        })
+    }
+
+    pub fn client(&self) -> &ComputeClient<R> {
+        &self.client
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    pub fn dtype(&self) -> DType {
+        ops_dtype(self.dtype)
+    }
+
+    /// Bytes of weights on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights
+            .values()
+            .map(|t| t.numel() * t.dtype().size())
+            .sum()
+    }
+
+    /// The plan for a pass of `rows` packed rows (built once, then cached).
+    pub fn plan(&mut self, rows: usize) -> Result<&Plan, ExecError> {
+        if !self.plans.contains_key(&rows) {
+            let cfg = PlanConfig {
+                tokens: rows as i64,
+                batch: 1,
+                context: 0,
+                dtype: self.dtype,
+                fuse: self.fuse,
+            };
+            let plan = draftc_codegen::trace(&self.graph, &self.target, &cfg)?.plan;
+            self.plans.insert(rows, plan);
+        }
+        Ok(&self.plans[&rows])
+    }
+
+    /// Runs one pass. `inputs` are the graph's input values by name (ids as
+    /// u32, taps as floats in the executor's dtype); `caches` holds this
+    /// graph's own caches, `target_caches` the target's (for `target.kv[i]`).
+    pub fn run(
+        &mut self,
+        step: &Step,
+        inputs: &BTreeMap<String, DeviceTensor<R>>,
+        caches: &mut CacheStore<R>,
+        mut target_caches: Option<&mut CacheStore<R>>,
+    ) -> Result<Outputs<R>, ExecError> {
+        let rows = step.rows();
+        if rows == 0 {
+            return Err(ExecError::Unsupported("a pass with no rows".into()));
+        }
+        self.plan(rows)?;
+        let plan = self.plans[&rows].clone();
+        let mut run = Run {
+            client: &self.client,
+            plan: &plan,
+            graph: &self.canonical,
+            step,
+            dtype: ops_dtype(self.dtype),
+            weights: &self.weights,
+            bufs: vec![None; plan.buffers.len()],
+            slot_handles: Vec::new(),
+            pending: BTreeMap::new(),
+            memory: BTreeMap::new(),
+        };
+        run.slot_handles = plan
+            .slots
+            .iter()
+            .map(|&b| self.client.empty(b.max(16) as usize))
+            .collect();
+        run.bind_inputs(inputs)?;
+        for launch in &plan.launches {
+            run.launch(launch, caches, target_caches.as_deref_mut())
+                .map_err(|e| match e {
+                    ExecError::Ops(o) => ExecError::Internal(format!(
+                        "launch #{} ({}): {o}",
+                        launch.id.0,
+                        launch.kernel.family()
+                    )),
+                    e => e,
+                })?;
+        }
+        run.outputs()
+    }
+}
+
+/// State of one pass.
+struct Run<'a, R: Runtime> {
+    client: &'a ComputeClient<R>,
+    plan: &'a Plan,
+    graph: &'a Graph,
+    step: &'a Step,
+    dtype: DType,
+    weights: &'a BTreeMap<String, DeviceTensor<R>>,
+    bufs: Vec<Option<DeviceTensor<R>>>,
+    slot_handles: Vec<cubecl::server::Handle>,
+    /// New cache rows not yet appended, by cache half buffer.
+    pending: BTreeMap<BufferId, (DeviceTensor<R>, RowSource)>,
+    /// Uploaded memory rows by stream name.
+    memory: BTreeMap<String, DeviceTensor<R>>,
+}
+
+impl<R: Runtime> Run<'_, R> {
+    fn buffer_dtype(&self, b: BufferId) -> DType {
+        let buf = self.plan.buffer(b);
+        match buf.value.map(|v| self.graph.node(v).ty.dtype) {
+            Some(IrDType::U32) => DType::U32,
+            _ => self.dtype,
+        }
+    }
+
+    fn is_cache(&self, b: BufferId) -> bool {
+        self.plan.buffer(b).class == BufferClass::State
+    }
+
+    /// A memory stream's input buffer (state, no graph value).
+    fn memory_name(&self, b: BufferId) -> Option<String> {
+        let buf = self.plan.buffer(b);
+        (buf.class == BufferClass::Input && buf.value.is_none()).then(|| buf.name.clone())
+    }
+
+    fn bind_inputs(&mut self, inputs: &BTreeMap<String, DeviceTensor<R>>) -> Result<(), ExecError> {
+        for buf in &self.plan.buffers {
+            if buf.class != BufferClass::Input {
+                continue;
+            }
+            match buf.value {
+                Some(_) => {
+                    let t = inputs
+                        .get(&buf.name)
+                        .ok_or_else(|| ExecError::MissingInput {
+                            name: buf.name.clone(),
+                            expected: format!("shape {:?}", buf.shape),
+                        })?;
+                    let need: i64 = buf.shape.iter().product();
+                    if t.numel() as i64 != need {
+                        return Err(ExecError::InputShape {
+                            name: buf.name.clone(),
+                            expected: buf.shape.clone(),
+                            found: t.numel(),
+                        });
+                    }
+                    self.bufs[buf.id.index()] = Some(t.reshape(&us(&buf.shape))?);
+                }
+                None => {
+                    let m =
+                        self.step
+                            .memory
+                            .get(&buf.name)
+                            .ok_or_else(|| ExecError::MissingInput {
+                                name: buf.name.clone(),
+                                expected: "new memory rows in the step".into(),
+                            })?;
+                    let d = *buf.shape.last().unwrap_or(&1) as usize;
+                    if m.data.len() != m.lens.iter().sum::<usize>() * d {
+                        return Err(ExecError::InputShape {
+                            name: buf.name.clone(),
+                            expected: vec![m.lens.iter().sum::<usize>() as i64, d as i64],
+                            found: m.data.len(),
+                        });
+                    }
+                    let rows = m.data.len() / d.max(1);
+                    let t = DeviceTensor::upload_f32(self.client, &m.data, &[rows, d], self.dtype)?;
+                    self.memory.insert(buf.name.clone(), t);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The tensor of buffer `b` (allocated on first use), in its plan shape.
+    fn tensor(&mut self, b: BufferId) -> Result<DeviceTensor<R>, ExecError> {
+        if let Some(t) = &self.bufs[b.index()] {
+            return Ok(t.clone());
+        }
+        let buf = self.plan.buffer(b);
+        let shape = us(&buf.shape);
+        let dtype = self.buffer_dtype(b);
+        let t = match (buf.class.clone(), buf.slot) {
+            (BufferClass::Temp, Some(slot)) => {
+                DeviceTensor::from_handle(self.slot_handles[slot as usize].clone(), &shape, dtype)?
+            }
+            (BufferClass::Input, _) => {
+                return Err(ExecError::MissingInput {
+                    name: buf.name.clone(),
+                    expected: format!("shape {:?}", buf.shape),
+                })
+            }
+            (BufferClass::State, _) => {
+                return Err(ExecError::Internal(format!(
+                    "cache buffer `{}` used as a plain tensor",
+                    buf.name
+                )))
+            }
+            _ => DeviceTensor::empty(self.client, &shape, dtype),
+        };
+        self.bufs[b.index()] = Some(t.clone());
+        Ok(t)
+    }
+
+    fn positions_of(&self, src: &RowSource) -> Result<Vec<u32>, ExecError> {
+        match src {
+            RowSource::Step => Ok(self.step.positions()),
+            RowSource::Memory(name) => Ok(self.step.memory[name].positions.clone()),
+        }
+    }
+
+    fn lens_of(&self, src: &RowSource) -> Vec<usize> {
+        match src {
+            RowSource::Step => self.step.lens(),
+            RowSource::Memory(name) => self.step.memory[name].lens.clone(),
+        }
+    }
+
+    fn upload_u32(&self, data: &[u32]) -> Result<DeviceTensor<R>, ExecError> {
+        Ok(DeviceTensor::upload_u32(self.client, data, &[data.len()])?)
+    }
+
+    /// Cache half name of a state buffer and whether it lives in the target's store.
+    fn cache_name(&self, b: BufferId) -> (String, bool) {
+        let name = &self.plan.buffer(b).name;
+        match name.strip_prefix("target.") {
+            Some(rest) => (rest.to_string(), true),
+            None => (name.clone(), false),
+        }
+    }
+
+    /// Appends the pending new rows of cache halves `k`, `v` (if any) and
+    /// returns the store-side cache name.
+    fn flush(
+        &mut self,
+        k: BufferId,
+        v: BufferId,
+        caches: &mut CacheStore<R>,
+        target: Option<&mut CacheStore<R>>,
+    ) -> Result<(String, bool), ExecError> {
+        let (k_half, in_target) = self.cache_name(k);
+        let (v_half, _) = self.cache_name(v);
+        let cache = k_half
+            .strip_suffix(".k")
+            .ok_or_else(|| ExecError::Internal(format!("cache half `{k_half}` is not `….k`")))?
+            .to_string();
+        let store = if in_target {
+            target.ok_or_else(|| {
+                ExecError::Unsupported(format!(
+                    "`target.{cache}` read without the target's caches (run this drafter with a target)"
+                ))
+            })?
+        } else {
+            caches
+        };
+        let (Some((kt, src)), Some((vt, _))) = (self.pending.remove(&k), self.pending.remove(&v))
+        else {
+            return Ok((cache, in_target));
+        };
+        let positions = self.positions_of(&src)?;
+        let lens = self.lens_of(&src);
+        let mut rows = Vec::with_capacity(positions.len());
+        let mut at = 0;
+        for (seq, &n) in self.step.seqs.iter().zip(&lens) {
+            rows.extend(store.reserve(&cache, seq.slot, &positions[at..at + n])?);
+            at += n;
+        }
+        let width = kt.shape()[1];
+        let kc = store.half(&k_half, width)?;
+        let vc = store.half(&v_half, width)?;
+        if rows.is_empty() {
+            return Ok((cache, in_target));
+        }
+        draftc_ops::kv::append_rows(self.client, &kt, &rows, &kc)?;
+        draftc_ops::kv::append_rows(self.client, &vt, &rows, &vc)?;
+        Ok((cache, in_target))
+    }
+
+    fn launch(
+        &mut self,
+        launch: &draftc_codegen::Launch,
+        caches: &mut CacheStore<R>,
+        target: Option<&mut CacheStore<R>>,
+    ) -> Result<(), ExecError> {
+        let c = self.client;
+        match launch.kernel {
+            Kernel::Linear {
+                k,
+                n,
+                prologue,
+                epilogue,
+                ..
+            } => {
+                let (k, n) = (k as usize, n as usize);
+                let xb = launch.inputs[0];
+                let (x, src) = match self.memory_name(xb) {
+                    Some(name) => (self.memory[&name].clone(), RowSource::Memory(name)),
+                    None => (self.tensor(xb)?, RowSource::Step),
+                };
+                let m = x.numel() / k.max(1);
+                if m == 0 {
+                    // No new memory rows in this pass: nothing to project.
+                    if self.is_cache(launch.outputs[0]) {
+                        let t = DeviceTensor::empty(c, &[0, n], self.dtype);
+                        self.pending.insert(launch.outputs[0], (t, src));
+                    }
+                    return Ok(());
+                }
+                let x = x.reshape(&[m, k])?;
+                let mut wi = 0;
+                let pro = match prologue {
+                    Prologue::None => linear::Prologue::None,
+                    Prologue::RmsNorm { eps } => {
+                        wi += 1;
+                        linear::Prologue::RmsNorm {
+                            weight: weight(self.weights, launch, 0)?,
+                            eps: eps.get() as f32,
+                        }
+                    }
+                    Prologue::GroupRmsNorm { eps, .. } => {
+                        wi += 1;
+                        linear::Prologue::GroupRmsNorm {
+                            weight: weight(self.weights, launch, 0)?,
+                            eps: eps.get() as f32,
+                        }
+                    }
+                };
+                let w = weight(self.weights, launch, wi)?.clone();
+                let ob = launch.outputs[0];
+                let out = if self.is_cache(ob) {
+                    let t = DeviceTensor::empty(c, &[m, n], self.dtype);
+                    self.pending.insert(ob, (t.clone(), src));
+                    t
+                } else {
+                    if launch.in_place && self.bufs[ob.index()].is_none() {
+                        if let Some(a) = launch.alias {
+                            let t = self.tensor(launch.inputs[a])?;
+                            self.bufs[ob.index()] = Some(t);
+                        }
+                    }
+                    self.tensor(ob)?.reshape(&[m, n])?
+                };
+                let residual;
+                let extra;
+                let epi = match epilogue {
+                    Epilogue::None => linear::Epilogue::None,
+                    Epilogue::Bias => {
+                        extra = weight(self.weights, launch, wi + 1)?.clone();
+                        linear::Epilogue::Bias(&extra)
+                    }
+                    Epilogue::Residual => {
+                        residual = self.tensor(launch.inputs[1])?.reshape(&[m, n])?;
+                        linear::Epilogue::Residual(&residual)
+                    }
+                    Epilogue::SwiGlu => {
+                        extra = weight(self.weights, launch, wi + 1)?.clone();
+                        linear::Epilogue::SwiGlu { up: &extra }
+                    }
+                };
+                linear::linear(c, &x, &w, pro, epi, &out)?;
+            }
+            Kernel::RmsNorm { d, eps, .. } => {
+                let d = d as usize;
+                let x = self.tensor(launch.inputs[0])?;
+                let rows = x.numel() / d;
+                let x = x.reshape(&[rows, d])?;
+                let out = self.tensor(launch.outputs[0])?.reshape(&[rows, d])?;
+                let w = weight(self.weights, launch, 0)?;
+                draftc_ops::rms_norm::rms_norm(c, &x, w, eps.get() as f32, &out)?;
+            }
+            Kernel::GroupRmsNorm {
+                rows,
+                groups,
+                d,
+                eps,
+            } => {
+                let shape = [rows as usize, groups as usize, d as usize];
+                let x = self.tensor(launch.inputs[0])?.reshape(&shape)?;
+                let out = self.tensor(launch.outputs[0])?.reshape(&shape)?;
+                let w = weight(self.weights, launch, 0)?;
+                draftc_ops::group_rms_norm::group_rms_norm(c, &x, w, eps.get() as f32, &out)?;
+            }
+            Kernel::Rope {
+                heads,
+                head_dim,
+                theta,
+                ..
+            } => {
+                let (h, hd) = (heads as usize, head_dim as usize);
+                let (ib, ob) = (launch.inputs[0], launch.outputs[0]);
+                let (x, out, src) = if let Some((t, src)) = self.pending.get(&ib) {
+                    (t.clone(), t.clone(), src.clone())
+                } else {
+                    (self.tensor(ib)?, self.tensor(ob)?, RowSource::Step)
+                };
+                let pos = self.positions_of(&src)?;
+                let tokens = x.numel() / (h * hd);
+                if tokens == 0 && pos.is_empty() {
+                    return Ok(());
+                }
+                if tokens != pos.len() {
+                    return Err(ExecError::Unsupported(format!(
+                        "rope over {tokens} rows but the pass has {} positions",
+                        pos.len()
+                    )));
+                }
+                let pos = self.upload_u32(&pos)?;
+                let x = x.reshape(&[tokens, h, hd])?;
+                let out = out.reshape(&[tokens, h, hd])?;
+                draftc_ops::rope::rope(c, &x, &pos, theta.get() as f32, &out)?;
+            }
+            Kernel::KvAppend { width, .. } => {
+                let width = width as usize;
+                for i in 0..2 {
+                    let t = self.tensor(launch.inputs[i])?;
+                    let rows = t.numel() / width;
+                    // Copy out of the (reusable) temporary now.
+                    let own = DeviceTensor::empty(c, &[rows, width], self.dtype);
+                    let all: Vec<u32> = (0..rows as u32).collect();
+                    draftc_ops::kv::gather_rows(c, &t.reshape(&[rows, width])?, &all, &own, &all)?;
+                    self.pending
+                        .insert(launch.outputs[i], (own, RowSource::Step));
+                }
+            }
+            Kernel::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+                mask,
+                ..
+            } => self.attention(launch, heads, kv_heads, head_dim, mask, caches, target)?,
+            Kernel::DraftDimAttention {
+                bt,
+                l,
+                heads,
+                kv_heads,
+                head_dim,
+                chunk,
+            } => {
+                let (bt, l) = (bt as usize, l as usize);
+                let dims = AttnDims {
+                    heads: heads as usize,
+                    kv_heads: kv_heads as usize,
+                    head_dim: head_dim as usize,
+                };
+                let (qw, kvw) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim);
+                let q = self.tensor(launch.inputs[0])?.reshape(&[bt, l, qw])?;
+                let k = self.tensor(launch.inputs[1])?.reshape(&[bt, l, kvw])?;
+                let v = self.tensor(launch.inputs[2])?.reshape(&[bt, l, kvw])?;
+                let out = self.tensor(launch.outputs[0])?.reshape(&[bt, l, qw])?;
+                draftc_ops::attention::draft_dim_attention(
+                    c,
+                    &q,
+                    &k,
+                    &v,
+                    dims,
+                    chunk as usize,
+                    &out,
+                )?;
+            }
+            Kernel::Embedding { d, .. } => {
+                let ids = self.tensor(launch.inputs[0])?;
+                let n = ids.numel();
+                let ids = ids.reshape(&[n])?;
+                let out = self.tensor(launch.outputs[0])?.reshape(&[n, d as usize])?;
+                draftc_ops::embedding::embedding(c, weight(self.weights, launch, 0)?, &ids, &out)?;
+            }
+            Kernel::Elementwise { op, numel, b_numel } => {
+                let out = self.tensor(launch.outputs[0])?;
+                let out = out.reshape(&[out.numel()])?;
+                let a = self.tensor(launch.inputs[0])?;
+                let a = a.reshape(&[a.numel()])?;
+                match op {
+                    ElementwiseOp::Silu => draftc_ops::elementwise::silu(c, &a, &out)?,
+                    ElementwiseOp::Add | ElementwiseOp::Mul | ElementwiseOp::SwiGlu => {
+                        let b = self.tensor(launch.inputs[1])?;
+                        let b = if b_numel < numel {
+                            self.broadcast(launch, &b)?
+                        } else {
+                            b.reshape(&[b.numel()])?
+                        };
+                        let bop = match op {
+                            ElementwiseOp::Add => BinaryOp::Add,
+                            ElementwiseOp::Mul => BinaryOp::Mul,
+                            _ => BinaryOp::SwiGlu,
+                        };
+                        draftc_ops::elementwise::binary(c, &a, &b, bop, &out)?;
+                    }
+                }
+            }
+            Kernel::LayerSum { layers, numel } => {
+                let (layers, numel) = (layers as usize, numel as usize);
+                let x = self.tensor(launch.inputs[0])?;
+                let shape = &self.plan.buffer(launch.inputs[0]).shape;
+                let d = *shape.last().unwrap_or(&1) as usize;
+                let t = numel / d.max(1);
+                // Graph layout `[t, layers, d]` → ops layout `[layers, t, d]`.
+                let moved = DeviceTensor::empty(c, &[layers * t, d], self.dtype);
+                let src: Vec<u32> = (0..(layers * t) as u32).collect();
+                let dst: Vec<u32> = src
+                    .iter()
+                    .map(|&r| {
+                        let (ti, j) = (r as usize / layers, r as usize % layers);
+                        (j * t + ti) as u32
+                    })
+                    .collect();
+                draftc_ops::kv::gather_rows(c, &x.reshape(&[layers * t, d])?, &src, &moved, &dst)?;
+                let moved = moved.reshape(&[layers, t, d])?;
+                let out = self.tensor(launch.outputs[0])?.reshape(&[t, d])?;
+                draftc_ops::layer_sum::layer_sum(
+                    c,
+                    &moved,
+                    weight(self.weights, launch, 0)?,
+                    &out,
+                )?;
+            }
+            Kernel::StridedCopy {
+                blocks,
+                block_len,
+                src_stride,
+                src_offset,
+                dst_stride,
+                dst_offset,
+            } => {
+                let g = [block_len, src_stride, src_offset, dst_stride, dst_offset]
+                    .into_iter()
+                    .fold(0, gcd)
+                    .max(1);
+                let per = block_len / g;
+                let mut src = Vec::new();
+                let mut dst = Vec::new();
+                for b in 0..blocks {
+                    for r in 0..per {
+                        src.push(((b * src_stride + src_offset) / g + r) as u32);
+                        dst.push(((b * dst_stride + dst_offset) / g + r) as u32);
+                    }
+                }
+                let x = self.tensor(launch.inputs[0])?;
+                let out = self.tensor(launch.outputs[0])?;
+                let g = g as usize;
+                let x = x.reshape(&[x.numel() / g, g])?;
+                let out = out.reshape(&[out.numel() / g, g])?;
+                draftc_ops::kv::gather_rows(c, &x, &src, &out, &dst)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Evaluated shape of graph value `v` in this plan.
+    fn value_shape(&self, v: ValueId) -> Result<Vec<i64>, ExecError> {
+        let vals: BTreeMap<String, i64> = self.plan.symbols.iter().cloned().collect();
+        self.graph
+            .node(v)
+            .ty
+            .dims
+            .iter()
+            .map(|d| {
+                d.eval(&vals)
+                    .ok_or_else(|| ExecError::Internal(format!("dim `{d}` has no value")))
+            })
+            .collect()
+    }
+
+    /// The smaller operand `b` of element-wise `launch` expanded to the
+    /// output's shape (numpy broadcasting on the graph values' shapes).
+    fn broadcast(
+        &mut self,
+        launch: &draftc_codegen::Launch,
+        b: &DeviceTensor<R>,
+    ) -> Result<DeviceTensor<R>, ExecError> {
+        let node = launch.nodes[0];
+        let operands = self.graph.node(node).inputs.clone();
+        let mut shapes = Vec::new();
+        for v in operands {
+            shapes.push(self.value_shape(v)?);
+        }
+        let small = shapes
+            .iter()
+            .min_by_key(|s| s.iter().product::<i64>())
+            .cloned()
+            .unwrap_or_default();
+        let big = self.value_shape(node)?;
+        let (width, rows) = broadcast_rows(&big, &small)?;
+        let total: usize = us(&big).iter().product();
+        let t = DeviceTensor::empty(self.client, &[total / width, width], self.dtype);
+        let dst: Vec<u32> = (0..rows.len() as u32).collect();
+        let b2 = b.reshape(&[b.numel() / width, width])?;
+        draftc_ops::kv::gather_rows(self.client, &b2, &rows, &t, &dst)?;
+        Ok(t.reshape(&[total])?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &mut self,
+        launch: &draftc_codegen::Launch,
+        heads: i64,
+        kv_heads: i64,
+        head_dim: i64,
+        mask: IrMask,
+        caches: &mut CacheStore<R>,
+        mut target: Option<&mut CacheStore<R>>,
+    ) -> Result<(), ExecError> {
+        let dims = AttnDims {
+            heads: heads as usize,
+            kv_heads: kv_heads as usize,
+            head_dim: head_dim as usize,
+        };
+        let (qb, kb, vb) = (launch.inputs[0], launch.inputs[1], launch.inputs[2]);
+        let q = self.tensor(qb)?;
+        let rows = q.numel() / (dims.heads * dims.head_dim);
+        let q = q.reshape(&[rows, dims.heads, dims.head_dim])?;
+        let out = self
+            .tensor(launch.outputs[0])?
+            .reshape(&[rows, dims.heads, dims.head_dim])?;
+        let q_lens = self.step.lens();
+        let q_pos = self.step.positions();
+        let mut mask = ops_mask(mask);
+        if !self.is_cache(kb) {
+            // No cache: keys are this pass's rows.
+            let k = self.tensor(kb)?;
+            let v = self.tensor(vb)?;
+            if k.numel() / (dims.kv_heads * dims.head_dim) != rows {
+                return Err(ExecError::Unsupported(
+                    "cross attention with a different number of key rows".into(),
+                ));
+            }
+            let kshape = [rows, dims.kv_heads, dims.head_dim];
+            let batch = SeqBatch {
+                q_lens: q_lens.clone(),
+                k_lens: q_lens,
+                q_pos: q_pos.clone(),
+                k_pos: q_pos,
+                parents: Vec::new(),
+            };
+            let meta = AttnMeta::new(self.client, &batch, mask)?;
+            draftc_ops::attention::attention_rows(
+                self.client,
+                &q,
+                &k.reshape(&kshape)?,
+                &v.reshape(&kshape)?,
+                dims,
+                &meta,
+                0..rows,
+                &out,
+            )?;
+            return Ok(());
+        }
+        let (cache, in_target) = self.flush(kb, vb, caches, target.as_deref_mut())?;
+        let store: &mut CacheStore<R> = if in_target {
+            target.ok_or_else(|| ExecError::Internal("target caches vanished".into()))?
+        } else {
+            caches
+        };
+        let (k_half, _) = self.cache_name(kb);
+        let (v_half, _) = self.cache_name(vb);
+        let width = dims.kv_heads * dims.head_dim;
+        let kc = store.half(&k_half, width)?;
+        let vc = store.half(&v_half, width)?;
+        let mut k_lens = Vec::new();
+        let mut k_pos = Vec::new();
+        let mut key_base = Vec::new();
+        let mut parents = Vec::new();
+        let is_memory =
+            cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
+        for seq in &self.step.seqs {
+            k_lens.push(store.len(&cache, seq.slot));
+            k_pos.extend_from_slice(store.positions(&cache, seq.slot));
+            key_base.push(seq.slot * store.capacity());
+            match &seq.parents {
+                Some(p) => parents.extend_from_slice(p),
+                None => parents.extend((0..seq.positions.len() as u32).map(|i| {
+                    if i == 0 {
+                        TREE_ROOT
+                    } else {
+                        i - 1
+                    }
+                })),
+            }
+        }
+        if self.step.is_tree() && mask == Mask::Causal && !is_memory {
+            mask = Mask::Tree;
+        }
+        let batch = SeqBatch {
+            q_lens,
+            k_lens,
+            q_pos,
+            k_pos,
+            parents: if mask == Mask::Tree {
+                parents
+            } else {
+                Vec::new()
+            },
+        };
+        let meta =
+            AttnMeta::with_key_base(self.client, &batch, mask, &key_base, store.total_rows())?;
+        let kshape = [store.total_rows(), dims.kv_heads, dims.head_dim];
+        draftc_ops::attention::attention_rows(
+            self.client,
+            &q,
+            &kc.reshape(&kshape)?,
+            &vc.reshape(&kshape)?,
+            dims,
+            &meta,
+            0..rows,
+            &out,
+        )?;
+        Ok(())
+    }
+
+    /// Graph outputs, emitted streams and appended rows by name.
+    fn outputs(mut self) -> Result<Outputs<R>, ExecError> {
+        let g = self.graph;
+        let mut named: Vec<(String, ValueId)> = g
+            .outputs
+            .iter()
+            .map(|&v| (g.node(v).name.clone(), v))
+            .collect();
+        named.extend(g.emits.iter().map(|(s, i, v)| (format!("{s}[{i}]"), *v)));
+        named.extend(g.appends.iter().map(|(s, v)| (s.to_string(), *v)));
+        let mut tensors = BTreeMap::new();
+        for (name, v) in named {
+            let b = self.value_buffer(v)?;
+            let t = self.tensor(b)?;
+            tensors.insert(name, t);
+        }
+        Ok(Outputs { tensors })
+    }
+
+    /// The buffer holding value `v` (through views).
+    fn value_buffer(&self, mut v: ValueId) -> Result<BufferId, ExecError> {
+        loop {
+            if let Some(b) = self.plan.buffers.iter().find(|b| b.value == Some(v)) {
+                return Ok(b.id);
+            }
+            let node = self.graph.node(v);
+            match node.op {
+                Op::Reshape { .. } if !node.inputs.is_empty() => v = node.inputs[0],
+                _ => {
+                    return Err(ExecError::Internal(format!(
+                        "no buffer holds `{}`",
+                        node.name
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// Weight `i` of `launch`, uploaded.
+fn weight<'w, R: Runtime>(
+    weights: &'w BTreeMap<String, DeviceTensor<R>>,
+    launch: &draftc_codegen::Launch,
+    i: usize,
+) -> Result<&'w DeviceTensor<R>, ExecError> {
+    let name = &launch
+        .weights
+        .get(i)
+        .ok_or_else(|| ExecError::Internal(format!("launch #{} lacks weight {i}", launch.id.0)))?
+        .name;
+    weights
+        .get(name)
+        .ok_or_else(|| ExecError::Internal(format!("weight `{name}` not uploaded")))
+}
+
+fn gcd(a: i64, b: i64) -> i64 {
+    if b == 0 {
+        a.abs()
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Numpy broadcasting of `small` to `big` at row granularity: the width of
+/// the trailing dims the two share, and for every row of `big` the row of
+/// `small` it reads.
+pub(crate) fn broadcast_rows(big: &[i64], small: &[i64]) -> Result<(usize, Vec<u32>), ExecError> {
+    let big = us(big);
+    let mut small = us(small);
+    if small.len() > big.len() {
+        return Err(ExecError::Internal(format!(
+            "cannot broadcast {small:?} to {big:?}"
+        )));
+    }
+    while small.len() < big.len() {
+        small.insert(0, 1);
+    }
+    let mut split = big.len();
+    while split > 0 && small[split - 1] == big[split - 1] {
+        split -= 1;
+    }
+    let width: usize = big[split..].iter().product();
+    let outer = &big[..split];
+    let mut rows = Vec::with_capacity(outer.iter().product());
+    let n: usize = outer.iter().product();
+    for i in 0..n {
+        let mut rem = i;
+        let mut idx = 0usize;
+        let mut stride = 1usize;
+        for d in (0..split).rev() {
+            let c = rem % big[d];
+            rem /= big[d];
+            if small[d] != 1 && small[d] != big[d] {
+                return Err(ExecError::Internal(format!(
+                    "cannot broadcast {small:?} to {big:?}"
+                )));
+            }
+            if small[d] != 1 {
+                idx += c * stride;
+            }
+            stride *= small[d];
+        }
+        rows.push(idx as u32);
+    }
+    Ok((width.max(1), rows))
+}

@@ -1,0 +1,32 @@
+//! Running plans: the [`Executor`] (a codegen [`Plan`](draftc_codegen::Plan)
+//! launched through `draftc-ops` on any CubeCL runtime), the reference
+//! [`interpret`]er (the same graph evaluated node by node with the ops'
+//! plain-Rust references, the executor's oracle), and what both share: the
+//! description of one forward pass ([`Step`]), host tensors, weights, and
+//! the KV caches ([`CacheStore`] on the device, [`HostCaches`] on the host).
+//!
+//! | file | owns |
+//! | --- | --- |
+//! | `step.rs` | [`Step`], [`SeqStep`], [`MemoryRows`], [`HostTensor`] |
+//! | `weights.rs` | [`HostWeights`]: random, from safetensors, checked against a plan |
+//! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
+//! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch |
+//! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
+//!
+//! Cache layout (written down here because every part relies on it):
+//! contiguous per sequence. Each cache half is `[slots · capacity, width]`;
+//! sequence slot `s` owns rows `s · capacity ..`, its committed rows first.
+//! A pass appends its new rows after them; the engine later truncates or
+//! compacts (accepted tree path) through [`CacheStore`].
+
+mod cache;
+mod executor;
+mod interpret;
+mod step;
+mod weights;
+
+pub use cache::{CacheStore, HostCaches};
+pub use executor::{ExecError, Executor, Outputs};
+pub use interpret::{interpret, HostOutputs};
+pub use step::{HostTensor, MemoryRows, SeqStep, Step};
+pub use weights::HostWeights;

@@ -1,0 +1,112 @@
+//! What one forward pass processes, shared by the executor and the
+//! interpreter: per sequence, its cache slot, the positions of its new rows
+//! (and, for tree verification, their parents), plus new memory rows; and
+//! [`HostTensor`], the host-side value type.
+
+use std::collections::BTreeMap;
+
+/// One sequence's part of a pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SeqStep {
+    /// Cache slot of the sequence (row block `slot · capacity` of every cache).
+    pub slot: usize,
+    /// Text position of each new row (RoPE and mask positions).
+    pub positions: Vec<u32>,
+    /// Tree verification: parent of each new row (local index, or
+    /// `draftc_ops::attention::TREE_ROOT`). Causal attentions over a cache
+    /// then use the tree mask.
+    pub parents: Option<Vec<u32>>,
+}
+
+impl SeqStep {
+    /// `n` new rows at positions `start..start + n`.
+    pub fn chain(slot: usize, start: u32, n: usize) -> SeqStep {
+        SeqStep {
+            slot,
+            positions: (start..start + n as u32).collect(),
+            parents: None,
+        }
+    }
+}
+
+/// New rows of a memory stream (Beagle states, SPIRe feedback memory) for
+/// one pass: `data` is `[Σ lens, d]`, packed by sequence in step order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MemoryRows {
+    pub data: Vec<f32>,
+    pub lens: Vec<usize>,
+    /// Text position of every row.
+    pub positions: Vec<u32>,
+}
+
+/// One forward pass over a batch: rows of all sequences are packed in order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Step {
+    pub seqs: Vec<SeqStep>,
+    /// New memory rows by stream name as printed (`states`, `mem[0]`).
+    pub memory: BTreeMap<String, MemoryRows>,
+}
+
+impl Step {
+    /// Total new rows.
+    pub fn rows(&self) -> usize {
+        self.seqs.iter().map(|s| s.positions.len()).sum()
+    }
+
+    /// Positions of all rows, packed.
+    pub fn positions(&self) -> Vec<u32> {
+        self.seqs
+            .iter()
+            .flat_map(|s| s.positions.iter().copied())
+            .collect()
+    }
+
+    /// New rows per sequence.
+    pub fn lens(&self) -> Vec<usize> {
+        self.seqs.iter().map(|s| s.positions.len()).collect()
+    }
+
+    pub fn is_tree(&self) -> bool {
+        self.seqs.iter().any(|s| s.parents.is_some())
+    }
+}
+
+/// A host tensor: row-major f32 or u32 data with its shape.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostTensor {
+    F32 { shape: Vec<usize>, data: Vec<f32> },
+    U32 { shape: Vec<usize>, data: Vec<u32> },
+}
+
+impl HostTensor {
+    pub fn f32(shape: Vec<usize>, data: Vec<f32>) -> HostTensor {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        HostTensor::F32 { shape, data }
+    }
+
+    pub fn u32(shape: Vec<usize>, data: Vec<u32>) -> HostTensor {
+        debug_assert_eq!(shape.iter().product::<usize>(), data.len());
+        HostTensor::U32 { shape, data }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            HostTensor::F32 { shape, .. } | HostTensor::U32 { shape, .. } => shape,
+        }
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape().iter().product()
+    }
+
+    /// The data as f32 (u32 converted).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            HostTensor::F32 { data, .. } => data.clone(),
+            HostTensor::U32 { data, .. } => data.iter().map(|&x| x as f32).collect(),
+        }
+    }
+}
+
+/// Named host inputs of a pass (graph input node name → tensor).
+pub type Inputs = BTreeMap<String, HostTensor>;

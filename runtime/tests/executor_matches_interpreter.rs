@@ -1,0 +1,366 @@
+//! The executor (plan of fused kernels on wgpu) against the reference
+//! interpreter (graph node by node, ops references on the host), for every
+//! model in `models/`, on random weights and random small configurations:
+//! target sizes (layers, d, heads, kv heads, f, vocab), draft length `l`,
+//! batch size, ragged rows per sequence, fused or unfused plans. Each case
+//! runs three passes through the caches — a prefill, an extension, and a
+//! tree-verification pass (parents given) — and compares every output
+//! (`logits`, emitted streams, appended memory rows) to f32 1e-4.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use draftc_codegen::{PlanConfig, PlanDType, TargetWeights};
+use draftc_ir::graph::Graph;
+use draftc_ir::op::{Cache, InputSource, Op};
+use draftc_ir::types::DType as IrDType;
+use draftc_ir::{Resolver, TargetConfig};
+use draftc_ops::attention::TREE_ROOT;
+use draftc_ops::testing::{assert_close_tol, wgpu_client};
+use draftc_ops::{DType, DeviceTensor};
+use draftc_runtime::exec::{
+    interpret, CacheStore, Executor, HostCaches, HostTensor, HostWeights, MemoryRows, SeqStep, Step,
+};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+struct ModelsDir;
+
+impl Resolver for ModelsDir {
+    fn resolve(&self, name: &str) -> Option<(String, String)> {
+        let p = repo().join("models").join(format!("{name}.draft"));
+        Some((p.display().to_string(), std::fs::read_to_string(p).ok()?))
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Config {
+    layers: i64,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    f: i64,
+    vocab: i64,
+    l: i64,
+    /// New rows per sequence in each of the first two passes.
+    rows: Vec<(usize, usize)>,
+    fuse: bool,
+    seed: u64,
+}
+
+fn config() -> impl Strategy<Value = Config> {
+    (
+        // Even: SpecFormer taps `target.hidden[n/2]`.
+        prop_oneof![Just(2i64), Just(4)],
+        prop_oneof![Just((1i64, 1i64)), Just((2, 1)), Just((4, 2)), Just((2, 2))],
+        prop_oneof![Just(4i64), Just(8)],
+        4i64..=24,
+        17i64..=70,
+        2i64..=4,
+        prop::collection::vec((1usize..=4, 1usize..=3), 1..=3),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(
+            |(layers, (heads, kv_heads), head_dim, f, vocab, l, rows, fuse, seed)| Config {
+                layers,
+                heads,
+                kv_heads,
+                head_dim,
+                f,
+                vocab,
+                l,
+                rows,
+                fuse,
+                seed,
+            },
+        )
+}
+
+fn tiny_target(c: &Config) -> TargetConfig {
+    let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
+    let mut t = draftc_ir::parse_preset(&src).unwrap();
+    for (k, v) in [
+        ("n", c.layers),
+        ("d", c.heads * c.head_dim),
+        ("h", c.heads),
+        ("hkv", c.kv_heads),
+        ("f", c.f),
+        ("v", c.vocab),
+    ] {
+        t.ints.insert(k.into(), v);
+    }
+    t
+}
+
+fn compile(name: &str, target: &TargetConfig, c: &Config) -> Graph {
+    let src = std::fs::read_to_string(repo().join("models").join(format!("{name}.draft"))).unwrap();
+    let mut sets = BTreeMap::new();
+    if draftc_ir::header(&src).is_some_and(|(k, _)| k == draftc_ir::ItemKind::Drafter) {
+        sets.insert("l".to_string(), c.l);
+    }
+    draftc_ir::compile(&src, target, &sets, &ModelsDir).unwrap_or_else(|d| panic!("{name}: {d:?}"))
+}
+
+fn weight_table(g: &Graph, tw: &TargetWeights) -> Vec<draftc_codegen::bind::WeightSpec> {
+    let cfg = PlanConfig {
+        tokens: 1,
+        batch: 1,
+        context: 0,
+        dtype: PlanDType::F32,
+        fuse: false,
+    };
+    let plan = draftc_codegen::plan(g, tw, &cfg).unwrap();
+    draftc_codegen::pipeline::weights(&plan).unwrap()
+}
+
+fn reads_target_caches(g: &Graph) -> bool {
+    g.nodes
+        .iter()
+        .any(|n| matches!(&n.op, Op::Attention(a) if matches!(a.cache, Cache::Target(_))))
+}
+
+/// Deterministic pseudo-random numbers for inputs.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
+}
+
+/// The pass's inputs (host) for `g` and `step`.
+fn inputs_for(
+    g: &Graph,
+    step: &mut Step,
+    c: &Config,
+    d: usize,
+    rng: &mut Rng,
+) -> BTreeMap<String, HostTensor> {
+    let rows = step.rows() as i64;
+    let mut vals = g.symbol_values.clone();
+    vals.insert("t".into(), rows);
+    vals.insert("b".into(), 1);
+    let mut out = BTreeMap::new();
+    for &i in &g.inputs {
+        let node = g.node(i);
+        let shape: Vec<usize> = node
+            .ty
+            .dims
+            .iter()
+            .map(|d| d.eval(&vals).unwrap() as usize)
+            .collect();
+        let n: usize = shape.iter().product();
+        let t = match (&node.op, node.ty.dtype) {
+            (Op::Input(InputSource::External), IrDType::U32) => HostTensor::u32(
+                shape,
+                (0..n)
+                    .map(|_| (rng.next() % c.vocab as u64) as u32)
+                    .collect(),
+            ),
+            _ => HostTensor::f32(shape, (0..n).map(|_| rng.f()).collect()),
+        };
+        out.insert(node.name.clone(), t);
+    }
+    for m in &g.memories {
+        let lens = step.lens();
+        let total: usize = lens.iter().sum();
+        step.memory.insert(
+            m.name.to_string(),
+            MemoryRows {
+                data: (0..total * d).map(|_| rng.f()).collect(),
+                lens,
+                positions: step.positions(),
+            },
+        );
+    }
+    out
+}
+
+fn upload(
+    client: &cubecl::client::ComputeClient<Wgpu>,
+    inputs: &BTreeMap<String, HostTensor>,
+) -> BTreeMap<String, DeviceTensor<Wgpu>> {
+    inputs
+        .iter()
+        .map(|(k, t)| {
+            let d = match t {
+                HostTensor::U32 { shape, data } => {
+                    DeviceTensor::upload_u32(client, data, shape).unwrap()
+                }
+                HostTensor::F32 { shape, data } => {
+                    DeviceTensor::upload_f32(client, data, shape, DType::F32).unwrap()
+                }
+            };
+            (k.clone(), d)
+        })
+        .collect()
+}
+
+fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
+    let client = wgpu_client();
+    let target = tiny_target(c);
+    let llama = compile("llama", &target, c);
+    let tw = TargetWeights::new(&target, &llama.meta.exports);
+    let g = compile(name, &target, c);
+    let mut specs = weight_table(&g, &tw);
+    let with_target = reads_target_caches(&g);
+    if with_target {
+        specs.extend(weight_table(&llama, &tw));
+    }
+    let weights = HostWeights::random(&specs, c.seed);
+    let d = (c.heads * c.head_dim) as usize;
+    let mut rng = Rng(c.seed ^ 0x5eed);
+    let batch = c.rows.len();
+    let capacity = 64;
+    let mut exec = Executor::<Wgpu>::new(&client, &g, &tw, &weights, PlanDType::F32, c.fuse)
+        .map_err(|e| TestCaseError::fail(format!("{name}: {e}")))?;
+    let mut dev_caches = CacheStore::<Wgpu>::new(&client, batch, capacity, DType::F32);
+    let mut host_caches = HostCaches::new(batch);
+    let mut dev_target = CacheStore::<Wgpu>::new(&client, batch, capacity, DType::F32);
+    let mut host_target = HostCaches::new(batch);
+    let mut committed = vec![0usize; batch];
+    if with_target {
+        // Fill the target's caches with a target prefill first.
+        let mut texec =
+            Executor::<Wgpu>::new(&client, &llama, &tw, &weights, PlanDType::F32, c.fuse).unwrap();
+        let mut step = Step {
+            seqs: (0..batch).map(|s| SeqStep::chain(s, 0, 3)).collect(),
+            ..Step::default()
+        };
+        let inputs = inputs_for(&llama, &mut step, c, d, &mut rng);
+        texec
+            .run(&step, &upload(&client, &inputs), &mut dev_target, None)
+            .unwrap();
+        interpret(
+            &llama,
+            &tw,
+            &weights,
+            &step,
+            &inputs,
+            &mut host_target,
+            None,
+        )
+        .unwrap();
+        committed = vec![3; batch];
+    }
+    for pass in 0..3 {
+        let seqs: Vec<SeqStep> = (0..batch)
+            .map(|s| {
+                let start = committed[s] as u32;
+                match pass {
+                    0 => SeqStep::chain(s, start, c.rows[s].0),
+                    1 => SeqStep::chain(s, start, c.rows[s].1),
+                    _ => SeqStep {
+                        slot: s,
+                        positions: vec![start, start + 1, start + 1, start + 2],
+                        parents: Some(vec![TREE_ROOT, 0, 0, 2]),
+                    },
+                }
+            })
+            .collect();
+        for (s, q) in seqs.iter().enumerate() {
+            if pass < 2 {
+                committed[s] += q.positions.len();
+            }
+        }
+        let mut step = Step {
+            seqs,
+            ..Step::default()
+        };
+        let inputs = inputs_for(&g, &mut step, c, d, &mut rng);
+        let got = exec
+            .run(
+                &step,
+                &upload(&client, &inputs),
+                &mut dev_caches,
+                with_target.then_some(&mut dev_target),
+            )
+            .map_err(|e| TestCaseError::fail(format!("{name} pass {pass}: {e}")))?;
+        let want = interpret(
+            &g,
+            &tw,
+            &weights,
+            &step,
+            &inputs,
+            &mut host_caches,
+            with_target.then_some(&mut host_target),
+        )
+        .map_err(|e| TestCaseError::fail(format!("{name} pass {pass} (interpreter): {e}")))?;
+        prop_assert!(!want.tensors.is_empty());
+        for (out, w) in &want.tensors {
+            let t = got
+                .get(out)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let a = t.download_f32(&client).unwrap();
+            assert_close_tol(
+                &format!("{name} pass {pass} `{out}`"),
+                &a,
+                &w.to_f32(),
+                1e-4,
+            )?;
+        }
+        if pass == 2 && with_target {
+            // A drafter must not leave tentative rows in the target's caches.
+            for s in 0..batch {
+                dev_target.truncate(s, 3);
+                host_target.truncate(s, 3);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn models() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(repo().join("models"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "draft"))
+        .filter(|p| {
+            !matches!(
+                std::fs::read_to_string(p)
+                    .ok()
+                    .and_then(|s| draftc_ir::header(&s)),
+                Some((draftc_ir::ItemKind::Preset, _))
+            )
+        })
+        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn cases() -> u32 {
+    std::env::var("DRAFTC_EXEC_CASES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn executor_equals_interpreter_for_every_model(c in config()) {
+        let all = models();
+        prop_assert!(all.len() >= 6, "{all:?}");
+        for name in &all {
+            check_model(name, &c)?;
+        }
+    }
+}
