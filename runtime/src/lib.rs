@@ -2,5 +2,7 @@
 //! engine, and the command implementations behind the `draftc` binary.
 
 pub mod cli;
+pub mod device;
+pub mod engine;
 pub mod exec;
 pub mod model;

@@ -28,6 +28,8 @@ enum Command {
     Convert(cli::convert::ConvertArgs),
     /// Show the plan of fused kernel launches (FLOPs, bytes moved, fused vs unfused).
     Plan(cli::plan::PlanArgs),
+    /// Generate text with the target model (speculative decoding unless --no-spec).
+    Generate(cli::generate::GenerateArgs),
 }
 
 fn main() -> ExitCode {
@@ -38,5 +40,6 @@ fn main() -> ExitCode {
         Command::Fetch(args) => cli::fetch::run(args),
         Command::Convert(args) => cli::convert::run(args),
         Command::Plan(args) => cli::plan::run(args),
+        Command::Generate(args) => cli::generate::run(args),
     }
 }

@@ -4,6 +4,7 @@
 pub mod check;
 pub mod convert;
 pub mod fetch;
+pub mod generate;
 pub mod inspect;
 pub mod plan;
 pub mod source;

@@ -1,0 +1,195 @@
+//! `draftc generate`: chat generation on the target model. Only the
+//! generated text goes to stdout (runs can be compared with `diff`);
+//! loading messages, progress and the stats line go to stderr.
+//!
+//! `--prompt` (repeatable) or `--batch-file` (one prompt per line) are run
+//! as one batch. `--temperature 0` is greedy; otherwise temperature / top-k
+//! / top-p sampling with `--seed`. `--model DIR` is a converted model
+//! (default: SmolLM2-135M-Instruct, fetched and converted on first use).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Args;
+use cubecl::prelude::*;
+use draftc_codegen::PlanDType;
+
+use crate::engine::{generate, Request, Sampling, TargetModel};
+use crate::model::convert::ConvertOptions;
+use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
+use crate::model::safetensors_io::WeightDtype;
+use crate::model::tokenizer::ChatMessage;
+use crate::model::ConvertedModel;
+
+#[derive(Args, Clone, Debug)]
+pub struct GenerateArgs {
+    /// A user message (repeat for a batch).
+    #[arg(long)]
+    pub prompt: Vec<String>,
+    /// A file with one prompt per line, all run as one batch.
+    #[arg(long)]
+    pub batch_file: Option<PathBuf>,
+    /// New tokens per sequence at most.
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens when sampling (0 = all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Nucleus sampling threshold (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// A converted model directory (config.json, model.safetensors, tokenizer.json).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Plain autoregressive decoding (no drafter).
+    #[arg(long)]
+    pub no_spec: bool,
+    /// Feed the prompt as is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    /// Keep generating after the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Compute dtype of the plan.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// No progress messages on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The converted default model, fetched and converted on first use.
+pub fn default_model(quiet: bool) -> Result<PathBuf, String> {
+    let cache = cache_dir().map_err(|e| e.to_string())?;
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: !quiet,
+    };
+    let report = fetch(&SMOLLM2_135M_INSTRUCT, &cache, &opts).map_err(|e| e.to_string())?;
+    Ok(report.convert.out_dir)
+}
+
+/// Prompts from `--prompt` and `--batch-file`.
+pub fn prompts(args: &GenerateArgs) -> Result<Vec<String>, String> {
+    let mut p = args.prompt.clone();
+    if let Some(f) = &args.batch_file {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("{}: {e}", f.display()))?;
+        p.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(str::to_string),
+        );
+    }
+    if p.is_empty() {
+        return Err("nothing to generate for: give --prompt \"…\" or --batch-file FILE".into());
+    }
+    Ok(p)
+}
+
+pub fn run(args: GenerateArgs) -> ExitCode {
+    match run_inner(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_inner(args: &GenerateArgs) -> Result<(), String> {
+    let prompts = prompts(args)?;
+    PlanDType::parse(&args.dtype)
+        .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", args.dtype))?;
+    let dir = match &args.model {
+        Some(d) => d.clone(),
+        None => default_model(args.quiet)?,
+    };
+    let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
+    let mut ids = Vec::new();
+    for p in &prompts {
+        let v = if args.raw {
+            model.tokenizer.encode(p)
+        } else {
+            model.tokenizer.encode_chat(&[ChatMessage::new("user", p)])
+        };
+        ids.push(v.map_err(|e| e.to_string())?);
+    }
+    let client = crate::device::wgpu_client()?;
+    generate_on(&client, args, &model, &ids)
+}
+
+fn generate_on<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &GenerateArgs,
+    model: &ConvertedModel,
+    ids: &[Vec<u32>],
+) -> Result<(), String> {
+    let dtype = PlanDType::parse(&args.dtype).unwrap_or(PlanDType::F32);
+    let capacity = ids.iter().map(Vec::len).max().unwrap_or(0) + args.max_tokens + 1;
+    if !args.quiet {
+        eprintln!("loading {} …", model.dir.display());
+    }
+    let mut target =
+        TargetModel::load(client, model, ids.len(), capacity, dtype).map_err(|e| e.to_string())?;
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    let stop = if args.ignore_eos { None } else { target.eos };
+    let requests: Vec<Request> = ids.iter().map(|p| Request { prompt: p.clone() }).collect();
+    let stream = requests.len() == 1;
+    let tokenizer = &model.tokenizer;
+    let mut printed = String::new();
+    let mut so_far: Vec<u32> = Vec::new();
+    let mut on_token = |_: usize, tok: u32| {
+        if !stream || Some(tok) == stop {
+            return;
+        }
+        so_far.push(tok);
+        if let Ok(text) = tokenizer.decode(&so_far) {
+            if let Some(new) = text.strip_prefix(printed.as_str()) {
+                print!("{new}");
+                let _ = std::io::stdout().flush();
+                printed = text;
+            }
+        }
+    };
+    let r#gen = generate(
+        &mut target,
+        &requests,
+        args.max_tokens,
+        &sampling,
+        stop,
+        &mut on_token,
+    )
+    .map_err(|e| e.to_string())?;
+    if stream {
+        println!();
+    } else {
+        for toks in &r#gen.tokens {
+            let keep: Vec<u32> = toks.iter().copied().filter(|&t| Some(t) != stop).collect();
+            println!("{}", tokenizer.decode(&keep).map_err(|e| e.to_string())?);
+            println!();
+        }
+    }
+    let s = &r#gen.stats;
+    eprintln!(
+        "autoregressive: {} sequences, {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s), prefill {:.2} s, {} target passes",
+        s.sequences,
+        s.prompt_tokens,
+        s.generated_tokens,
+        s.decode_s,
+        s.decode_tokens_per_s(),
+        s.prefill_s,
+        s.target_passes
+    );
+    Ok(())
+}

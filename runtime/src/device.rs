@@ -1,0 +1,42 @@
+//! Getting a compute client without panicking: wgpu (Vulkan, Metal, DX12;
+//! Mesa's lavapipe on a machine without a GPU) and, with the `cuda`
+//! feature, CUDA. A missing adapter becomes an error that says how to get one.
+
+use cubecl::prelude::*;
+use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+
+/// How to get a device, printed with every "no device" error.
+pub const NO_DEVICE_HELP: &str =
+    "no GPU / Vulkan adapter was found. Install your GPU's Vulkan driver, \
+or the CPU implementation Mesa lavapipe: `sudo apt-get install -y mesa-vulkan-drivers libvulkan1` \
+(set XDG_RUNTIME_DIR to a writable directory to silence Mesa warnings)";
+
+/// The default wgpu device's client, or why there is none.
+pub fn wgpu_client() -> Result<ComputeClient<WgpuRuntime>, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let got = std::panic::catch_unwind(|| WgpuRuntime::client(&WgpuDevice::DefaultDevice));
+    std::panic::set_hook(hook);
+    got.map_err(|e| {
+        let why = e
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
+        format!("{NO_DEVICE_HELP} ({why})")
+    })
+}
+
+/// The first CUDA device's client, or why there is none.
+#[cfg(feature = "cuda")]
+pub fn cuda_client() -> Result<ComputeClient<cubecl::cuda::CudaRuntime>, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let got = std::panic::catch_unwind(|| {
+        cubecl::cuda::CudaRuntime::client(&cubecl::cuda::CudaDevice::new(0))
+    });
+    std::panic::set_hook(hook);
+    got.map_err(|_| {
+        "no CUDA device: install the NVIDIA driver and CUDA runtime, or use --backend wgpu".into()
+    })
+}

@@ -1,0 +1,127 @@
+//! Batched autoregressive generation — the `--no-spec` path and the
+//! reference every speculative run must reproduce: prefill every prompt
+//! (chunked), then one target pass per token over all unfinished
+//! sequences; each sequence stops on its own (end-of-sequence token or
+//! `max_tokens`).
+
+use std::time::Instant;
+
+use cubecl::prelude::*;
+
+use super::select::{select_tokens, Sampling};
+use super::target::{EngineError, TargetModel};
+use crate::exec::{SeqStep, Step};
+
+/// One sequence to generate for.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+}
+
+/// Counters and wall times of a run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GenStats {
+    pub sequences: usize,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Target passes (prefill chunks included).
+    pub target_passes: usize,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+}
+
+impl GenStats {
+    /// Generated tokens per second of decoding (prefill excluded).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.generated_tokens as f64 / self.decode_s.max(1e-9)
+    }
+}
+
+/// What a run produced: per request, the generated ids (stop token included).
+#[derive(Clone, Debug, Default)]
+pub struct Generation {
+    pub tokens: Vec<Vec<u32>>,
+    pub stats: GenStats,
+}
+
+/// Generates up to `max_tokens` per request with `sampling`; `stop`: the
+/// end-of-sequence id that ends a sequence (kept in its output).
+/// `on_token(request, id)` sees every token as it is chosen.
+pub fn generate<R: Runtime>(
+    target: &mut TargetModel<R>,
+    requests: &[Request],
+    max_tokens: usize,
+    sampling: &Sampling,
+    stop: Option<u32>,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> Result<Generation, EngineError> {
+    sampling.validate()?;
+    let b = requests.len();
+    if b > target.caches.slots() {
+        return Err(EngineError::Invalid(format!(
+            "{b} sequences but the caches were sized for {}",
+            target.caches.slots()
+        )));
+    }
+    let mut stats = GenStats {
+        sequences: b,
+        prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
+        ..GenStats::default()
+    };
+    let mut out = vec![Vec::new(); b];
+    if b == 0 || max_tokens == 0 {
+        return Ok(Generation { tokens: out, stats });
+    }
+    for slot in 0..b {
+        target.caches.reset(slot);
+    }
+    let t0 = Instant::now();
+    let prompts: Vec<(usize, Vec<u32>)> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i, r.prompt.clone()))
+        .collect();
+    let (last, passes) = target.prefill(&prompts, |_, _, _| Ok(()))?;
+    stats.target_passes += passes;
+    let first = select_tokens(target.client(), &last, sampling, 0)?;
+    stats.prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut active: Vec<usize> = Vec::new();
+    for (i, &tok) in first.iter().enumerate() {
+        out[i].push(tok);
+        on_token(i, tok);
+        if Some(tok) != stop && max_tokens > 1 {
+            active.push(i);
+        }
+    }
+    let mut step_no = 1u32;
+    while !active.is_empty() {
+        let step = Step {
+            seqs: active
+                .iter()
+                .map(|&i| SeqStep::chain(i, target.len(i) as u32, 1))
+                .collect(),
+            ..Step::default()
+        };
+        let ids: Vec<u32> = active
+            .iter()
+            .map(|&i| *out[i].last().unwrap_or(&0))
+            .collect();
+        let o = target.forward(&step, &ids)?;
+        stats.target_passes += 1;
+        let next = select_tokens(target.client(), o.get("logits")?, sampling, step_no)?;
+        step_no += 1;
+        let mut still = Vec::with_capacity(active.len());
+        for (&i, &tok) in active.iter().zip(&next) {
+            out[i].push(tok);
+            on_token(i, tok);
+            if Some(tok) != stop && out[i].len() < max_tokens {
+                still.push(i);
+            }
+        }
+        active = still;
+    }
+    stats.decode_s = t1.elapsed().as_secs_f64();
+    stats.generated_tokens = out.iter().map(Vec::len).sum();
+    Ok(Generation { tokens: out, stats })
+}

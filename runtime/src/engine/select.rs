@@ -1,0 +1,79 @@
+//! Picking the next token of every row of a logits tensor, on the device:
+//! greedy (`temperature == 0`: argmax, ties to the lowest id, exactly what
+//! the speculative engine's greedy acceptance compares against) or sampling
+//! with temperature, top-k and top-p from a counter-based RNG keyed by
+//! `(seed, row, step)` (`draftc_ops::sampling`).
+
+use cubecl::prelude::*;
+use draftc_ops::sampling::SamplingParams;
+use draftc_ops::{DType, DeviceTensor};
+
+use super::target::EngineError;
+
+/// How tokens are chosen.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = no top-k cut.
+    pub top_k: usize,
+    /// 1 = no nucleus cut.
+    pub top_p: f32,
+    pub seed: u64,
+}
+
+impl Sampling {
+    pub const GREEDY: Sampling = Sampling {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 0,
+    };
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature <= 0.0
+    }
+
+    /// Checks the values a user can type.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(EngineError::Invalid(format!(
+                "--temperature must be a finite number >= 0, got {}",
+                self.temperature
+            )));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(EngineError::Invalid(format!(
+                "--top-p must be in (0, 1], got {}",
+                self.top_p
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// One token per row of `logits` (`[rows, vocab]`); `step` keys the RNG.
+pub fn select_tokens<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    sampling: &Sampling,
+    step: u32,
+) -> Result<Vec<u32>, EngineError> {
+    let vocab = *logits.shape().last().unwrap_or(&1);
+    let rows = logits.numel() / vocab.max(1);
+    let logits = logits.reshape(&[rows, vocab])?;
+    let out = DeviceTensor::<R>::empty(client, &[rows], DType::U32);
+    if sampling.is_greedy() {
+        draftc_ops::argmax_topk::argmax(client, &logits, &out)?;
+    } else {
+        let params = SamplingParams {
+            temperature: sampling.temperature,
+            top_k: sampling.top_k,
+            top_p: sampling.top_p,
+            seed: sampling.seed,
+            step,
+        };
+        draftc_ops::sampling::sample(client, &logits, params, &out)?;
+    }
+    Ok(out.download_u32(client)?)
+}

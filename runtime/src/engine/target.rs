@@ -1,0 +1,252 @@
+//! The target model: a converted checkpoint's `config.json` becomes a
+//! [`TargetConfig`], `models/llama.draft` (compiled into the binary)
+//! becomes the graph, its plan runs on the [`Executor`] with the
+//! checkpoint's weights, and one [`CacheStore`] holds every sequence's KV
+//! cache (contiguous per sequence, `capacity` rows each; see
+//! `exec/mod.rs`). Prompts are prefilled in passes of at most
+//! [`TargetModel::max_rows`] rows (the logits of a pass are
+//! `rows × vocab` floats and must fit one binding).
+
+use std::collections::BTreeMap;
+
+use cubecl::prelude::*;
+use draftc_codegen::{PlanDType, TargetWeights};
+use draftc_ir::{Graph, TargetConfig};
+use draftc_ops::DeviceTensor;
+
+use crate::exec::{CacheStore, ExecError, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::model::config::LlamaConfig;
+use crate::model::{ConvertedModel, ModelError};
+
+/// The target model family, compiled into the binary.
+pub const LLAMA_DRAFT: &str = include_str!("../../../models/llama.draft");
+
+/// Why generation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Ops(#[from] draftc_ops::OpsError),
+    #[error("{0}")]
+    Graph(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The description-language view of a checkpoint's hyper-parameters.
+pub fn target_config(c: &LlamaConfig) -> TargetConfig {
+    let mut t = TargetConfig {
+        name: c.model_type.clone(),
+        family: "llama".into(),
+        ..TargetConfig::default()
+    };
+    for (k, v) in [
+        ("n", c.num_hidden_layers),
+        ("d", c.hidden_size),
+        ("h", c.num_attention_heads),
+        ("hkv", c.num_key_value_heads),
+        ("f", c.intermediate_size),
+        ("v", c.vocab_size),
+        ("max_context", c.max_position_embeddings),
+    ] {
+        t.ints.insert(k.into(), v as i64);
+    }
+    t.floats.insert("theta".into(), c.rope_theta);
+    t.floats.insert("eps".into(), c.rms_norm_eps);
+    t.flags
+        .insert("tied_embeddings".into(), c.tie_word_embeddings);
+    t
+}
+
+/// The target, ready to run passes over a batch of sequences.
+pub struct TargetModel<R: Runtime> {
+    pub exec: Executor<R>,
+    pub caches: CacheStore<R>,
+    pub graph: Graph,
+    pub target_config: TargetConfig,
+    pub weights: TargetWeights,
+    pub vocab: usize,
+    pub eos: Option<u32>,
+    /// Rows per pass at most (prefill chunking).
+    pub max_rows: usize,
+}
+
+struct NoFiles;
+impl draftc_ir::Resolver for NoFiles {
+    fn resolve(&self, _: &str) -> Option<(String, String)> {
+        None
+    }
+}
+
+/// Compiles `llama.draft` for `cfg`.
+pub fn compile_target(cfg: &TargetConfig) -> Result<Graph, EngineError> {
+    draftc_ir::compile(LLAMA_DRAFT, cfg, &BTreeMap::new(), &NoFiles).map_err(|d| {
+        EngineError::Graph(format!(
+            "models/llama.draft does not compile for this checkpoint: {}",
+            d.iter()
+                .map(|x| x.message.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+    })
+}
+
+impl<R: Runtime> TargetModel<R> {
+    /// Loads a converted checkpoint for `slots` sequences of up to
+    /// `capacity` tokens each.
+    pub fn load(
+        client: &ComputeClient<R>,
+        model: &ConvertedModel,
+        slots: usize,
+        capacity: usize,
+        dtype: PlanDType,
+    ) -> Result<Self, EngineError> {
+        let cfg = target_config(&model.config);
+        let graph = compile_target(&cfg)?;
+        let tw = TargetWeights::new(&cfg, &graph.meta.exports);
+        let specs = weight_specs(&graph, &tw)?;
+        let weights = HostWeights::from_model(model, &specs)?;
+        let mut t = Self::from_parts(client, graph, cfg, weights, slots, capacity, dtype)?;
+        t.eos = Some(model.config.eos_token_id);
+        Ok(t)
+    }
+
+    /// A target from a compiled graph and host weights (tests use tiny random ones).
+    pub fn from_parts(
+        client: &ComputeClient<R>,
+        graph: Graph,
+        target_config: TargetConfig,
+        weights: HostWeights,
+        slots: usize,
+        capacity: usize,
+        dtype: PlanDType,
+    ) -> Result<Self, EngineError> {
+        let tw = TargetWeights::new(&target_config, &graph.meta.exports);
+        let exec = Executor::new(client, &graph, &tw, &weights, dtype, true)?;
+        let ops_dtype = exec.dtype();
+        let vocab = target_config.int("v").unwrap_or(0) as usize;
+        // Keep one pass's logits within a 128 MiB binding.
+        let max_rows = ((120usize << 20) / (vocab.max(1) * ops_dtype.size())).clamp(1, 512);
+        Ok(TargetModel {
+            exec,
+            caches: CacheStore::new(client, slots, capacity, ops_dtype),
+            graph,
+            target_config,
+            weights: tw,
+            vocab,
+            eos: None,
+            max_rows,
+        })
+    }
+
+    pub fn client(&self) -> &ComputeClient<R> {
+        self.exec.client()
+    }
+
+    /// Committed tokens of the sequence in `slot`.
+    pub fn len(&self, slot: usize) -> usize {
+        self.caches.len("kv[0]", slot)
+    }
+
+    /// One pass: `ids` packed in step order.
+    pub fn forward(&mut self, step: &Step, ids: &[u32]) -> Result<Outputs<R>, EngineError> {
+        if ids.len() != step.rows() {
+            return Err(EngineError::Invalid(format!(
+                "{} ids for a pass of {} rows",
+                ids.len(),
+                step.rows()
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.vocab) {
+            return Err(EngineError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            )));
+        }
+        let t = DeviceTensor::upload_u32(self.client(), ids, &[ids.len()])?;
+        let inputs = BTreeMap::from([("ids".to_string(), t)]);
+        Ok(self.exec.run(step, &inputs, &mut self.caches, None)?)
+    }
+
+    /// Rows `rows` (packed indices) of a `[_, width]` output, as `[rows.len(), width]`.
+    pub fn gather(
+        &self,
+        t: &DeviceTensor<R>,
+        rows: &[u32],
+    ) -> Result<DeviceTensor<R>, EngineError> {
+        let width = *t.shape().last().unwrap_or(&1);
+        let all = t.reshape(&[t.numel() / width, width])?;
+        let out = DeviceTensor::empty(self.client(), &[rows.len(), width], t.dtype());
+        let dst: Vec<u32> = (0..rows.len() as u32).collect();
+        draftc_ops::kv::gather_rows(self.client(), &all, rows, &out, &dst)?;
+        Ok(out)
+    }
+
+    /// Prefills `prompts` (slot, ids) in passes of at most `max_rows` rows;
+    /// returns the logits of every prompt's last position, `[prompts, vocab]`
+    /// in `prompts` order, and the passes run.
+    pub fn prefill(
+        &mut self,
+        prompts: &[(usize, Vec<u32>)],
+        mut on_pass: impl FnMut(&Outputs<R>, &Step, &[u32]) -> Result<(), EngineError>,
+    ) -> Result<(DeviceTensor<R>, usize), EngineError> {
+        if prompts.iter().any(|(_, p)| p.is_empty()) {
+            return Err(EngineError::Invalid("an empty prompt".into()));
+        }
+        let mut done = vec![0usize; prompts.len()];
+        let last = DeviceTensor::<R>::empty(
+            self.client(),
+            &[prompts.len(), self.vocab],
+            self.exec.dtype(),
+        );
+        let mut passes = 0;
+        while done.iter().zip(prompts).any(|(d, (_, p))| *d < p.len()) {
+            let mut step = Step::default();
+            let mut ids = Vec::new();
+            let mut finishing = Vec::new();
+            for (i, (slot, p)) in prompts.iter().enumerate() {
+                let room = self.max_rows - ids.len();
+                if done[i] >= p.len() || room == 0 {
+                    continue;
+                }
+                let n = room.min(p.len() - done[i]);
+                step.seqs.push(SeqStep::chain(*slot, done[i] as u32, n));
+                ids.extend_from_slice(&p[done[i]..done[i] + n]);
+                done[i] += n;
+                if done[i] == p.len() {
+                    finishing.push((i, ids.len() as u32 - 1));
+                }
+            }
+            let out = self.forward(&step, &ids)?;
+            on_pass(&out, &step, &ids)?;
+            passes += 1;
+            let logits = out.get("logits")?;
+            let rows: Vec<u32> = finishing.iter().map(|f| f.1).collect();
+            let dst: Vec<u32> = finishing.iter().map(|f| f.0 as u32).collect();
+            if !rows.is_empty() {
+                let all = logits.reshape(&[ids.len(), self.vocab])?;
+                draftc_ops::kv::gather_rows(self.client(), &all, &rows, &last, &dst)?;
+            }
+        }
+        Ok((last, passes))
+    }
+}
+
+/// Every weight the graph's plan binds.
+pub fn weight_specs(
+    graph: &Graph,
+    tw: &TargetWeights,
+) -> Result<Vec<draftc_codegen::bind::WeightSpec>, EngineError> {
+    let cfg = draftc_codegen::PlanConfig {
+        tokens: 1,
+        batch: 1,
+        context: 0,
+        dtype: PlanDType::F32,
+        fuse: true,
+    };
+    let plan = draftc_codegen::plan(graph, tw, &cfg).map_err(ExecError::from)?;
+    draftc_codegen::pipeline::weights(&plan).map_err(|e| EngineError::Exec(ExecError::Bind(e)))
+}
