@@ -8,13 +8,22 @@
 //! | `target.rs` | [`TargetModel`]: config → graph → plan → executor, KV caches, prefill in chunks |
 //! | `select.rs` | [`Sampling`], [`select_tokens`]: picking next tokens from logits rows on the device |
 //! | `autoregressive.rs` | [`generate`]: batched decoding, per-sequence stop, [`GenStats`] |
+//! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec), parallel (SpecFormer, Medusa) |
+//! | `speculative.rs` | [`generate_speculative`]: draft, verify (tree mask), accept, commit, [`SpecStats`] |
 
 mod autoregressive;
+mod drafters;
 mod select;
+mod speculative;
 pub(crate) mod target;
 
 pub use autoregressive::{generate, GenStats, Generation, Request};
+pub use drafters::{
+    model_drafter, Committed, Drafter, ParallelDrafter, PromptLookupDrafter, SelfSpecDrafter,
+    SeqView,
+};
 pub use select::{select_tokens, Sampling};
+pub use speculative::{generate_speculative, SpecGeneration, SpecStats};
 pub use target::{
     compile_target, target_config, weight_specs, EngineError, TargetModel, LLAMA_DRAFT,
 };

@@ -1,0 +1,380 @@
+//! Drafters the speculative engine can use, behind one [`Drafter`] trait:
+//!
+//! * [`PromptLookupDrafter`] — n-gram lookup in the sequence's own tokens
+//!   (`--drafter prompt-lookup`, `spec::prompt_lookup`);
+//! * [`SelfSpecDrafter`] — MagicDec self-speculation: the target's own
+//!   graph compiled from `models/magicdec.draft` (sliding-window + sink
+//!   attention over the target's KV cache) drafts a chain step by step,
+//!   writing tentative rows into the target's caches that are dropped again
+//!   before verification;
+//! * [`ParallelDrafter`] — SpecFormer / Medusa: one pass over the target's
+//!   hidden-state taps of every newly committed row (its own context cache
+//!   grows with them); the last row's `l` logit rows are the chain.
+//!   Convention (documented in docs/speculative.md): logit row `j` drafted
+//!   at position `p` predicts position `p + 2 + j` — position `p + 1` is the
+//!   target's own next token (the round's bonus), as in Medusa.
+//!
+//! Every drafter returns one [`DraftTree`] per sequence; the engine caps it
+//! to the budget and drops nodes with out-of-vocabulary tokens (a faulty
+//! drafter costs speed, never exactness).
+
+use std::collections::BTreeMap;
+
+use cubecl::prelude::*;
+use draftc_codegen::PlanDType;
+use draftc_ir::graph::Graph;
+use draftc_ir::op::{InputSource, Op};
+use draftc_ops::{DType, DeviceTensor};
+
+use super::select::{select_tokens, Sampling};
+use super::target::{EngineError, TargetModel};
+use crate::exec::{CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::spec::{DraftTree, PromptLookup};
+
+/// A sequence as the drafter sees it at the start of a round.
+#[derive(Clone, Debug)]
+pub struct SeqView<'a> {
+    pub slot: usize,
+    /// Prompt and generated tokens; the last one is not in the target's cache yet.
+    pub tokens: &'a [u32],
+    /// Rows in the target's cache (`tokens.len() - 1`).
+    pub committed: usize,
+}
+
+/// Rows a target pass committed for one sequence: packed row indices in
+/// that pass and their positions.
+#[derive(Clone, Debug)]
+pub struct Committed {
+    pub slot: usize,
+    pub rows: Vec<u32>,
+    pub positions: Vec<u32>,
+}
+
+/// Proposes draft trees; sees every target pass's committed rows.
+pub trait Drafter<R: Runtime> {
+    fn name(&self) -> String;
+
+    /// Draft length `l` it aims for (the chain length of one round).
+    fn length(&self) -> usize;
+
+    /// Called after every target pass (prefill chunks included) with the
+    /// rows that pass committed.
+    fn observe(
+        &mut self,
+        _client: &ComputeClient<R>,
+        _out: &Outputs<R>,
+        _committed: &[Committed],
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// One tree per sequence of `seqs`, each of at most `budget` nodes.
+    fn draft(
+        &mut self,
+        target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError>;
+
+    /// Forget the sequence in `slot`.
+    fn reset(&mut self, _slot: usize) {}
+}
+
+fn spec_err(e: crate::spec::SpecError) -> EngineError {
+    EngineError::Invalid(e.to_string())
+}
+
+/// Prompt-lookup drafting (chain, or a tree of up to `branches` continuations).
+pub struct PromptLookupDrafter {
+    pub lookup: PromptLookup,
+    pub branches: usize,
+}
+
+impl<R: Runtime> Drafter<R> for PromptLookupDrafter {
+    fn name(&self) -> String {
+        "prompt-lookup".into()
+    }
+
+    fn length(&self) -> usize {
+        self.lookup.max_tokens
+    }
+
+    fn draft(
+        &mut self,
+        _target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        seqs.iter()
+            .map(|s| {
+                if self.branches <= 1 {
+                    let mut t = self.lookup.propose(s.tokens);
+                    t.truncate(budget);
+                    DraftTree::chain(&t, &vec![0.0; t.len()]).map_err(spec_err)
+                } else {
+                    Ok(self.lookup.propose_tree(s.tokens, self.branches, budget))
+                }
+            })
+            .collect()
+    }
+}
+
+/// MagicDec self-speculation over the target's own caches.
+pub struct SelfSpecDrafter<R: Runtime> {
+    exec: Executor<R>,
+    own: CacheStore<R>,
+    l: usize,
+}
+
+impl<R: Runtime> SelfSpecDrafter<R> {
+    /// `graph`: a compiled self-speculative drafter (`base llama` + mask),
+    /// with the target's weights.
+    pub fn new(
+        client: &ComputeClient<R>,
+        graph: &Graph,
+        target: &TargetModel<R>,
+        weights: &HostWeights,
+        dtype: PlanDType,
+    ) -> Result<Self, EngineError> {
+        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
+        Ok(SelfSpecDrafter {
+            exec,
+            own: CacheStore::new(client, 1, 1, DType::F32),
+            l,
+        })
+    }
+}
+
+impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
+    fn name(&self) -> String {
+        self.exec.graph().name.clone()
+    }
+
+    fn length(&self) -> usize {
+        self.l
+    }
+
+    fn draft(
+        &mut self,
+        target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        let steps = self.l.min(budget);
+        let mut chains: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
+        let mut last: Vec<u32> = seqs
+            .iter()
+            .map(|s| *s.tokens.last().unwrap_or(&0))
+            .collect();
+        for j in 0..steps {
+            let step = Step {
+                seqs: seqs
+                    .iter()
+                    .map(|s| SeqStep::chain(s.slot, (s.committed + j) as u32, 1))
+                    .collect(),
+                ..Step::default()
+            };
+            let ids = DeviceTensor::upload_u32(target.client(), &last, &[last.len()])?;
+            let inputs = BTreeMap::from([("ids".to_string(), ids)]);
+            let out = self
+                .exec
+                .run(&step, &inputs, &mut self.own, Some(&mut target.caches))?;
+            let next = select_tokens(target.client(), out.get("logits")?, &Sampling::GREEDY, 0)?;
+            for (c, &t) in chains.iter_mut().zip(&next) {
+                c.push(t);
+            }
+            last = next;
+        }
+        // Drop the tentative rows: verification writes these positions again.
+        for s in seqs {
+            target.caches.truncate(s.slot, s.committed);
+        }
+        chains
+            .iter()
+            .map(|c| DraftTree::chain(c, &vec![0.0; c.len()]).map_err(spec_err))
+            .collect()
+    }
+}
+
+/// SpecFormer / Medusa: parallel drafting from the target's hidden-state taps.
+pub struct ParallelDrafter<R: Runtime> {
+    exec: Executor<R>,
+    caches: CacheStore<R>,
+    l: usize,
+    /// Graph inputs fed from taps: (input name, tap indices, stacked).
+    taps: Vec<(String, Vec<i64>, bool)>,
+    /// Latest proposal per slot.
+    proposals: BTreeMap<usize, Vec<u32>>,
+}
+
+impl<R: Runtime> ParallelDrafter<R> {
+    pub fn new(
+        client: &ComputeClient<R>,
+        graph: &Graph,
+        target: &TargetModel<R>,
+        weights: &HostWeights,
+        dtype: PlanDType,
+    ) -> Result<Self, EngineError> {
+        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
+        let mut taps = Vec::new();
+        for &i in &graph.inputs {
+            let n = graph.node(i);
+            match &n.op {
+                Op::Input(InputSource::TargetHidden { indices, stacked }) => {
+                    taps.push((n.name.clone(), indices.clone(), *stacked))
+                }
+                _ => {
+                    return Err(EngineError::Invalid(format!(
+                        "parallel drafter `{}`: input `{}` is not a target hidden-state tap",
+                        graph.name, n.name
+                    )))
+                }
+            }
+        }
+        Ok(ParallelDrafter {
+            exec,
+            caches: CacheStore::new(
+                client,
+                target.caches.slots(),
+                target.caches.capacity(),
+                ops_dtype(dtype),
+            ),
+            l,
+            taps,
+            proposals: BTreeMap::new(),
+        })
+    }
+}
+
+fn ops_dtype(d: PlanDType) -> DType {
+    match d {
+        PlanDType::F32 => DType::F32,
+        PlanDType::F16 => DType::F16,
+    }
+}
+
+impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
+    fn name(&self) -> String {
+        self.exec.graph().name.clone()
+    }
+
+    fn length(&self) -> usize {
+        self.l
+    }
+
+    fn observe(
+        &mut self,
+        c: &ComputeClient<R>,
+        out: &Outputs<R>,
+        committed: &[Committed],
+    ) -> Result<(), EngineError> {
+        let rows: Vec<u32> = committed
+            .iter()
+            .flat_map(|x| x.rows.iter().copied())
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let t = rows.len();
+        let mut inputs = BTreeMap::new();
+        for (name, idx, _) in &self.taps {
+            let k = idx.len();
+            let d = out.get(&format!("hidden[{}]", idx[0]))?;
+            let width = *d.shape().last().unwrap_or(&1);
+            let dst = DeviceTensor::<R>::empty(c, &[t * k, width], d.dtype());
+            for (j, i) in idx.iter().enumerate() {
+                let src = out.get(&format!("hidden[{i}]"))?;
+                let src = src.reshape(&[src.numel() / width, width])?;
+                let to: Vec<u32> = (0..t).map(|r| (r * k + j) as u32).collect();
+                draftc_ops::kv::gather_rows(c, &src, &rows, &dst, &to)?;
+            }
+            inputs.insert(name.clone(), dst);
+        }
+        let step = Step {
+            seqs: committed
+                .iter()
+                .filter(|x| !x.rows.is_empty())
+                .map(|x| crate::exec::SeqStep {
+                    slot: x.slot,
+                    positions: x.positions.clone(),
+                    parents: None,
+                })
+                .collect(),
+            ..Step::default()
+        };
+        let o = self.exec.run(&step, &inputs, &mut self.caches, None)?;
+        let logits = o.get("logits")?;
+        let vocab = *logits.shape().last().unwrap_or(&1);
+        let all = logits.reshape(&[logits.numel() / vocab, vocab])?;
+        // Last row of each sequence: its l logit rows.
+        let mut at = 0;
+        let mut pick_rows = Vec::new();
+        let mut owners = Vec::new();
+        for x in committed.iter().filter(|x| !x.rows.is_empty()) {
+            at += x.rows.len();
+            for j in 0..self.l {
+                pick_rows.push(((at - 1) * self.l + j) as u32);
+            }
+            owners.push(x.slot);
+        }
+        let picked = DeviceTensor::<R>::empty(c, &[pick_rows.len(), vocab], all.dtype());
+        let dst: Vec<u32> = (0..pick_rows.len() as u32).collect();
+        draftc_ops::kv::gather_rows(c, &all, &pick_rows, &picked, &dst)?;
+        let toks = select_tokens(c, &picked, &Sampling::GREEDY, 0)?;
+        for (i, slot) in owners.iter().enumerate() {
+            self.proposals
+                .insert(*slot, toks[i * self.l..(i + 1) * self.l].to_vec());
+        }
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        _target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        seqs.iter()
+            .map(|s| {
+                let mut p = self.proposals.get(&s.slot).cloned().unwrap_or_default();
+                p.truncate(budget);
+                DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)
+            })
+            .collect()
+    }
+
+    fn reset(&mut self, slot: usize) {
+        self.caches.reset(slot);
+        self.proposals.remove(&slot);
+    }
+}
+
+/// Builds the drafter a `models/*.draft` file describes.
+pub fn model_drafter<R: Runtime>(
+    client: &ComputeClient<R>,
+    graph: &Graph,
+    target: &TargetModel<R>,
+    weights: &HostWeights,
+    dtype: PlanDType,
+) -> Result<Box<dyn Drafter<R>>, EngineError> {
+    use draftc_ir::graph::DrafterKind;
+    match graph.meta.drafter_kind {
+        Some(DrafterKind::SelfSpeculative) => Ok(Box::new(SelfSpecDrafter::new(
+            client, graph, target, weights, dtype,
+        )?)),
+        Some(DrafterKind::Parallel) => Ok(Box::new(ParallelDrafter::new(
+            client, graph, target, weights, dtype,
+        )?)),
+        Some(DrafterKind::Autoregressive) => Err(EngineError::Invalid(format!(
+            "autoregressive drafters with memory streams (`{}`) are not wired into the engine yet; \
+             use specformer, medusa, magicdec or prompt-lookup",
+            graph.name
+        ))),
+        None => Err(EngineError::Invalid(format!(
+            "`{}` is a model, not a drafter",
+            graph.name
+        ))),
+    }
+}

@@ -1,0 +1,357 @@
+//! The speculative decoding loop (DESIGN.md §6), batched: every round,
+//! for every unfinished sequence,
+//!
+//! 1. **draft**: the [`Drafter`] proposes a tree (capped to the per-sequence
+//!    budget; out-of-vocabulary nodes are dropped with their subtrees);
+//! 2. **verify**: one target pass over `[last token, tree nodes…]` of all
+//!    sequences with the tree mask (positions `committed + depth`);
+//! 3. **accept**: greedy (the longest path whose tokens equal the target's
+//!    argmax, host side) or lossless speculative sampling (`ops::tree`
+//!    kernel, deterministic drafts: `q` one-hot);
+//! 4. **commit**: the accepted path's KV rows are compacted next to the
+//!    committed prefix, the bonus token becomes the next "last token";
+//!    the drafter observes the committed rows (hidden-state taps).
+//!
+//! Every round emits at least one token (the bonus), so a useless or faulty
+//! drafter degrades to autoregressive decoding, never to a wrong output.
+
+use std::time::Instant;
+
+use cubecl::prelude::*;
+use draftc_ops::tree::{accept_tree, AcceptMode};
+use draftc_ops::DeviceTensor;
+
+use super::drafters::{Committed, Drafter, SeqView};
+use super::select::{select_tokens, Sampling};
+use super::target::{EngineError, TargetModel};
+use super::Request;
+use crate::exec::{SeqStep, Step};
+use crate::spec::DraftTree;
+
+/// Round statistics of a speculative run.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpecStats {
+    pub sequences: usize,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    /// Verification rounds summed over sequences.
+    pub seq_rounds: usize,
+    /// Target passes (prefill chunks included).
+    pub target_passes: usize,
+    /// Draft tokens proposed (tree nodes) and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// The drafter's chain length `l`.
+    pub draft_len: usize,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub draft_s: f64,
+    pub verify_s: f64,
+}
+
+impl SpecStats {
+    /// τ: mean tokens emitted per sequence per round (accepted + bonus).
+    pub fn tau(&self) -> f64 {
+        (self.accepted + self.seq_rounds) as f64 / self.seq_rounds.max(1) as f64
+    }
+
+    /// Mean draft tokens per sequence per round (`k`).
+    pub fn k(&self) -> f64 {
+        self.drafted as f64 / self.seq_rounds.max(1) as f64
+    }
+
+    /// κ = a·l/k (paper 000): mean accepted draft tokens `a` per round,
+    /// scaled by the draft length over the draft tokens spent.
+    pub fn kappa(&self) -> f64 {
+        let a = self.accepted as f64 / self.seq_rounds.max(1) as f64;
+        a * self.draft_len as f64 / self.k().max(1e-9)
+    }
+
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        self.generated_tokens as f64 / self.decode_s.max(1e-9)
+    }
+}
+
+/// Output of [`generate_speculative`].
+#[derive(Clone, Debug, Default)]
+pub struct SpecGeneration {
+    pub tokens: Vec<Vec<u32>>,
+    pub stats: SpecStats,
+}
+
+/// Drops nodes whose token is outside the vocabulary (and their subtrees),
+/// then keeps the best `budget` nodes.
+fn sanitize(tree: DraftTree, vocab: usize, budget: usize) -> DraftTree {
+    let mut out = DraftTree::new();
+    let mut map: Vec<Option<usize>> = vec![None; tree.len()];
+    for (i, n) in tree.nodes().iter().enumerate() {
+        let parent_ok = n.parent.is_none_or(|p| map[p].is_some());
+        if (n.token as usize) < vocab && parent_ok {
+            let parent = n.parent.and_then(|p| map[p]);
+            if let Ok(j) = out.push(parent, n.token, n.logprob) {
+                map[i] = Some(j);
+            }
+        }
+    }
+    out.prune_to_best(budget)
+}
+
+/// Speculative generation: same contract as [`super::generate`] — with
+/// greedy sampling the tokens are exactly those of autoregressive decoding.
+/// `budget`: draft tokens per sequence per round at most.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative<R: Runtime>(
+    target: &mut TargetModel<R>,
+    drafter: &mut dyn Drafter<R>,
+    requests: &[Request],
+    max_tokens: usize,
+    sampling: &Sampling,
+    budget: usize,
+    stop: Option<u32>,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> Result<SpecGeneration, EngineError> {
+    sampling.validate()?;
+    if !sampling.is_greedy() && (sampling.top_k != 0 || sampling.top_p < 1.0) {
+        return Err(EngineError::Invalid(
+            "speculative sampling preserves the temperature-scaled distribution; top-k / top-p \
+             are supported with --no-spec only"
+                .into(),
+        ));
+    }
+    let b = requests.len();
+    if b > target.caches.slots() {
+        return Err(EngineError::Invalid(format!(
+            "{b} sequences but the caches were sized for {}",
+            target.caches.slots()
+        )));
+    }
+    let mut stats = SpecStats {
+        sequences: b,
+        prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
+        draft_len: drafter.length(),
+        ..SpecStats::default()
+    };
+    let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
+    if b == 0 || max_tokens == 0 {
+        return Ok(SpecGeneration { tokens: out, stats });
+    }
+    for slot in 0..b {
+        target.caches.reset(slot);
+        drafter.reset(slot);
+    }
+    let t0 = Instant::now();
+    let client = target.client().clone();
+    let vocab = target.vocab;
+    let prompts: Vec<(usize, Vec<u32>)> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i, r.prompt.clone()))
+        .collect();
+    let (last, passes) = target.prefill(&prompts, |o, step, _| {
+        let mut at = 0u32;
+        let committed: Vec<Committed> = step
+            .seqs
+            .iter()
+            .map(|s| {
+                let n = s.positions.len() as u32;
+                let c = Committed {
+                    slot: s.slot,
+                    rows: (at..at + n).collect(),
+                    positions: s.positions.clone(),
+                };
+                at += n;
+                c
+            })
+            .collect();
+        drafter.observe(&client, o, &committed)
+    })?;
+    stats.target_passes += passes;
+    let mut round = 0u32;
+    let first = pick_first(&client, &last, sampling, round)?;
+    stats.prefill_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let mut seqs: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
+    let mut active = Vec::new();
+    for (i, &tok) in first.iter().enumerate() {
+        out[i].push(tok);
+        seqs[i].push(tok);
+        on_token(i, tok);
+        if Some(tok) != stop && max_tokens > 1 {
+            active.push(i);
+        }
+    }
+    while !active.is_empty() {
+        round += 1;
+        // 1. Draft.
+        let td = Instant::now();
+        let views: Vec<SeqView<'_>> = active
+            .iter()
+            .map(|&i| SeqView {
+                slot: i,
+                tokens: &seqs[i],
+                committed: seqs[i].len() - 1,
+            })
+            .collect();
+        let room: Vec<usize> = active.iter().map(|&i| max_tokens - out[i].len()).collect();
+        let trees: Vec<DraftTree> = match drafter.draft(target, &views, budget) {
+            Ok(t) if t.len() == views.len() => t
+                .into_iter()
+                .zip(&room)
+                // Never draft past max_tokens: the bonus needs one slot.
+                .map(|(t, &r)| sanitize(t, vocab, budget.min(r.saturating_sub(1))))
+                .collect(),
+            // A failing drafter costs a round of speed, not correctness.
+            Ok(_) | Err(_) => views.iter().map(|_| DraftTree::new()).collect(),
+        };
+        stats.draft_s += td.elapsed().as_secs_f64();
+        // 2. Verify all trees in one target pass.
+        let tv = Instant::now();
+        let mut step = Step::default();
+        let mut ids = Vec::new();
+        for (v, tree) in views.iter().zip(&trees) {
+            let last_tok = *v.tokens.last().unwrap_or(&0);
+            let mut positions = vec![v.committed as u32];
+            positions.extend(tree.positions(v.committed + 1));
+            step.seqs.push(SeqStep {
+                slot: v.slot,
+                positions,
+                parents: Some(tree.verify_parents()),
+            });
+            ids.extend(tree.verify_tokens(last_tok));
+            stats.drafted += tree.len();
+        }
+        drop(views);
+        let o = target.forward(&step, &ids)?;
+        stats.target_passes += 1;
+        let logits = o.get("logits")?;
+        // 3. Accept.
+        let accepted = accept(&client, logits, &step, &ids, &trees, sampling, round, vocab)?;
+        stats.verify_s += tv.elapsed().as_secs_f64();
+        // 4. Commit.
+        let mut committed = Vec::new();
+        let mut still = Vec::new();
+        let mut base = 0u32;
+        for ((&i, s), (nodes, bonus)) in active.iter().zip(&step.seqs).zip(&accepted) {
+            let committed_len = seqs[i].len() - 1;
+            let keep: Vec<usize> = std::iter::once(0).chain(nodes.iter().copied()).collect();
+            target.caches.compact(i, committed_len, &keep)?;
+            committed.push(Committed {
+                slot: i,
+                rows: keep.iter().map(|&k| base + k as u32).collect(),
+                positions: (committed_len as u32..(committed_len + keep.len()) as u32).collect(),
+            });
+            base += s.positions.len() as u32;
+            stats.seq_rounds += 1;
+            stats.accepted += nodes.len();
+            let emitted: Vec<u32> = nodes
+                .iter()
+                .map(|&k| ids[committed.last().map_or(0, |c| c.rows[0]) as usize + k])
+                .chain(std::iter::once(*bonus))
+                .collect();
+            let mut done = false;
+            for tok in emitted {
+                out[i].push(tok);
+                seqs[i].push(tok);
+                on_token(i, tok);
+                if Some(tok) == stop || out[i].len() >= max_tokens {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                still.push(i);
+            }
+        }
+        drafter.observe(&client, &o, &committed)?;
+        active = still;
+    }
+    stats.decode_s = t1.elapsed().as_secs_f64();
+    stats.generated_tokens = out.iter().map(Vec::len).sum();
+    Ok(SpecGeneration { tokens: out, stats })
+}
+
+/// First token after the prompt, from the prefill's last logits.
+fn pick_first<R: Runtime>(
+    client: &ComputeClient<R>,
+    last: &DeviceTensor<R>,
+    sampling: &Sampling,
+    round: u32,
+) -> Result<Vec<u32>, EngineError> {
+    if sampling.is_greedy() {
+        return select_tokens(client, last, sampling, 0);
+    }
+    // The same rule as every later round: a tree of only the root.
+    let v = *last.shape().last().unwrap_or(&1);
+    let rows = last.numel() / v;
+    let mut firsts = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let one = DeviceTensor::<R>::empty(client, &[1, v], last.dtype());
+        draftc_ops::kv::gather_rows(client, &last.reshape(&[rows, v])?, &[r as u32], &one, &[0])?;
+        let mode = AcceptMode::Sampling {
+            temperature: sampling.temperature,
+            seed: sampling.seed ^ (r as u64) << 32,
+            step: round,
+        };
+        firsts.push(
+            accept_tree(
+                client,
+                &[0],
+                &[draftc_ops::attention::TREE_ROOT],
+                &one,
+                None,
+                mode,
+            )?
+            .bonus,
+        );
+    }
+    Ok(firsts)
+}
+
+/// Per sequence of `step`: accepted node indices (verify-tree numbering,
+/// root = 0 excluded) and the bonus token.
+#[allow(clippy::too_many_arguments)]
+fn accept<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    step: &Step,
+    ids: &[u32],
+    trees: &[DraftTree],
+    sampling: &Sampling,
+    round: u32,
+    vocab: usize,
+) -> Result<Vec<(Vec<usize>, u32)>, EngineError> {
+    let mut res = Vec::with_capacity(trees.len());
+    if sampling.is_greedy() {
+        let argmax = select_tokens(client, logits, &Sampling::GREEDY, 0)?;
+        let mut at = 0;
+        for (s, tree) in step.seqs.iter().zip(trees) {
+            let n = s.positions.len();
+            let a = tree
+                .longest_accepted_path(argmax[at], &argmax[at + 1..at + n])
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            res.push((a.nodes.iter().map(|&k| k + 1).collect(), a.bonus));
+            at += n;
+        }
+        return Ok(res);
+    }
+    let all = logits.reshape(&[logits.numel() / vocab, vocab])?;
+    let mut at = 0u32;
+    for (si, (s, tree)) in step.seqs.iter().zip(trees).enumerate() {
+        let n = s.positions.len() as u32;
+        let part = DeviceTensor::<R>::empty(client, &[n as usize, vocab], logits.dtype());
+        let rows: Vec<u32> = (at..at + n).collect();
+        let dst: Vec<u32> = (0..n).collect();
+        draftc_ops::kv::gather_rows(client, &all, &rows, &part, &dst)?;
+        let mode = AcceptMode::Sampling {
+            temperature: sampling.temperature,
+            seed: sampling.seed ^ (s.slot as u64) << 32,
+            step: round,
+        };
+        let toks = &ids[at as usize..(at + n) as usize];
+        let a = accept_tree(client, toks, &tree.verify_parents(), &part, None, mode)?;
+        let _ = si;
+        res.push((a.accepted.iter().map(|&k| k as usize).collect(), a.bonus));
+        at += n;
+    }
+    Ok(res)
+}

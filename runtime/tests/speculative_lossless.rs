@@ -1,0 +1,212 @@
+//! Lossless greedy speculative decoding on a tiny random target: for every
+//! drafter (prompt lookup as a chain and as a tree, MagicDec
+//! self-speculation, SpecFormer and Medusa with deterministic random
+//! weights), budgets and batch sizes 1 and 3, the speculative token ids
+//! equal autoregressive decoding's exactly. A faulty drafter (out-of-
+//! vocabulary ids, random trees) changes nothing either.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use cubecl::prelude::*;
+use draftc_codegen::{PlanDType, TargetWeights};
+use draftc_ir::{Graph, Resolver, TargetConfig};
+use draftc_ops::testing::wgpu_client;
+use draftc_runtime::engine::{
+    generate, generate_speculative, model_drafter, weight_specs, Drafter, EngineError,
+    PromptLookupDrafter, Request, Sampling, SeqView, TargetModel,
+};
+use draftc_runtime::exec::HostWeights;
+use draftc_runtime::spec::{DraftTree, PromptLookup};
+
+type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+struct ModelsDir;
+impl Resolver for ModelsDir {
+    fn resolve(&self, name: &str) -> Option<(String, String)> {
+        let p = repo().join("models").join(format!("{name}.draft"));
+        Some((p.display().to_string(), std::fs::read_to_string(p).ok()?))
+    }
+}
+
+fn tiny_config() -> TargetConfig {
+    let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
+    let mut cfg = draftc_ir::parse_preset(&src).unwrap();
+    for (k, v) in [
+        ("n", 2),
+        ("d", 32),
+        ("h", 4),
+        ("hkv", 2),
+        ("f", 48),
+        ("v", 97),
+    ] {
+        cfg.ints.insert(k.into(), v);
+    }
+    cfg
+}
+
+fn compile(name: &str, cfg: &TargetConfig) -> Graph {
+    let src = std::fs::read_to_string(repo().join("models").join(format!("{name}.draft"))).unwrap();
+    draftc_ir::compile(&src, cfg, &BTreeMap::new(), &ModelsDir).unwrap()
+}
+
+fn weights(specs: &[draftc_codegen::bind::WeightSpec]) -> HostWeights {
+    let mut w = HostWeights::random(specs, 7);
+    for (name, (_, data)) in w.tensors.iter_mut() {
+        let scale = if name.contains("o_proj") || name.contains("down_proj") {
+            6.0
+        } else if name == "model.norm.weight" {
+            3.0
+        } else {
+            1.0
+        };
+        data.iter_mut().for_each(|x| *x *= scale);
+    }
+    w
+}
+
+fn target(slots: usize) -> (TargetModel<Wgpu>, HostWeights) {
+    let cfg = tiny_config();
+    let g = compile("llama", &cfg);
+    let tw = TargetWeights::new(&cfg, &g.meta.exports);
+    let w = weights(&weight_specs(&g, &tw).unwrap());
+    let t = TargetModel::from_parts(&wgpu_client(), g, cfg, w.clone(), slots, 96, PlanDType::F32)
+        .unwrap();
+    (t, w)
+}
+
+fn prompts(b: usize) -> Vec<Request> {
+    [
+        vec![5u32, 17, 3, 90, 44, 2, 61, 5, 17, 3],
+        vec![8],
+        vec![33, 33, 33, 12, 70, 1, 9, 9, 14, 50, 21, 12, 70],
+    ]
+    .into_iter()
+    .take(b)
+    .map(|prompt| Request { prompt })
+    .collect()
+}
+
+const MAX: usize = 20;
+
+fn reference(t: &mut TargetModel<Wgpu>, b: usize) -> Vec<Vec<u32>> {
+    generate(t, &prompts(b), MAX, &Sampling::GREEDY, None, &mut |_, _| {})
+        .unwrap()
+        .tokens
+}
+
+fn check(t: &mut TargetModel<Wgpu>, d: &mut dyn Drafter<Wgpu>, b: usize, budget: usize) -> f64 {
+    let want = reference(t, b);
+    let got = generate_speculative(
+        t,
+        d,
+        &prompts(b),
+        MAX,
+        &Sampling::GREEDY,
+        budget,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(got.tokens, want, "{} batch {b} budget {budget}", d.name());
+    got.stats.tau()
+}
+
+#[test]
+fn prompt_lookup_chain_and_tree_are_lossless() {
+    let (mut t, _) = target(3);
+    for b in [1, 3] {
+        for budget in [1, 3, 8] {
+            let mut chain = PromptLookupDrafter {
+                lookup: PromptLookup::new(1, 3, budget).unwrap(),
+                branches: 1,
+            };
+            let tau = check(&mut t, &mut chain, b, budget);
+            assert!(tau >= 1.0);
+            let mut tree = PromptLookupDrafter {
+                lookup: PromptLookup::new(1, 3, 4).unwrap(),
+                branches: 3,
+            };
+            check(&mut t, &mut tree, b, budget);
+        }
+    }
+}
+
+#[test]
+fn model_drafters_are_lossless() {
+    let (mut t, tw) = target(3);
+    let cfg = tiny_config();
+    let client = wgpu_client();
+    for name in ["magicdec", "specformer", "medusa"] {
+        let g = compile(name, &cfg);
+        let specs = weight_specs(&g, &t.weights).unwrap();
+        let mut w = HostWeights::random(&specs, 99);
+        // Shared target tensors keep the target's values.
+        for (k, v) in &tw.tensors {
+            if w.tensors.contains_key(k) {
+                w.tensors.insert(k.clone(), v.clone());
+            }
+        }
+        let mut d = model_drafter(&client, &g, &t, &w, PlanDType::F32).unwrap();
+        for b in [1, 3] {
+            for budget in [2, 4] {
+                check(&mut t, d.as_mut(), b, budget);
+            }
+        }
+    }
+}
+
+/// Proposes garbage: out-of-vocabulary ids and random trees.
+struct Faulty(u64);
+
+impl<R: Runtime> Drafter<R> for Faulty {
+    fn name(&self) -> String {
+        "faulty".into()
+    }
+    fn length(&self) -> usize {
+        4
+    }
+    fn draft(
+        &mut self,
+        _: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        _: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        if self.0 % 5 == 4 {
+            self.0 += 1;
+            return Err(EngineError::Invalid("drafter crashed".into()));
+        }
+        Ok(seqs
+            .iter()
+            .map(|_| {
+                let mut tr = DraftTree::new();
+                for i in 0..6 {
+                    self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1);
+                    let tok = (self.0 >> 40) as u32 % 130; // some >= vocab 97
+                    let parent = if i == 0 {
+                        None
+                    } else {
+                        Some((self.0 >> 20) as usize % i)
+                    };
+                    let _ = tr.push(parent, tok, -1.0);
+                }
+                tr
+            })
+            .collect())
+    }
+}
+
+#[test]
+fn a_faulty_drafter_cannot_change_the_output() {
+    let (mut t, _) = target(3);
+    for b in [1, 3] {
+        check(&mut t, &mut Faulty(3), b, 6);
+    }
+}
