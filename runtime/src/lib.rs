@@ -6,3 +6,4 @@ pub mod device;
 pub mod engine;
 pub mod exec;
 pub mod model;
+pub mod spec;
