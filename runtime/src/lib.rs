@@ -6,4 +6,5 @@ pub mod device;
 pub mod engine;
 pub mod exec;
 pub mod model;
+pub mod perf_model;
 pub mod spec;

@@ -30,6 +30,8 @@ enum Command {
     Plan(cli::plan::PlanArgs),
     /// Generate text with the target model (speculative decoding unless --no-spec).
     Generate(cli::generate::GenerateArgs),
+    /// Paper 004's throughput multiplier τ/Δt over a (batch, context) grid (table + SVG plot).
+    PerfModel(cli::perf_model::PerfModelArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,5 +43,6 @@ fn main() -> ExitCode {
         Command::Convert(args) => cli::convert::run(args),
         Command::Plan(args) => cli::plan::run(args),
         Command::Generate(args) => cli::generate::run(args),
+        Command::PerfModel(args) => cli::perf_model::run(args),
     }
 }

@@ -6,5 +6,6 @@ pub mod convert;
 pub mod fetch;
 pub mod generate;
 pub mod inspect;
+pub mod perf_model;
 pub mod plan;
 pub mod source;
