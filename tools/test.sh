@@ -8,23 +8,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-need_vulkan() {
-  [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ] \
-    || ! ldconfig -p | grep -q 'libvulkan.so.1'
-}
-if need_vulkan; then
-  echo "==> installing Vulkan loader and Mesa lavapipe (mesa-vulkan-drivers libvulkan1)"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
-fi
+source tools/lavapipe.sh
+ensure_lavapipe
 if ! command -v cargo >/dev/null; then
   echo "error: cargo not found; install a stable Rust toolchain (https://rustup.rs) and re-run" >&2
   exit 1
 fi
 
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/draftc-xdg-$(id -u)}"
-mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 echo "==> cargo fmt --check"

@@ -15,12 +15,17 @@ use clap::Args;
 use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 
-use crate::engine::{generate, Request, Sampling, TargetModel};
+use crate::engine::{
+    generate, generate_speculative, model_drafter, weight_specs, Drafter, PromptLookupDrafter,
+    Request, Sampling, SpecStats, TargetModel,
+};
+use crate::exec::HostWeights;
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
+use crate::spec::PromptLookup;
 
 #[derive(Args, Clone, Debug)]
 pub struct GenerateArgs {
@@ -50,6 +55,21 @@ pub struct GenerateArgs {
     /// Plain autoregressive decoding (no drafter).
     #[arg(long)]
     pub no_spec: bool,
+    /// `prompt-lookup` (default) or a drafter description file (`models/specformer.draft`, …).
+    #[arg(long, default_value = "prompt-lookup")]
+    pub drafter: String,
+    /// Weights of a model drafter: `random:SEED` (no trained weights ship) or a safetensors file.
+    #[arg(long, default_value = "random:0")]
+    pub drafter_weights: String,
+    /// Draft tokens per sequence per round at most (`k`).
+    #[arg(long, default_value_t = 8)]
+    pub budget: usize,
+    /// Prompt lookup: continuations merged into a tree (1 = chain).
+    #[arg(long, default_value_t = 1)]
+    pub branches: usize,
+    /// Skip the autoregressive baseline run (no speedup in the stats line).
+    #[arg(long)]
+    pub no_baseline: bool,
     /// Feed the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
@@ -162,34 +182,160 @@ fn generate_on<R: Runtime>(
             }
         }
     };
-    let r#gen = generate(
+    let print_all = |tokens: &[Vec<u32>]| -> Result<(), String> {
+        if stream {
+            println!();
+        } else {
+            for toks in tokens {
+                let keep: Vec<u32> = toks.iter().copied().filter(|&t| Some(t) != stop).collect();
+                println!("{}", tokenizer.decode(&keep).map_err(|e| e.to_string())?);
+                println!();
+            }
+        }
+        Ok(())
+    };
+    if args.no_spec {
+        let r#gen = generate(
+            &mut target,
+            &requests,
+            args.max_tokens,
+            &sampling,
+            stop,
+            &mut on_token,
+        )
+        .map_err(|e| e.to_string())?;
+        print_all(&r#gen.tokens)?;
+        let s = &r#gen.stats;
+        eprintln!(
+            "autoregressive: {} sequences, {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s), prefill {:.2} s, {} target passes",
+            s.sequences,
+            s.prompt_tokens,
+            s.generated_tokens,
+            s.decode_s,
+            s.decode_tokens_per_s(),
+            s.prefill_s,
+            s.target_passes
+        );
+        return Ok(());
+    }
+    let mut drafter = make_drafter(client, args, model, &target, dtype)?;
+    let spec = generate_speculative(
         &mut target,
+        drafter.as_mut(),
         &requests,
         args.max_tokens,
         &sampling,
+        args.budget,
         stop,
         &mut on_token,
     )
     .map_err(|e| e.to_string())?;
-    if stream {
-        println!();
+    print_all(&spec.tokens)?;
+    let baseline = if args.no_baseline {
+        None
     } else {
-        for toks in &r#gen.tokens {
-            let keep: Vec<u32> = toks.iter().copied().filter(|&t| Some(t) != stop).collect();
-            println!("{}", tokenizer.decode(&keep).map_err(|e| e.to_string())?);
-            println!();
+        if !args.quiet {
+            eprintln!("measuring the autoregressive baseline on the same prompts …");
         }
-    }
-    let s = &r#gen.stats;
-    eprintln!(
-        "autoregressive: {} sequences, {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s), prefill {:.2} s, {} target passes",
+        let base = generate(
+            &mut target,
+            &requests,
+            args.max_tokens,
+            &sampling,
+            stop,
+            &mut |_, _| {},
+        )
+        .map_err(|e| e.to_string())?;
+        if sampling.is_greedy() && base.tokens != spec.tokens {
+            return Err(
+                "internal error: speculative output differs from autoregressive greedy output"
+                    .into(),
+            );
+        }
+        Some(base.stats.decode_tokens_per_s())
+    };
+    eprintln!("{}", stats_line(&drafter.name(), &spec.stats, baseline));
+    Ok(())
+}
+
+/// The stats line: rounds, τ, k, κ, tokens/s and the speedup over the
+/// autoregressive baseline measured in the same run.
+pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> String {
+    let speed = s.decode_tokens_per_s();
+    let speedup = match baseline_tps {
+        Some(b) => format!(
+            ", autoregressive {b:.1} tokens/s, speedup {:.2}x",
+            speed / b.max(1e-9)
+        ),
+        None => String::new(),
+    };
+    format!(
+        "speculative ({drafter}): {} sequences, {} rounds, tau {:.2}, k {:.2}, kappa {:.2}, {} generated in {:.2} s ({speed:.1} tokens/s){speedup}",
         s.sequences,
-        s.prompt_tokens,
+        s.seq_rounds,
+        s.tau(),
+        s.k(),
+        s.kappa(),
         s.generated_tokens,
         s.decode_s,
-        s.decode_tokens_per_s(),
-        s.prefill_s,
-        s.target_passes
-    );
-    Ok(())
+    )
+}
+
+fn make_drafter<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &GenerateArgs,
+    model: &ConvertedModel,
+    target: &TargetModel<R>,
+    dtype: PlanDType,
+) -> Result<Box<dyn Drafter<R>>, String> {
+    if args.drafter == "prompt-lookup" {
+        let lookup = PromptLookup::new(1, 3, args.budget).map_err(|e| e.to_string())?;
+        return Ok(Box::new(PromptLookupDrafter {
+            lookup,
+            branches: args.branches.max(1),
+        }));
+    }
+    let path = std::path::Path::new(&args.drafter);
+    let src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let resolver = super::source::DirResolver::near(Some(path));
+    let graph =
+        match draftc_ir::compile(&src, &target.target_config, &Default::default(), &resolver) {
+            Ok(g) => g,
+            Err(diags) => {
+                super::source::report(&args.drafter, &src, &diags);
+                return Err(format!("{} does not compile", path.display()));
+            }
+        };
+    let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
+    let mut weights = match args.drafter_weights.strip_prefix("random:") {
+        Some(seed) => HostWeights::random(
+            &specs,
+            seed.parse().map_err(|_| {
+                format!("--drafter-weights random:SEED needs an integer, got `{seed}`")
+            })?,
+        ),
+        None => {
+            let path = std::path::Path::new(&args.drafter_weights);
+            let f = crate::model::safetensors_io::SafetensorsFile::open(path)
+                .map_err(|e| e.to_string())?;
+            let mut w = HostWeights::default();
+            for s in &specs {
+                let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
+                if let Ok(data) = f.tensor_f32(&s.name, &shape) {
+                    let dims = shape.iter().map(|&d| d as usize).collect();
+                    w.tensors.insert(s.name.clone(), (dims, data));
+                }
+            }
+            w
+        }
+    };
+    // Tensors the drafter shares with the target (embedding, LM head, the
+    // whole model for self-speculation) always come from the target.
+    let shared: Vec<_> = specs
+        .iter()
+        .filter(|s| model.weights.shape(&s.name).is_ok())
+        .cloned()
+        .collect();
+    weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
+    model_drafter(client, &graph, target, &weights, dtype).map_err(|e| e.to_string())
 }

@@ -1,0 +1,15 @@
+# Sourced by tools/test.sh and tools/demo.sh: `ensure_lavapipe` installs the
+# Vulkan loader and Mesa's lavapipe (Vulkan on the CPU, what CubeCL's wgpu
+# runtime uses without a GPU) when they are missing, and points
+# XDG_RUNTIME_DIR at a private directory (silences Mesa's warnings).
+ensure_lavapipe() {
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  if { [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; } \
+    || ! ldconfig -p | grep -q 'libvulkan.so.1'; then
+    echo "==> installing Vulkan loader and Mesa lavapipe (mesa-vulkan-drivers libvulkan1)"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+  fi
+  export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/draftc-xdg-$(id -u)}"
+  mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+}
