@@ -427,11 +427,7 @@ impl DraftTree {
 
     /// Level-by-level expansion shared by the static builders:
     /// `children(depth, parent, path)` gives the children of one node.
-    fn expand_levels(
-        levels: usize,
-        budget: usize,
-        children: &mut LevelChildren<'_>,
-    ) -> DraftTree {
+    fn expand_levels(levels: usize, budget: usize, children: &mut LevelChildren<'_>) -> DraftTree {
         let mut t = DraftTree::new();
         let mut frontier: Vec<Option<usize>> = vec![None];
         for d in 0..levels {
