@@ -28,7 +28,7 @@ use draftc_ops::{DType, DeviceTensor};
 
 use super::select::{select_tokens, Sampling};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::exec::{ops_dtype, CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
 use crate::spec::{DraftTree, PromptLookup};
 
 /// A sequence as the drafter sees it at the start of a round.
@@ -245,13 +245,6 @@ impl<R: Runtime> ParallelDrafter<R> {
             taps,
             proposals: BTreeMap::new(),
         })
-    }
-}
-
-fn ops_dtype(d: PlanDType) -> DType {
-    match d {
-        PlanDType::F32 => DType::F32,
-        PlanDType::F16 => DType::F16,
     }
 }
 

@@ -109,14 +109,16 @@ pub struct Executor<R: Runtime> {
     plans: HashMap<usize, Plan>,
 }
 
-fn ops_dtype(d: PlanDType) -> DType {
+/// The ops dtype of a plan dtype.
+pub fn ops_dtype(d: PlanDType) -> DType {
     match d {
         PlanDType::F32 => DType::F32,
         PlanDType::F16 => DType::F16,
     }
 }
 
-fn ops_mask(m: IrMask) -> Mask {
+/// The ops mask of an IR mask (same predicates, u32 parameters).
+pub(crate) fn ops_mask(m: IrMask) -> Mask {
     match m {
         IrMask::Causal => Mask::Causal,
         IrMask::Full => Mask::Full,

@@ -10,12 +10,12 @@ use std::collections::BTreeMap;
 
 use draftc_codegen::TargetWeights;
 use draftc_ir::graph::{Graph, ValueId};
-use draftc_ir::op::{AttentionAttrs, Axis, Cache, InputSource, Mask as IrMask, Op};
+use draftc_ir::op::{AttentionAttrs, Axis, Cache, InputSource, Op};
 use draftc_ops::attention::{attention_ref, AttnDims, Mask, SeqBatch, TREE_ROOT};
 use draftc_ops::linear::reference::{linear, Epilogue, Prologue};
 
 use super::cache::HostCaches;
-use super::executor::{broadcast_rows, ExecError};
+use super::executor::{broadcast_rows, ops_mask, ExecError};
 use super::step::{HostTensor, Inputs, Step};
 use super::weights::HostWeights;
 
@@ -37,23 +37,6 @@ struct Interp<'a> {
     w: &'a HostWeights,
     step: &'a Step,
     vals: BTreeMap<String, i64>,
-}
-
-fn ops_mask(m: IrMask) -> Mask {
-    match m {
-        IrMask::Causal => Mask::Causal,
-        IrMask::Full => Mask::Full,
-        IrMask::CrossDiagonal => Mask::CrossDiagonal,
-        IrMask::InverseBlock { window, offset } => Mask::InverseBlock {
-            window: window as u32,
-            offset: offset as u32,
-        },
-        IrMask::SlidingWindow { window, sink } => Mask::SlidingSink {
-            window: window as u32,
-            sink: sink as u32,
-        },
-        IrMask::Tree => Mask::Tree,
-    }
 }
 
 /// Evaluates `graph` for `step` with `inputs` by name, appending to `caches`
