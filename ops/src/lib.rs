@@ -63,6 +63,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod sampling;
 pub mod softmax;
+pub mod source;
 #[doc(hidden)]
 pub mod testing;
 

@@ -28,6 +28,8 @@ enum Command {
     Convert(cli::convert::ConvertArgs),
     /// Show the plan of fused kernel launches (FLOPs, bytes moved, fused vs unfused).
     Plan(cli::plan::PlanArgs),
+    /// Print the CUDA C++ or WGSL source of every distinct kernel a plan launches.
+    Emit(cli::emit::EmitArgs),
     /// Generate text with the target model (speculative decoding unless --no-spec).
     Generate(cli::generate::GenerateArgs),
     /// Paper 004's throughput multiplier τ/Δt over a (batch, context) grid (table + SVG plot).
@@ -42,6 +44,7 @@ fn main() -> ExitCode {
         Command::Fetch(args) => cli::fetch::run(args),
         Command::Convert(args) => cli::convert::run(args),
         Command::Plan(args) => cli::plan::run(args),
+        Command::Emit(args) => cli::emit::run(args),
         Command::Generate(args) => cli::generate::run(args),
         Command::PerfModel(args) => cli::perf_model::run(args),
     }

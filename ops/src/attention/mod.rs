@@ -27,6 +27,8 @@ mod reference;
 pub use launch::{attention, attention_rows, draft_dim_attention, AttnMeta};
 pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TREE_ROOT};
 pub use reference::attention_ref;
+// For `crate::source` (kernel source text without a device).
+pub(crate) use kernel::fused_attention;
 
 /// Largest supported head dimension.
 pub const MAX_HEAD_DIM: usize = 256;

@@ -5,25 +5,32 @@
 //! named through the target family model's exports.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use draftc_codegen::{PlanConfig, PlanDType, TargetWeights};
+use draftc_codegen::{Plan, PlanConfig, PlanDType, TargetWeights};
 use draftc_ir::{Resolver, TargetConfig};
 
-use super::source::{compile_file, load_target, parse_sets, Compiled, DirResolver};
+use super::source::{compile_file, load_target, parse_sets, Compiled, DirResolver, Reported};
 
 #[derive(Args)]
 pub struct PlanArgs {
     /// A model or drafter file.
     pub file: PathBuf,
-    /// Target preset: a name looked up next to the file or a path.
-    #[arg(long, default_value = "smollm2-135m")]
-    pub target: String,
     /// Plan every op as its own launch (no fusion).
     #[arg(long)]
     pub no_fuse: bool,
+    #[command(flatten)]
+    pub options: PlanOptions,
+}
+
+/// The configuration to plan for, shared by `draftc plan` and `draftc emit`.
+#[derive(Args)]
+pub struct PlanOptions {
+    /// Target preset: a name looked up next to the file or a path.
+    #[arg(long, default_value = "smollm2-135m")]
+    pub target: String,
     /// Tokens per sequence in this pass (`t`).
     #[arg(long, default_value_t = 16)]
     pub tokens: i64,
@@ -42,56 +49,57 @@ pub struct PlanArgs {
 }
 
 pub fn run(args: PlanArgs) -> ExitCode {
-    let Some(dtype) = PlanDType::parse(&args.dtype) else {
-        eprintln!("error: `--dtype {}`: expected f32 or f16", args.dtype);
-        return ExitCode::FAILURE;
-    };
-    let Ok(sets) = parse_sets(&args.sets) else {
-        return ExitCode::FAILURE;
-    };
-    let Ok((target, _)) = load_target(&args.target, Some(&args.file)) else {
-        return ExitCode::FAILURE;
-    };
-    let graph = match compile_file(&args.file, &target, &sets) {
-        Ok(Compiled::Graph(g)) => g,
-        Ok(Compiled::Preset(cfg)) => {
-            eprintln!(
-                "error: {} is a preset; plan a model or drafter file (e.g. the family `{}`)",
-                args.file.display(),
-                cfg.family
-            );
-            return ExitCode::FAILURE;
-        }
-        Err(_) => return ExitCode::FAILURE,
-    };
-    let exports = if graph.meta.exports.is_empty() {
-        family_exports(&args.file, &target)
-    } else {
-        graph.meta.exports.clone()
-    };
-    let config = PlanConfig {
-        tokens: args.tokens,
-        batch: args.batch,
-        context: args.context,
-        dtype,
-        fuse: !args.no_fuse,
-    };
-    match draftc_codegen::plan(&graph, &TargetWeights::new(&target, &exports), &config) {
+    match build_plan(&args.file, &args.options, !args.no_fuse) {
         Ok(plan) => {
             print!("{plan}");
             ExitCode::SUCCESS
         }
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+        Err(Reported) => ExitCode::FAILURE,
     }
+}
+
+/// Compiles `file` against the `--target` preset and plans it for the
+/// configuration in `options`; every failure is reported on stderr first.
+pub fn build_plan(file: &Path, options: &PlanOptions, fuse: bool) -> Result<Plan, Reported> {
+    let Some(dtype) = PlanDType::parse(&options.dtype) else {
+        eprintln!("error: `--dtype {}`: expected f32 or f16", options.dtype);
+        return Err(Reported);
+    };
+    let sets = parse_sets(&options.sets)?;
+    let (target, _) = load_target(&options.target, Some(file))?;
+    let graph = match compile_file(file, &target, &sets)? {
+        Compiled::Graph(g) => g,
+        Compiled::Preset(cfg) => {
+            eprintln!(
+                "error: {} is a preset; plan a model or drafter file (e.g. the family `{}`)",
+                file.display(),
+                cfg.family
+            );
+            return Err(Reported);
+        }
+    };
+    let exports = if graph.meta.exports.is_empty() {
+        family_exports(file, &target)
+    } else {
+        graph.meta.exports.clone()
+    };
+    let config = PlanConfig {
+        tokens: options.tokens,
+        batch: options.batch,
+        context: options.context,
+        dtype,
+        fuse,
+    };
+    draftc_codegen::plan(&graph, &TargetWeights::new(&target, &exports), &config).map_err(|e| {
+        eprintln!("error: {e}");
+        Reported
+    })
 }
 
 /// The target family model's weight exports (`embed`, `final_norm`,
 /// `lm_head`); empty when the family file is not found or does not compile
 /// (planning then reports the export it needs).
-fn family_exports(file: &std::path::Path, target: &TargetConfig) -> BTreeMap<String, String> {
+fn family_exports(file: &Path, target: &TargetConfig) -> BTreeMap<String, String> {
     let resolver = DirResolver::near(Some(file));
     let Some((_, src)) = resolver.resolve(&target.family) else {
         return BTreeMap::new();
