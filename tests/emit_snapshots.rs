@@ -108,3 +108,63 @@ fn emission_is_deterministic_across_threads() {
         assert_eq!(t.join().expect("no panic"), expected);
     }
 }
+
+/// The emitted CUDA C++ of every model, f32 and f16, compiles with NVRTC
+/// (`tools/nvrtc_check.py`; NVRTC comes from PyPI into a virtualenv under
+/// `target/`, so no GPU or CUDA toolkit is needed). Slow and downloads:
+/// `cargo test -p draftc-tests --test emit_snapshots -- --ignored`.
+#[test]
+#[ignore = "downloads NVRTC from PyPI (~100 MB); run with --ignored"]
+fn emitted_cuda_compiles_with_nvrtc() {
+    use std::process::Command;
+    let venv = repo().join("target/nvrtc-venv");
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        let ok = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .status()
+            .expect("python3 runs");
+        assert!(ok.success(), "python3 -m venv failed");
+        let ok = Command::new(&python)
+            .args(["-m", "pip", "install", "-q"])
+            .args(["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12"])
+            .status()
+            .expect("pip runs");
+        assert!(ok.success(), "pip install of NVRTC failed");
+    }
+    let dir = std::env::temp_dir().join(format!("draftc-nvrtc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let mut files = Vec::new();
+    for name in graph_models() {
+        for dtype in [PlanDType::F32, PlanDType::F16] {
+            let llama = compile_model("llama");
+            let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
+            let config = PlanConfig {
+                tokens: 16,
+                batch: 1,
+                context: 0,
+                dtype,
+                fuse: true,
+            };
+            let plan = draftc_codegen::plan(&compile_model(&name), &target, &config)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let path = dir.join(format!("{name}.{}.cu", dtype.name()));
+            std::fs::write(&path, emit(&plan, Backend::Cuda).expect("emits")).expect("write");
+            files.push(path);
+        }
+    }
+    let out = Command::new(&python)
+        .arg(repo().join("tools/nvrtc_check.py"))
+        .args(&files)
+        .args(["--arch", "compute_80"])
+        .output()
+        .expect("nvrtc_check runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -44,48 +44,14 @@ fn gbs(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e9
 }
 
-fn native_bandwidth() {
-    println!("## native memory bandwidth (Rust, this machine)");
-    let n = 64 << 20; // 64 Mi f32 = 256 MiB
-    let src: Vec<f32> = (0..n).map(|i| i as f32).collect();
-    let mut dst = vec![0f32; n];
-    let mut best_copy = Duration::MAX;
-    let mut best_sum = Duration::MAX;
-    let mut sink = 0f32;
-    for _ in 0..3 {
-        let t = Instant::now();
-        dst.copy_from_slice(&src);
-        best_copy = best_copy.min(t.elapsed());
-        let t = Instant::now();
-        // 8 independent accumulators so the adds vectorise.
-        let mut acc = [0f32; 8];
-        for c in src.chunks_exact(8) {
-            for k in 0..8 {
-                acc[k] += c[k];
-            }
-        }
-        sink += acc.iter().sum::<f32>();
-        best_sum = best_sum.min(t.elapsed());
-    }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let t = Instant::now();
-    std::thread::scope(|s| {
-        for chunk in src.chunks(n.div_ceil(threads)) {
-            s.spawn(move || chunk.iter().fold(0f32, |a, b| a + b));
-        }
-    });
-    let par_sum = t.elapsed();
+fn native_bandwidth(client: &ComputeClient<R>) {
+    println!("## memory bandwidth: host (Rust) and device (streaming-read probe)");
+    let (read, copy) = draftc_ops::probe::host_bandwidth();
+    let device = draftc_ops::probe::device_read_bandwidth(client).expect("probe");
     println!("| test | GB/s |\n|---|---|");
-    println!(
-        "| copy 256 MiB (read+write) | {:.1} |",
-        gbs(2 * 4 * n, best_copy)
-    );
-    println!("| sum 256 MiB, 1 thread | {:.1} |", gbs(4 * n, best_sum));
-    println!(
-        "| sum 256 MiB, {threads} threads | {:.1} |",
-        gbs(4 * n, par_sum)
-    );
-    println!("(checksum {sink}, {})\n", dst[n - 1]);
+    println!("| host: copy 256 MiB (read+write) | {:.1} |", copy / 1e9);
+    println!("| host: sum 256 MiB, every core | {:.1} |", read / 1e9);
+    println!("| device: stream_sum 64 MiB | {:.2} |\n", device / 1e9);
 }
 
 fn up(client: &ComputeClient<R>, shape: &[usize], dtype: DType, seed: u64) -> DeviceTensor<R> {
@@ -368,8 +334,8 @@ fn other_ops(client: &ComputeClient<R>, quick: bool) {
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
     let quick = std::env::var_os("DRAFTC_BENCH_QUICK").is_some();
-    native_bandwidth();
     let client = wgpu_client();
+    native_bandwidth(&client);
     println!(
         "device: {:?}\n",
         client

@@ -31,7 +31,9 @@ const OP_SILU: u32 = 3;
 
 #[cube]
 fn silu_v<N: Size>(x: Vector<f32, N>) -> Vector<f32, N> {
-    x / (Vector::new(1f32) + Vector::exp(-x))
+    // `0 - x`, not `-x`: CubeCL 0.10's CUDA dialect emits unary minus on its
+    // vector structs (`-float_4`), which NVRTC rejects (no such operator).
+    x / (Vector::new(1f32) + Vector::exp(Vector::new(0f32) - x))
 }
 
 /// `out[i] = op(a[i], b[i])` over `len_v` vectors; `b` is unused for SiLU.

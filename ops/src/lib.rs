@@ -43,7 +43,8 @@
 //! # Families
 //! Basic: [`rms_norm`], [`group_rms_norm`], [`linear`] (skinny GEMM with
 //! fused prologue/epilogue), [`rope`], [`elementwise`], [`embedding`],
-//! [`softmax`], [`argmax_topk`], [`sampling`], [`layer_sum`].
+//! [`softmax`], [`argmax_topk`], [`sampling`], [`layer_sum`]. Measurement:
+//! [`probe`] (the device's streaming-read roofline).
 
 pub mod attention;
 pub mod block;
@@ -59,6 +60,7 @@ pub mod embedding;
 pub mod group_rms_norm;
 pub mod layer_sum;
 pub mod linear;
+pub mod probe;
 pub mod rms_norm;
 pub mod rope;
 pub mod sampling;

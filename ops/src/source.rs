@@ -787,6 +787,7 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let p1 = scalar::<u32>(&mut b);
             let words = scalar::<u32>(&mut b);
             let (code, _, _) = mask.representative().kernel_args();
+            let tree = mask == MaskKind::Tree;
             k::expand::<F, k::N>(
                 &mut b.scope,
                 n,
@@ -808,6 +809,7 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
                 p1,
                 words,
                 code,
+                tree,
                 head_dim_cap / n,
             );
         }

@@ -4,7 +4,7 @@
 //! `Err`, never a launch.
 
 use draftc_ops::attention::{
-    attention, attention_ref, draft_dim_attention, AttnDims, Mask, SeqBatch, TREE_ROOT,
+    attention, attention_ref, draft_dim_attention, AttnDims, Mask, SeqBatch, TreeTail, TREE_ROOT,
 };
 use draftc_ops::testing::{assert_close, config, float_dtype, random_f32, random_u32, wgpu_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
@@ -142,6 +142,79 @@ proptest! {
     ) {
         check(dtype, dims, &tree_batch(committed, nodes, seed), Mask::Tree, seed)?;
     }
+}
+
+/// `batch` with a random tree tail: up to 40 tail keys per sequence, each
+/// query row seeing a random subset of them.
+fn with_tail(mut batch: SeqBatch, seed: u64) -> SeqBatch {
+    let r = random_u32(seed, batch.batch() + batch.total_q() * 40, 1 << 16);
+    let lens: Vec<usize> = (0..batch.batch())
+        .map(|s| (r[s] as usize % 41).min(batch.k_lens[s]))
+        .collect();
+    let mut visible = Vec::new();
+    let mut at = batch.batch();
+    for (s, &q) in batch.q_lens.iter().enumerate() {
+        for _ in 0..q {
+            visible.push(
+                (0..lens[s])
+                    .filter(|&j| !r[at + j].is_multiple_of(3))
+                    .collect(),
+            );
+            at += 40;
+        }
+    }
+    batch.tail = Some(TreeTail::from_visible(lens, &visible).unwrap());
+    batch
+}
+
+proptest! {
+    #![proptest_config(config(12))]
+
+    /// Positional masks plus a tree tail (autoregressive tree drafting over
+    /// a memory stream).
+    #[test]
+    fn tree_tail_matches_reference(
+        dtype in float_dtype(), dims in dims_strategy(), mask in mask_strategy(),
+        batch in batch_strategy(), seed in 0u64..1000,
+    ) {
+        check(dtype, dims, &with_tail(batch, seed), mask, seed)?;
+    }
+}
+
+/// The tail is a real restriction: with every bit set it changes nothing,
+/// with none set the tail keys are invisible (= the batch without them).
+#[test]
+fn tree_tail_semantics() {
+    let dims = AttnDims {
+        heads: 3,
+        kv_heads: 1,
+        head_dim: 8,
+    };
+    let base = SeqBatch::single(2, 6);
+    let (q, k, v) = (
+        random_f32(1, 2 * 3 * 8, -1.0, 1.0, DType::F32),
+        random_f32(2, 6 * 8, -1.0, 1.0, DType::F32),
+        random_f32(3, 6 * 8, -1.0, 1.0, DType::F32),
+    );
+    let all = SeqBatch {
+        tail: Some(TreeTail::from_visible(vec![2], &[vec![0, 1], vec![0, 1]]).unwrap()),
+        ..base.clone()
+    };
+    assert_eq!(
+        attention_ref(&q, &k, &v, dims, &all, Mask::CrossDiagonal),
+        attention_ref(&q, &k, &v, dims, &base, Mask::CrossDiagonal)
+    );
+    let none = SeqBatch {
+        tail: Some(TreeTail::from_visible(vec![2], &[vec![], vec![]]).unwrap()),
+        ..base.clone()
+    };
+    let mut short = SeqBatch::single(2, 4);
+    short.q_pos = base.q_pos.clone();
+    assert_eq!(
+        attention_ref(&q, &k, &v, dims, &none, Mask::Full),
+        attention_ref(&q, &k[..4 * 8], &v[..4 * 8], dims, &short, Mask::Full)
+    );
+    check(DType::F32, dims, &none, Mask::Full, 4).unwrap();
 }
 
 /// Two trees of different sizes in one batch (the runtime's batched verify).
@@ -314,6 +387,16 @@ fn invalid_arguments_are_errors() {
         &q
     )
     .is_err());
+    // tree tail: longer than the sequence, wrong bit count, with Mask::Tree
+    let mut long = batch.clone();
+    long.tail = Some(TreeTail::from_visible(vec![4], &[vec![], vec![], vec![]]).unwrap());
+    assert!(attention(&client, &q, &kv, &kv, dims, &long, Mask::Causal, &q).is_err());
+    let mut bits = batch.clone();
+    bits.tail = Some(TreeTail::from_visible(vec![2], &[vec![0]]).unwrap());
+    assert!(attention(&client, &q, &kv, &kv, dims, &bits, Mask::Causal, &q).is_err());
+    let mut both = SeqBatch::tree(0, &[TREE_ROOT, 0, 1]).unwrap();
+    both.tail = Some(TreeTail::from_visible(vec![1], &[vec![], vec![], vec![]]).unwrap());
+    assert!(attention(&client, &q, &kv, &kv, dims, &both, Mask::Tree, &q).is_err());
     // draft-dim: chunk 0
     let (q3, kv3) = (t(&[3, 1, 8]), t(&[3, 1, 4]));
     assert!(matches!(

@@ -11,7 +11,8 @@
 //!
 //! Per-row metadata `meta[row * 4 ..]` = `(q_pos, k_begin, k_end, tree_base)`:
 //! the query's position, the half-open key-row range of its sequence, and the
-//! first key row holding tree nodes (tree mask only). Launches cover the query
+//! first key row holding tree keys (with the comptime `tree` flag: the tree
+//! mask's nodes, or a [`super::TreeTail`]). Launches cover the query
 //! rows `row_offset .. row_offset + rows`; chunked launches differ only in
 //! `row_offset`, so every row is computed by the same code in the same order.
 
@@ -47,6 +48,7 @@ pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
     p1: u32,
     words: u32,
     #[comptime] mask: u32,
+    #[comptime] tree: bool,
     #[comptime] cap: usize,
 ) {
     let idx = ABSOLUTE_POS;
@@ -92,11 +94,13 @@ pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
                 let kp = k_pos[j as usize];
                 vis = kp <= qp && (kp < p1 || qp - kp < p0);
             }
-            if comptime!(mask == code::TREE) {
+            if tree {
+                // Tree keys (the last keys of the sequence): only those
+                // whose bit is set (ancestors of the query node).
                 if j >= tree_base {
                     let node = j - tree_base;
                     let bits = anc[(row * words + node / 32) as usize];
-                    vis = ((bits >> (node % 32)) & 1) == 1;
+                    vis = vis && ((bits >> (node % 32)) & 1) == 1;
                 }
             }
             if vis {

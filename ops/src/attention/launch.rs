@@ -42,7 +42,7 @@ impl<R: Runtime> AttnMeta<R> {
         let (q_starts, k_starts) = (batch.q_starts(), batch.k_starts());
         let mut meta = Vec::with_capacity(batch.total_q() * 4);
         for s in 0..batch.batch() {
-            let tree_base = k_starts[s + 1] - batch.q_lens[s].min(batch.k_lens[s]);
+            let tree_base = k_starts[s + 1] - batch.tree_keys(s, &mask);
             for row in q_starts[s]..q_starts[s + 1] {
                 meta.extend([
                     batch.q_pos[row],
@@ -52,11 +52,7 @@ impl<R: Runtime> AttnMeta<R> {
                 ]);
             }
         }
-        let (anc, words) = if mask == Mask::Tree {
-            batch.ancestor_bits()
-        } else {
-            (vec![0], 0)
-        };
+        let (anc, words) = batch.tree_bits(&mask).unwrap_or((vec![0], 0));
         let k_pos = if batch.k_pos.is_empty() {
             vec![0]
         } else {
@@ -110,7 +106,7 @@ impl<R: Runtime> AttnMeta<R> {
         for s in 0..batch.batch() {
             let (base, len) = (key_base[s], batch.k_lens[s]);
             k_pos[base..base + len].copy_from_slice(&batch.k_pos[k_starts[s]..k_starts[s + 1]]);
-            let tree_base = base + len - batch.q_lens[s].min(len);
+            let tree_base = base + len - batch.tree_keys(s, &mask);
             for row in q_starts[s]..q_starts[s + 1] {
                 meta.extend([
                     batch.q_pos[row],
@@ -120,11 +116,7 @@ impl<R: Runtime> AttnMeta<R> {
                 ]);
             }
         }
-        let (anc, words) = if mask == Mask::Tree {
-            batch.ancestor_bits()
-        } else {
-            (vec![0], 0)
-        };
+        let (anc, words) = batch.tree_bits(&mask).unwrap_or((vec![0], 0));
         Ok(AttnMeta {
             meta: DeviceTensor::upload_u32(client, &meta, &[batch.total_q(), 4])?,
             k_pos: DeviceTensor::upload_u32(client, &k_pos, &[k_pos.len()])?,
@@ -238,6 +230,7 @@ pub fn attention_rows<R: Runtime>(
     let units = rows.len() * heads;
     let count = cube_count(OP, units.div_ceil(CUBE_UNITS as usize))?;
     let (code, p0, p1) = meta.mask.kernel_args();
+    let tree = meta.words > 0;
     crate::dispatch_float!(q.dtype(), OP, F => {
         // SAFETY: shapes, metadata ranges (built by `AttnMeta::new` from a
         // validated batch) and the row range were checked above; the kernel
@@ -266,6 +259,7 @@ pub fn attention_rows<R: Runtime>(
                 p1,
                 meta.words as u32,
                 code,
+                tree,
                 cap_scalars / vec,
             )
         }

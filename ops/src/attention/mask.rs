@@ -30,6 +30,13 @@
 //! from the original text, so `qp - kp` is the distance in the text; the
 //! window counts the query itself (`w = 1` sees only itself and the sink).
 //!
+//! Tree tail ([`TreeTail`], any mask): the last `lens[s]` keys of sequence
+//! `s` are draft-tree states that a query may additionally see only if its
+//! bit for that key is set — an autoregressive drafter expanding a tree
+//! level by level over its memory stream (Beagle's predicted states) sees
+//! the states of its own ancestors, not its cousins'. The positional mask
+//! still applies to every key.
+//!
 //! A query that sees no key at all (e.g. position 0 under `CrossDiagonal`)
 //! gets an all-zero output row (softmax over the empty set is defined as 0).
 
@@ -62,11 +69,12 @@ pub(crate) mod code {
     pub const CROSS_DIAGONAL: u32 = 2;
     pub const INVERSE_BLOCK: u32 = 3;
     pub const SLIDING_SINK: u32 = 4;
-    pub const TREE: u32 = 5;
 }
 
 impl Mask {
-    /// The comptime code and the two runtime parameters passed to the kernel.
+    /// The comptime positional code and the two runtime parameters passed to
+    /// the kernel. `Mask::Tree` is the full mask plus tree bits (the kernel's
+    /// comptime `tree` flag, set whenever there are tree keys).
     pub(crate) fn kernel_args(&self) -> (u32, u32, u32) {
         match *self {
             Mask::Full => (code::FULL, 0, 0),
@@ -74,7 +82,7 @@ impl Mask {
             Mask::CrossDiagonal => (code::CROSS_DIAGONAL, 0, 0),
             Mask::InverseBlock { window, offset } => (code::INVERSE_BLOCK, window, offset),
             Mask::SlidingSink { window, sink } => (code::SLIDING_SINK, window, sink),
-            Mask::Tree => (code::TREE, 0, 0),
+            Mask::Tree => (code::FULL, 0, 0),
         }
     }
 
@@ -138,6 +146,48 @@ pub struct SeqBatch {
     /// index local to its sequence, or [`TREE_ROOT`]. The keys of sequence `s`
     /// are `[committed prefix (k_lens[s] - q_lens[s] rows) | its q_lens[s] nodes]`.
     pub parents: Vec<u32>,
+    /// Optional visibility restriction on the last keys of each sequence
+    /// (see [`TreeTail`]); not combinable with `Mask::Tree`.
+    pub tail: Option<TreeTail>,
+}
+
+/// Which of the last keys of each sequence each query row may see, as bits:
+/// `lens[s]` tail keys for sequence `s`, `words` u32 per query row, bit `j`
+/// of row `r` set iff the row may see tail key `j` of its sequence.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TreeTail {
+    pub lens: Vec<usize>,
+    pub bits: Vec<u32>,
+    pub words: usize,
+}
+
+impl TreeTail {
+    /// From per-sequence tail lengths and, for every query row (packed by
+    /// sequence), the tail keys it may see.
+    pub fn from_visible(lens: Vec<usize>, visible: &[Vec<usize>]) -> Result<TreeTail> {
+        let words = lens.iter().copied().max().unwrap_or(0).div_ceil(32).max(1);
+        let mut bits = vec![0u32; visible.len() * words];
+        for (row, keys) in visible.iter().enumerate() {
+            for &j in keys {
+                if j >= words * 32 {
+                    return Err(OpsError::IndexOutOfRange {
+                        op: "TreeTail",
+                        arg: "visible",
+                        position: row,
+                        index: j as u64,
+                        bound: words * 32,
+                    });
+                }
+                bits[row * words + j / 32] |= 1 << (j % 32);
+            }
+        }
+        Ok(TreeTail { lens, bits, words })
+    }
+
+    /// Whether query row `row` may see tail key `j`.
+    pub fn sees(&self, row: usize, j: usize) -> bool {
+        j / 32 < self.words && (self.bits[row * self.words + j / 32] >> (j % 32)) & 1 == 1
+    }
 }
 
 impl SeqBatch {
@@ -152,6 +202,7 @@ impl SeqBatch {
             q_pos,
             k_pos,
             parents: Vec::new(),
+            tail: None,
         }
     }
 
@@ -164,6 +215,7 @@ impl SeqBatch {
             q_pos: pos.clone(),
             k_pos: pos,
             parents: Vec::new(),
+            tail: None,
         }
     }
 
@@ -187,6 +239,7 @@ impl SeqBatch {
             q_pos,
             k_pos,
             parents: parents.to_vec(),
+            tail: None,
         })
     }
 
@@ -257,7 +310,67 @@ impl SeqBatch {
                 validate_parents(op, &self.parents[q_starts[s]..q_starts[s + 1]])?;
             }
         }
+        if let Some(tail) = &self.tail {
+            if *mask == Mask::Tree {
+                return Err(OpsError::InvalidArgument {
+                    op,
+                    reason: "a tree tail cannot be combined with the tree mask".into(),
+                });
+            }
+            if tail.lens.len() != self.batch() {
+                return Err(len_err(op, "tail.lens", self.batch(), tail.lens.len()));
+            }
+            for (s, (&t, &k)) in tail.lens.iter().zip(&self.k_lens).enumerate() {
+                if t > k {
+                    return Err(OpsError::InvalidArgument {
+                        op,
+                        reason: format!(
+                            "tree tail: sequence {s} has {t} tail keys but only {k} keys"
+                        ),
+                    });
+                }
+            }
+            let need = tail
+                .lens
+                .iter()
+                .copied()
+                .max()
+                .unwrap_or(0)
+                .div_ceil(32)
+                .max(1);
+            if tail.words < need {
+                return Err(len_err(op, "tail.words", need, tail.words));
+            }
+            if tail.bits.len() != self.total_q() * tail.words {
+                return Err(len_err(
+                    op,
+                    "tail.bits",
+                    self.total_q() * tail.words,
+                    tail.bits.len(),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Tree keys at the end of sequence `s` (nodes for `Mask::Tree`, the
+    /// tail for a [`TreeTail`], none otherwise).
+    pub fn tree_keys(&self, s: usize, mask: &Mask) -> usize {
+        match (&self.tail, mask) {
+            (_, Mask::Tree) => self.q_lens[s].min(self.k_lens[s]),
+            (Some(t), _) => t.lens[s],
+            (None, _) => 0,
+        }
+    }
+
+    /// The visibility bits of the tree keys (`Mask::Tree`: ancestors; a
+    /// tail: its bits) and words per row; `None` when there are no tree keys.
+    pub fn tree_bits(&self, mask: &Mask) -> Option<(Vec<u32>, usize)> {
+        match (&self.tail, mask) {
+            (_, Mask::Tree) => Some(self.ancestor_bits()),
+            (Some(t), _) => Some((t.bits.clone(), t.words)),
+            (None, _) => None,
+        }
     }
 
     /// Tree mask as bits: `words` u32 per query row; bit `j` of row `r` is set

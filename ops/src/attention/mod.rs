@@ -25,7 +25,7 @@ mod mask;
 mod reference;
 
 pub use launch::{attention, attention_rows, draft_dim_attention, AttnMeta};
-pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TREE_ROOT};
+pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TreeTail, TREE_ROOT};
 pub use reference::attention_ref;
 // For `crate::source` (kernel source text without a device).
 pub(crate) use kernel::fused_attention;

@@ -4,7 +4,8 @@
 //! `out[r, h, :] = Σ_j softmax_j(q[r,h]·k[j,g(h)] / √hd) · v[j, g(h), :]` over
 //! the keys `j` of row `r`'s sequence that the mask lets it see, where
 //! `g(h) = h / (heads / kv_heads)` is the KV head shared by a group of query
-//! heads (grouped-query attention). Rows that see no key are zero.
+//! heads (grouped-query attention). Tree keys (`Mask::Tree` nodes or a
+//! [`super::TreeTail`]) also need their bit. Rows that see no key are zero.
 
 use super::mask::{Mask, SeqBatch};
 use super::AttnDims;
@@ -29,15 +30,11 @@ pub fn attention_ref(
     let mut out = vec![0.0f32; batch.total_q() * heads * head_dim];
     let q_starts = batch.q_starts();
     let k_starts = batch.k_starts();
-    let (anc, words) = if mask == Mask::Tree {
-        batch.ancestor_bits()
-    } else {
-        (Vec::new(), 0)
-    };
+    let bits = batch.tree_bits(&mask);
     let mut scores = Vec::new();
     for s in 0..batch.batch() {
         let (k0, k1) = (k_starts[s], k_starts[s + 1]);
-        let tree_base = k0 + batch.k_lens[s] - batch.q_lens[s].min(batch.k_lens[s]);
+        let tree_base = k1 - batch.tree_keys(s, &mask);
         for row in q_starts[s]..q_starts[s + 1] {
             let qp = batch.q_pos[row];
             for h in 0..heads {
@@ -45,14 +42,16 @@ pub fn attention_ref(
                 let qv = &q[(row * heads + h) * head_dim..][..head_dim];
                 scores.clear();
                 for j in k0..k1 {
-                    let vis = if mask == Mask::Tree {
-                        j < tree_base || {
-                            let node = j - tree_base;
-                            anc[row * words + node / 32] >> (node % 32) & 1 == 1
-                        }
-                    } else {
-                        mask.visible(qp, batch.k_pos[j])
-                    };
+                    // Positional mask (`Tree`: always true), then tree keys
+                    // need their bit.
+                    let vis = mask.visible(qp, batch.k_pos[j])
+                        && match &bits {
+                            Some((anc, words)) if j >= tree_base => {
+                                let node = j - tree_base;
+                                anc[row * words + node / 32] >> (node % 32) & 1 == 1
+                            }
+                            _ => true,
+                        };
                     if vis {
                         let kv = &k[(j * kv_heads + g) * head_dim..][..head_dim];
                         let dot: f64 = qv.iter().zip(kv).map(|(a, b)| *a as f64 * *b as f64).sum();
