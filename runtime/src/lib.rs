@@ -7,4 +7,5 @@ pub mod engine;
 pub mod exec;
 pub mod model;
 pub mod perf_model;
+pub mod plot;
 pub mod spec;

@@ -482,96 +482,38 @@ impl Report {
     /// One panel per drafter: multiplier against context length (log
     /// scale), one line per batch size, and the break-even line at 1.
     pub fn write_svg(&self, path: &Path) -> Result<(), String> {
-        use plotters::prelude::*;
-        let n = self.drafters.len().max(1);
-        let (w, h) = (420 * n as u32, 380);
-        let root = SVGBackend::new(path, (w, h)).into_drawing_area();
-        let e = |x: &dyn std::fmt::Display| format!("drawing {}: {x}", path.display());
-        root.fill(&WHITE).map_err(|x| e(&x))?;
+        use crate::plot::{Panel, Series};
+        let panels: Vec<Panel> = self
+            .drafters
+            .iter()
+            .zip(&self.multipliers)
+            .map(|(d, m)| Panel {
+                title: format!("{} (τ {:.2})", d.name, d.tau),
+                x_label: "context length L".into(),
+                y_label: "τ/Δt".into(),
+                log_x: true,
+                series: self
+                    .batches
+                    .iter()
+                    .zip(m)
+                    .map(|(b, row)| Series {
+                        label: format!("B = {b}"),
+                        points: self
+                            .contexts
+                            .iter()
+                            .zip(row)
+                            .map(|(&l, &v)| (l as f64, v))
+                            .collect(),
+                    })
+                    .collect(),
+                reference: Some((1.0, "break-even".into())),
+            })
+            .collect();
         let title = format!(
             "throughput multiplier τ/Δt — target {}, k = {}, {}",
             self.target_name, self.k, self.hardware.name
         );
-        let root = root.titled(&title, ("sans-serif", 18)).map_err(|x| e(&x))?;
-        let ymax = self
-            .multipliers
-            .iter()
-            .flatten()
-            .flatten()
-            .fold(1.0f64, |a, &b| a.max(b))
-            * 1.1;
-        let (cmin, cmax) = (
-            *self.contexts.iter().min().unwrap_or(&1) as f64,
-            *self.contexts.iter().max().unwrap_or(&2) as f64,
-        );
-        let cmax = if cmax > cmin { cmax } else { cmin * 2.0 };
-        let palette = [
-            RGBColor(31, 119, 180),
-            RGBColor(255, 127, 14),
-            RGBColor(44, 160, 44),
-            RGBColor(214, 39, 40),
-            RGBColor(148, 103, 189),
-            RGBColor(140, 86, 75),
-            RGBColor(227, 119, 194),
-            RGBColor(127, 127, 127),
-        ];
-        for ((area, d), m) in root
-            .split_evenly((1, n))
-            .iter()
-            .zip(&self.drafters)
-            .zip(&self.multipliers)
-        {
-            let mut chart = ChartBuilder::on(area)
-                .caption(format!("{} (τ {:.2})", d.name, d.tau), ("sans-serif", 15))
-                .margin(10)
-                .x_label_area_size(35)
-                .y_label_area_size(40)
-                .build_cartesian_2d((cmin..cmax).log_scale(), 0.0..ymax)
-                .map_err(|x| e(&x))?;
-            chart
-                .configure_mesh()
-                .x_desc("context length L")
-                .y_desc("τ/Δt")
-                .x_label_formatter(&|x| format!("{x:.0}"))
-                .draw()
-                .map_err(|x| e(&x))?;
-            chart
-                .draw_series(LineSeries::new([(cmin, 1.0), (cmax, 1.0)], BLACK.mix(0.4)))
-                .map_err(|x| e(&x))?;
-            for (i, (b, row)) in self.batches.iter().zip(m).enumerate() {
-                let color = palette[i % palette.len()];
-                let pts: Vec<(f64, f64)> = self
-                    .contexts
-                    .iter()
-                    .zip(row)
-                    .map(|(&l, &v)| (l as f64, v))
-                    .collect();
-                chart
-                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-                    .map_err(|x| e(&x))?
-                    .label(format!("B = {b}"))
-                    .legend(move |(x, y)| {
-                        PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
-                    });
-                chart
-                    .draw_series(PointSeries::of_element(
-                        pts,
-                        3,
-                        color.filled(),
-                        &|c, s, st| Circle::new(c, s, st),
-                    ))
-                    .map_err(|x| e(&x))?;
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.8))
-                .border_style(BLACK)
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(|x| e(&x))?;
-        }
-        root.present().map_err(|x| e(&x))?;
-        Ok(())
+        crate::plot::write_svg(path, &title, &panels)
     }
 }
 

@@ -19,7 +19,8 @@ use draftc_ops::attention::TREE_ROOT;
 use draftc_ops::testing::{assert_close_tol, wgpu_client};
 use draftc_ops::{DType, DeviceTensor};
 use draftc_runtime::exec::{
-    interpret, CacheStore, Executor, HostCaches, HostTensor, HostWeights, MemoryRows, SeqStep, Step,
+    interpret, CacheStore, Executor, HostCaches, HostTensor, HostWeights, MemoryRows, MemoryTail,
+    SeqStep, Step,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -259,17 +260,30 @@ fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
         .unwrap();
         committed = vec![3; batch];
     }
-    for pass in 0..3 {
+    // Pass 3 (graphs with memory streams): tree drafting over the memory,
+    // the last 3 memory rows restricted per row.
+    let passes = if g.memories.is_empty() { 3 } else { 4 };
+    for pass in 0..passes {
         let seqs: Vec<SeqStep> = (0..batch)
             .map(|s| {
                 let start = committed[s] as u32;
                 match pass {
                     0 => SeqStep::chain(s, start, c.rows[s].0),
                     1 => SeqStep::chain(s, start, c.rows[s].1),
-                    _ => SeqStep {
+                    2 => SeqStep {
                         slot: s,
                         positions: vec![start, start + 1, start + 1, start + 2],
                         parents: Some(vec![TREE_ROOT, 0, 0, 2]),
+                        memory_tail: None,
+                    },
+                    _ => SeqStep {
+                        slot: s,
+                        positions: vec![start + 3, start + 4, start + 4],
+                        parents: None,
+                        memory_tail: Some(MemoryTail {
+                            len: 3,
+                            visible: vec![vec![0], vec![0, 1], vec![2]],
+                        }),
                     },
                 }
             })
@@ -315,7 +329,7 @@ fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
                 1e-4,
             )?;
         }
-        if pass == 2 && with_target {
+        if pass >= 2 && with_target {
             // A drafter must not leave tentative rows in the target's caches.
             for s in 0..batch {
                 dev_target.truncate(s, 3);

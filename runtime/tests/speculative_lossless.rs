@@ -1,9 +1,11 @@
 //! Lossless greedy speculative decoding on a tiny random target: for every
 //! drafter (prompt lookup as a chain and as a tree, MagicDec
-//! self-speculation, SpecFormer and Medusa with deterministic random
-//! weights), budgets and batch sizes 1 and 3, the speculative token ids
+//! self-speculation, SpecFormer and Medusa as chains and static trees,
+//! Beagle and SPIRe as chains, static, EAGLE-2 dynamic and DuoDecoding
+//! multi-sequence trees, all with deterministic random weights), budgets,
+//! batch sizes 1, 3 and 16, and f32 and f16 plans, the speculative token ids
 //! equal autoregressive decoding's exactly. A faulty drafter (out-of-
-//! vocabulary ids, random trees) changes nothing either.
+//! vocabulary ids, random trees, errors) changes nothing either.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +19,7 @@ use draftc_runtime::engine::{
     PromptLookupDrafter, Request, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::spec::{DraftTree, PromptLookup};
+use draftc_runtime::spec::{DraftTree, PromptLookup, TreeShape};
 
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
@@ -72,26 +74,42 @@ fn weights(specs: &[draftc_codegen::bind::WeightSpec]) -> HostWeights {
     w
 }
 
-fn target(slots: usize) -> (TargetModel<Wgpu>, HostWeights) {
+fn target_with(slots: usize, dtype: PlanDType) -> (TargetModel<Wgpu>, HostWeights) {
     let cfg = tiny_config();
     let g = compile("llama", &cfg);
     let tw = TargetWeights::new(&cfg, &g.meta.exports);
     let w = weights(&weight_specs(&g, &tw).unwrap());
-    let t = TargetModel::from_parts(&wgpu_client(), g, cfg, w.clone(), slots, 96, PlanDType::F32)
-        .unwrap();
+    let t = TargetModel::from_parts(&wgpu_client(), g, cfg, w.clone(), slots, 96, dtype).unwrap();
     (t, w)
 }
 
+fn target(slots: usize) -> (TargetModel<Wgpu>, HostWeights) {
+    target_with(slots, PlanDType::F32)
+}
+
+/// `b` prompts: three hand-written ones (repetitive, one token, long), then
+/// pseudo-random ones of 1..24 tokens.
 fn prompts(b: usize) -> Vec<Request> {
-    [
+    let mut out = vec![
         vec![5u32, 17, 3, 90, 44, 2, 61, 5, 17, 3],
         vec![8],
         vec![33, 33, 33, 12, 70, 1, 9, 9, 14, 50, 21, 12, 70],
-    ]
-    .into_iter()
-    .take(b)
-    .map(|prompt| Request { prompt })
-    .collect()
+    ];
+    let mut x = 12345u64;
+    let mut next = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as u32
+    };
+    while out.len() < b {
+        let n = 1 + next() as usize % 24;
+        out.push((0..n).map(|_| next() % 97).collect());
+    }
+    out.into_iter()
+        .take(b)
+        .map(|prompt| Request { prompt })
+        .collect()
 }
 
 const MAX: usize = 20;
@@ -116,6 +134,15 @@ fn check(t: &mut TargetModel<Wgpu>, d: &mut dyn Drafter<Wgpu>, b: usize, budget:
     )
     .unwrap();
     assert_eq!(got.tokens, want, "{} batch {b} budget {budget}", d.name());
+    if d.name() != "faulty" {
+        assert_eq!(
+            got.stats.draft_errors,
+            0,
+            "{}: {:?}",
+            d.name(),
+            got.stats.last_draft_error
+        );
+    }
     got.stats.tau()
 }
 
@@ -139,27 +166,108 @@ fn prompt_lookup_chain_and_tree_are_lossless() {
     }
 }
 
+/// The drafter `name` with deterministic random weights (shared target
+/// tensors keep the target's values) and tree shape `tree` (`None`: the
+/// file's own).
+fn drafter(
+    t: &TargetModel<Wgpu>,
+    tw: &HostWeights,
+    name: &str,
+    tree: Option<&str>,
+    dtype: PlanDType,
+) -> Box<dyn Drafter<Wgpu>> {
+    let g = compile(name, &tiny_config());
+    let specs = weight_specs(&g, &t.weights).unwrap();
+    let mut w = HostWeights::random(&specs, 99);
+    for (k, v) in &tw.tensors {
+        if w.tensors.contains_key(k) {
+            w.tensors.insert(k.clone(), v.clone());
+        }
+    }
+    let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
+    model_drafter(&wgpu_client(), &g, t, &w, dtype, shape)
+        .unwrap_or_else(|e| panic!("{name} {tree:?}: {e}"))
+}
+
 #[test]
 fn model_drafters_are_lossless() {
     let (mut t, tw) = target(3);
-    let cfg = tiny_config();
-    let client = wgpu_client();
-    for name in ["magicdec", "specformer", "medusa"] {
-        let g = compile(name, &cfg);
-        let specs = weight_specs(&g, &t.weights).unwrap();
-        let mut w = HostWeights::random(&specs, 99);
-        // Shared target tensors keep the target's values.
-        for (k, v) in &tw.tensors {
-            if w.tensors.contains_key(k) {
-                w.tensors.insert(k.clone(), v.clone());
+    let cases: &[(&str, &[Option<&str>])] = &[
+        ("magicdec", &[None]),
+        ("specformer", &[None, Some("static(2, 2, 1)")]),
+        ("medusa", &[None, Some("2,2")]),
+    ];
+    for &(name, shapes) in cases {
+        for &shape in shapes {
+            let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
+            for b in [1, 3] {
+                for budget in [2, 4] {
+                    check(&mut t, d.as_mut(), b, budget);
+                }
             }
         }
-        let mut d = model_drafter(&client, &g, &t, &w, PlanDType::F32).unwrap();
-        for b in [1, 3] {
-            for budget in [2, 4] {
-                check(&mut t, d.as_mut(), b, budget);
+    }
+}
+
+/// Beagle (file: EAGLE-2 dynamic tree) and SPIRe (file: chain) over their
+/// memory streams, with every tree builder: the level-by-level drafting,
+/// the per-branch visibility of predicted states and the reset to true
+/// states every round.
+#[test]
+fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
+    let (mut t, tw) = target(3);
+    let cases: &[(&str, &[Option<&str>])] = &[
+        (
+            "beagle",
+            &[
+                None,
+                Some("chain"),
+                Some("static(2, 2)"),
+                Some("multi(seqs=3)"),
+            ],
+        ),
+        ("spire", &[None, Some("dynamic(depth=3, topk=2, nodes=6)")]),
+    ];
+    for &(name, shapes) in cases {
+        for &shape in shapes {
+            let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
+            for b in [1, 3] {
+                for budget in [2, 5] {
+                    check(&mut t, d.as_mut(), b, budget);
+                }
             }
         }
+    }
+}
+
+/// Sixteen sequences of different lengths in one batch.
+#[test]
+fn batch_16_is_lossless() {
+    let (mut t, tw) = target(16);
+    let mut lookup = PromptLookupDrafter {
+        lookup: PromptLookup::new(1, 3, 4).unwrap(),
+        branches: 2,
+    };
+    check(&mut t, &mut lookup, 16, 4);
+    for name in ["beagle", "specformer"] {
+        let mut d = drafter(&t, &tw, name, None, PlanDType::F32);
+        check(&mut t, d.as_mut(), 16, 4);
+    }
+}
+
+/// f16 plans: the speculative run still reproduces f16 autoregressive
+/// decoding bit for bit (the same per-element arithmetic in every pass).
+#[test]
+fn f16_is_lossless() {
+    let (mut t, tw) = target_with(3, PlanDType::F16);
+    let mut lookup = PromptLookupDrafter {
+        lookup: PromptLookup::new(1, 3, 4).unwrap(),
+        branches: 2,
+    };
+    check(&mut t, &mut lookup, 3, 4);
+    for name in ["beagle", "magicdec"] {
+        let mut d = drafter(&t, &tw, name, None, PlanDType::F16);
+        check(&mut t, d.as_mut(), 3, 4);
     }
 }
 

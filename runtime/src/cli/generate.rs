@@ -15,17 +15,14 @@ use clap::Args;
 use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 
-use crate::engine::{
-    generate, generate_speculative, model_drafter, weight_specs, Drafter, PromptLookupDrafter,
-    Request, Sampling, SpecStats, TargetModel,
-};
-use crate::exec::HostWeights;
+use super::drafter::{make_drafter, DrafterChoice};
+use crate::engine::{generate, generate_speculative, Request, Sampling, SpecStats, TargetModel};
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
-use crate::spec::PromptLookup;
+use crate::spec::TreeShape;
 
 #[derive(Args, Clone, Debug)]
 pub struct GenerateArgs {
@@ -58,9 +55,15 @@ pub struct GenerateArgs {
     /// `prompt-lookup` (default) or a drafter description file (`models/specformer.draft`, …).
     #[arg(long, default_value = "prompt-lookup")]
     pub drafter: String,
-    /// Weights of a model drafter: `random:SEED` (no trained weights ship) or a safetensors file.
+    /// Weights of a model drafter: `random:SEED` (no trained weights ship),
+    /// `pruned[:SEED]` (the target's tensors where names and shapes match,
+    /// its last layers for the drafter's `layers.{i}`) or a safetensors file.
     #[arg(long, default_value = "random:0")]
     pub drafter_weights: String,
+    /// Draft tree of an autoregressive drafter (overrides the file's `tree`):
+    /// `chain`, `static(3,2,1)`, `dynamic(depth=5, topk=8, nodes=60)`, `multi(seqs=4)`.
+    #[arg(long)]
+    pub tree: Option<String>,
     /// Draft tokens per sequence per round at most (`k`).
     #[arg(long, default_value_t = 8)]
     pub budget: usize,
@@ -216,9 +219,22 @@ fn generate_on<R: Runtime>(
             s.prefill_s,
             s.target_passes
         );
+        if let Some(p) = target.exec.profile() {
+            eprint!("{p}");
+        }
         return Ok(());
     }
-    let mut drafter = make_drafter(client, args, model, &target, dtype)?;
+    let choice = DrafterChoice {
+        name: args.drafter.clone(),
+        weights: args.drafter_weights.clone(),
+        budget: args.budget,
+        branches: args.branches,
+        tree: match &args.tree {
+            Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
+            None => None,
+        },
+    };
+    let mut drafter = make_drafter(client, &choice, model, &target, dtype)?;
     let spec = generate_speculative(
         &mut target,
         drafter.as_mut(),
@@ -279,63 +295,4 @@ pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> St
         s.generated_tokens,
         s.decode_s,
     )
-}
-
-fn make_drafter<R: Runtime>(
-    client: &ComputeClient<R>,
-    args: &GenerateArgs,
-    model: &ConvertedModel,
-    target: &TargetModel<R>,
-    dtype: PlanDType,
-) -> Result<Box<dyn Drafter<R>>, String> {
-    if args.drafter == "prompt-lookup" {
-        let lookup = PromptLookup::new(1, 3, args.budget).map_err(|e| e.to_string())?;
-        return Ok(Box::new(PromptLookupDrafter {
-            lookup,
-            branches: args.branches.max(1),
-        }));
-    }
-    let path = std::path::Path::new(&args.drafter);
-    let src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let resolver = super::source::DirResolver::near(Some(path));
-    let graph =
-        match draftc_ir::compile(&src, &target.target_config, &Default::default(), &resolver) {
-            Ok(g) => g,
-            Err(diags) => {
-                super::source::report(&args.drafter, &src, &diags);
-                return Err(format!("{} does not compile", path.display()));
-            }
-        };
-    let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
-    let mut weights = match args.drafter_weights.strip_prefix("random:") {
-        Some(seed) => HostWeights::random(
-            &specs,
-            seed.parse().map_err(|_| {
-                format!("--drafter-weights random:SEED needs an integer, got `{seed}`")
-            })?,
-        ),
-        None => {
-            let path = std::path::Path::new(&args.drafter_weights);
-            let f = crate::model::safetensors_io::SafetensorsFile::open(path)
-                .map_err(|e| e.to_string())?;
-            let mut w = HostWeights::default();
-            for s in &specs {
-                let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
-                if let Ok(data) = f.tensor_f32(&s.name, &shape) {
-                    let dims = shape.iter().map(|&d| d as usize).collect();
-                    w.tensors.insert(s.name.clone(), (dims, data));
-                }
-            }
-            w
-        }
-    };
-    // Tensors the drafter shares with the target (embedding, LM head, the
-    // whole model for self-speculation) always come from the target.
-    let shared: Vec<_> = specs
-        .iter()
-        .filter(|s| model.weights.shape(&s.name).is_ok())
-        .cloned()
-        .collect();
-    weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
-    model_drafter(client, &graph, target, &weights, dtype).map_err(|e| e.to_string())
 }

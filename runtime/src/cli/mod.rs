@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod convert;
+pub mod drafter;
 pub mod emit;
 pub mod fetch;
 pub mod generate;

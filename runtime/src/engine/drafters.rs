@@ -26,10 +26,12 @@ use draftc_ir::graph::Graph;
 use draftc_ir::op::{InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
-use super::select::{select_tokens, Sampling};
+use super::autoregressive_drafter::AutoregressiveDrafter;
+use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{ops_dtype, CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
-use crate::spec::{DraftTree, PromptLookup};
+use crate::spec::tree::Candidate;
+use crate::spec::{DraftTree, PromptLookup, TreeShape};
 
 /// A sequence as the drafter sees it at the start of a round.
 #[derive(Clone, Debug)]
@@ -204,8 +206,10 @@ pub struct ParallelDrafter<R: Runtime> {
     l: usize,
     /// Graph inputs fed from taps: (input name, tap indices, stacked).
     taps: Vec<(String, Vec<i64>, bool)>,
-    /// Latest proposal per slot.
-    proposals: BTreeMap<usize, Vec<u32>>,
+    /// Chain, or a static tree over the per-position candidates.
+    shape: TreeShape,
+    /// Latest proposal per slot: candidates per draft position.
+    proposals: BTreeMap<usize, Vec<Vec<Candidate>>>,
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
@@ -215,7 +219,15 @@ impl<R: Runtime> ParallelDrafter<R> {
         target: &TargetModel<R>,
         weights: &HostWeights,
         dtype: PlanDType,
+        shape: TreeShape,
     ) -> Result<Self, EngineError> {
+        if !matches!(shape, TreeShape::Chain | TreeShape::Static(_)) {
+            return Err(EngineError::Invalid(format!(
+                "parallel drafter `{}` proposes candidates per draft position: use `--tree chain` \
+                 or a static tree such as `--tree 3,2,1`, not `{shape}`",
+                graph.name
+            )));
+        }
         let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
         let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
         let mut taps = Vec::new();
@@ -243,6 +255,7 @@ impl<R: Runtime> ParallelDrafter<R> {
             ),
             l,
             taps,
+            shape,
             proposals: BTreeMap::new(),
         })
     }
@@ -293,6 +306,7 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
                     slot: x.slot,
                     positions: x.positions.clone(),
                     parents: None,
+                    memory_tail: None,
                 })
                 .collect(),
             ..Step::default()
@@ -315,10 +329,18 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
         let picked = DeviceTensor::<R>::empty(c, &[pick_rows.len(), vocab], all.dtype());
         let dst: Vec<u32> = (0..pick_rows.len() as u32).collect();
         draftc_ops::kv::gather_rows(c, &all, &pick_rows, &picked, &dst)?;
-        let toks = select_tokens(c, &picked, &Sampling::GREEDY, 0)?;
+        let cands: Vec<Vec<Candidate>> = match &self.shape {
+            TreeShape::Static(b) => {
+                top_candidates(c, &picked, b.iter().copied().max().unwrap_or(1))?
+            }
+            _ => select_tokens(c, &picked, &Sampling::GREEDY, 0)?
+                .into_iter()
+                .map(|t| vec![(t, 0.0)])
+                .collect(),
+        };
         for (i, slot) in owners.iter().enumerate() {
             self.proposals
-                .insert(*slot, toks[i * self.l..(i + 1) * self.l].to_vec());
+                .insert(*slot, cands[i * self.l..(i + 1) * self.l].to_vec());
         }
         Ok(())
     }
@@ -331,9 +353,18 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     ) -> Result<Vec<DraftTree>, EngineError> {
         seqs.iter()
             .map(|s| {
-                let mut p = self.proposals.get(&s.slot).cloned().unwrap_or_default();
-                p.truncate(budget);
-                DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)
+                let cands = self.proposals.get(&s.slot).cloned().unwrap_or_default();
+                Ok(match &self.shape {
+                    TreeShape::Static(b) => DraftTree::static_from_candidates(b, &cands, budget),
+                    _ => {
+                        let mut p: Vec<u32> = cands
+                            .iter()
+                            .filter_map(|c| c.first().map(|x| x.0))
+                            .collect();
+                        p.truncate(budget);
+                        DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)?
+                    }
+                })
             })
             .collect()
     }
@@ -344,27 +375,43 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     }
 }
 
-/// Builds the drafter a `models/*.draft` file describes.
+/// Builds the drafter a `models/*.draft` file describes. `tree` overrides
+/// the file's `tree` setting (autoregressive drafters; parallel drafters
+/// take a static shape, drawing each depth's candidates from their `l`
+/// outputs).
 pub fn model_drafter<R: Runtime>(
     client: &ComputeClient<R>,
     graph: &Graph,
     target: &TargetModel<R>,
     weights: &HostWeights,
     dtype: PlanDType,
+    tree: Option<TreeShape>,
 ) -> Result<Box<dyn Drafter<R>>, EngineError> {
     use draftc_ir::graph::DrafterKind;
+    let shape = match (tree, &graph.meta.tree) {
+        (Some(t), _) => t,
+        (None, Some(spec)) => TreeShape::try_from(spec).map_err(spec_err)?,
+        (None, None) => TreeShape::Chain,
+    };
     match graph.meta.drafter_kind {
-        Some(DrafterKind::SelfSpeculative) => Ok(Box::new(SelfSpecDrafter::new(
-            client, graph, target, weights, dtype,
-        )?)),
+        Some(DrafterKind::SelfSpeculative) => {
+            if shape != TreeShape::Chain {
+                return Err(EngineError::Invalid(format!(
+                    "self-speculative drafter `{}` drafts a chain; `--tree {shape}` needs an \
+                     autoregressive or parallel drafter",
+                    graph.name
+                )));
+            }
+            Ok(Box::new(SelfSpecDrafter::new(
+                client, graph, target, weights, dtype,
+            )?))
+        }
         Some(DrafterKind::Parallel) => Ok(Box::new(ParallelDrafter::new(
-            client, graph, target, weights, dtype,
+            client, graph, target, weights, dtype, shape,
         )?)),
-        Some(DrafterKind::Autoregressive) => Err(EngineError::Invalid(format!(
-            "autoregressive drafters with memory streams (`{}`) are not wired into the engine yet; \
-             use specformer, medusa, magicdec or prompt-lookup",
-            graph.name
-        ))),
+        Some(DrafterKind::Autoregressive) => Ok(Box::new(AutoregressiveDrafter::new(
+            client, graph, target, weights, dtype, shape,
+        )?)),
         None => Err(EngineError::Invalid(format!(
             "`{}` is a model, not a drafter",
             graph.name

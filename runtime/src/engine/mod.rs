@@ -9,20 +9,23 @@
 //! | `select.rs` | [`Sampling`], [`select_tokens`]: picking next tokens from logits rows on the device |
 //! | `autoregressive.rs` | [`generate`]: batched decoding, per-sequence stop, [`GenStats`] |
 //! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec), parallel (SpecFormer, Medusa) |
+//! | `autoregressive_drafter.rs` | [`AutoregressiveDrafter`]: Beagle / SPIRe over memory streams, trees built level by level |
 //! | `speculative.rs` | [`generate_speculative`]: draft, verify (tree mask), accept, commit, [`SpecStats`] |
 
 mod autoregressive;
+mod autoregressive_drafter;
 mod drafters;
 mod select;
 mod speculative;
 pub(crate) mod target;
 
 pub use autoregressive::{generate, GenStats, Generation, Request};
+pub use autoregressive_drafter::AutoregressiveDrafter;
 pub use drafters::{
     model_drafter, Committed, Drafter, ParallelDrafter, PromptLookupDrafter, SelfSpecDrafter,
     SeqView,
 };
-pub use select::{select_tokens, Sampling};
+pub use select::{select_tokens, top_candidates, Sampling};
 pub use speculative::{generate_speculative, SpecGeneration, SpecStats};
 pub use target::{
     compile_target, target_config, weight_specs, EngineError, TargetModel, LLAMA_DRAFT,

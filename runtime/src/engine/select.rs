@@ -77,3 +77,32 @@ pub fn select_tokens<R: Runtime>(
     }
     Ok(out.download_u32(client)?)
 }
+
+/// The `k` most likely tokens of every row of `logits` (`[rows, vocab]`)
+/// with their log-probabilities (softmax at temperature 1), most likely
+/// first — the candidates a drafter expands a tree node with. `k = 1`
+/// without log-probabilities needed is [`select_tokens`]' argmax.
+pub fn top_candidates<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    k: usize,
+) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
+    let vocab = *logits.shape().last().unwrap_or(&1);
+    let rows = logits.numel() / vocab.max(1);
+    let k = k.clamp(1, vocab.max(1));
+    let logits = logits.reshape(&[rows, vocab])?;
+    let probs = DeviceTensor::<R>::empty(client, &[rows, vocab], logits.dtype());
+    draftc_ops::softmax::softmax(client, &logits, 1.0, &probs)?;
+    let values = DeviceTensor::<R>::empty(client, &[rows, k], logits.dtype());
+    let indices = DeviceTensor::<R>::empty(client, &[rows, k], DType::U32);
+    draftc_ops::argmax_topk::topk(client, &probs, k, &values, &indices)?;
+    let p = values.download_f32(client)?;
+    let ids = indices.download_u32(client)?;
+    Ok((0..rows)
+        .map(|r| {
+            (0..k)
+                .map(|j| (ids[r * k + j], p[r * k + j].max(0.0).ln()))
+                .collect()
+        })
+        .collect())
+}

@@ -47,6 +47,14 @@ pub struct SpecStats {
     pub decode_s: f64,
     pub draft_s: f64,
     pub verify_s: f64,
+    /// Rounds whose drafter failed (each became a plain decoding step) and
+    /// the last failure.
+    pub draft_errors: usize,
+    pub last_draft_error: Option<String>,
+    /// Per draft depth `j` (0 = the first drafted token): sequence-rounds
+    /// whose tree had a node at depth `j`, and those that accepted one.
+    pub depth_drafted: Vec<usize>,
+    pub depth_accepted: Vec<usize>,
 }
 
 impl SpecStats {
@@ -69,6 +77,15 @@ impl SpecStats {
 
     pub fn decode_tokens_per_s(&self) -> f64 {
         self.generated_tokens as f64 / self.decode_s.max(1e-9)
+    }
+
+    /// Acceptance rate per draft position: accepted / drafted at depth `j`.
+    pub fn acceptance_by_depth(&self) -> Vec<f64> {
+        self.depth_drafted
+            .iter()
+            .zip(&self.depth_accepted)
+            .map(|(&d, &a)| a as f64 / d.max(1) as f64)
+            .collect()
     }
 }
 
@@ -201,7 +218,17 @@ pub fn generate_speculative<R: Runtime>(
                 .map(|(t, &r)| sanitize(t, vocab, budget.min(r.saturating_sub(1))))
                 .collect(),
             // A failing drafter costs a round of speed, not correctness.
-            Ok(_) | Err(_) => views.iter().map(|_| DraftTree::new()).collect(),
+            Ok(t) => {
+                stats.draft_errors += 1;
+                stats.last_draft_error =
+                    Some(format!("{} trees for {} sequences", t.len(), views.len()));
+                views.iter().map(|_| DraftTree::new()).collect()
+            }
+            Err(e) => {
+                stats.draft_errors += 1;
+                stats.last_draft_error = Some(e.to_string());
+                views.iter().map(|_| DraftTree::new()).collect()
+            }
         };
         stats.draft_s += td.elapsed().as_secs_f64();
         // 2. Verify all trees in one target pass.
@@ -216,6 +243,7 @@ pub fn generate_speculative<R: Runtime>(
                 slot: v.slot,
                 positions,
                 parents: Some(tree.verify_parents()),
+                memory_tail: None,
             });
             ids.extend(tree.verify_tokens(last_tok));
             stats.drafted += tree.len();
@@ -231,7 +259,9 @@ pub fn generate_speculative<R: Runtime>(
         let mut committed = Vec::new();
         let mut still = Vec::new();
         let mut base = 0u32;
-        for ((&i, s), (nodes, bonus)) in active.iter().zip(&step.seqs).zip(&accepted) {
+        for (((&i, s), (nodes, bonus)), tree) in
+            active.iter().zip(&step.seqs).zip(&accepted).zip(&trees)
+        {
             let committed_len = seqs[i].len() - 1;
             let keep: Vec<usize> = std::iter::once(0).chain(nodes.iter().copied()).collect();
             target.caches.compact(i, committed_len, &keep)?;
@@ -243,6 +273,17 @@ pub fn generate_speculative<R: Runtime>(
             base += s.positions.len() as u32;
             stats.seq_rounds += 1;
             stats.accepted += nodes.len();
+            let levels = tree.levels();
+            if stats.depth_drafted.len() < levels {
+                stats.depth_drafted.resize(levels, 0);
+                stats.depth_accepted.resize(levels, 0);
+            }
+            for j in 0..levels {
+                stats.depth_drafted[j] += 1;
+                if j < nodes.len() {
+                    stats.depth_accepted[j] += 1;
+                }
+            }
             let emitted: Vec<u32> = nodes
                 .iter()
                 .map(|&k| ids[committed.last().map_or(0, |c| c.rows[0]) as usize + k])

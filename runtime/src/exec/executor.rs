@@ -107,6 +107,55 @@ pub struct Executor<R: Runtime> {
     fuse: bool,
     weights: BTreeMap<String, DeviceTensor<R>>,
     plans: HashMap<usize, Plan>,
+    /// Per-launch wall times when profiling (`DRAFTC_PROFILE=1`).
+    profile: Option<Profile>,
+}
+
+/// Wall time per kernel family, measured by synchronising the device after
+/// every launch (so the totals are the device time plus launch overhead;
+/// profiling itself slows the run down).
+#[derive(Clone, Debug, Default)]
+pub struct Profile {
+    /// `(family, launches, seconds)` in first-seen order.
+    pub families: Vec<(String, usize, f64)>,
+    /// Passes run and their wall time (launches plus host work between them).
+    pub passes: usize,
+    pub total_s: f64,
+}
+
+impl Profile {
+    fn add(&mut self, family: &str, s: f64) {
+        match self.families.iter_mut().find(|f| f.0 == family) {
+            Some(f) => {
+                f.1 += 1;
+                f.2 += s;
+            }
+            None => self.families.push((family.to_string(), 1, s)),
+        }
+    }
+}
+
+impl std::fmt::Display for Profile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "profile: {} passes, {:.3} s ({:.1} ms per pass)",
+            self.passes,
+            self.total_s,
+            1e3 * self.total_s / self.passes.max(1) as f64
+        )?;
+        let mut rows = self.families.clone();
+        rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+        for (name, n, s) in rows {
+            writeln!(
+                f,
+                "  {name:<40} {n:>7} launches {:>9.1} ms {:>5.1}%",
+                1e3 * s,
+                100.0 * s / self.total_s.max(1e-12)
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// The ops dtype of a plan dtype.
@@ -179,6 +228,9 @@ impl<R: Runtime> Executor<R> {
             fuse,
             weights: dev,
             plans,
+            profile: std::env::var_os("DRAFTC_PROFILE")
+                .is_some_and(|v| v == "1")
+                .then(Profile::default),
         })
     }
 
@@ -200,6 +252,16 @@ impl<R: Runtime> Executor<R> {
             .values()
             .map(|t| t.numel() * t.dtype().size())
             .sum()
+    }
+
+    /// Turns per-launch profiling on (device synchronised after every launch).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(Profile::default);
+    }
+
+    /// What profiling measured so far.
+    pub fn profile(&self) -> Option<&Profile> {
+        self.profile.as_ref()
     }
 
     /// The plan for a pass of `rows` packed rows (built once, then cached).
@@ -251,8 +313,10 @@ impl<R: Runtime> Executor<R> {
             .iter()
             .map(|&b| self.client.empty(b.max(16) as usize))
             .collect();
+        let pass_start = std::time::Instant::now();
         run.bind_inputs(inputs)?;
         for launch in &plan.launches {
+            let t = std::time::Instant::now();
             run.launch(launch, caches, target_caches.as_deref_mut())
                 .map_err(|e| match e {
                     ExecError::Ops(o) => ExecError::Internal(format!(
@@ -262,8 +326,18 @@ impl<R: Runtime> Executor<R> {
                     )),
                     e => e,
                 })?;
+            if let Some(p) = &mut self.profile {
+                cubecl::future::block_on(self.client.sync())
+                    .map_err(|e| ExecError::Internal(format!("device sync: {e:?}")))?;
+                p.add(launch.kernel.family(), t.elapsed().as_secs_f64());
+            }
         }
-        run.outputs()
+        let out = run.outputs();
+        if let Some(p) = &mut self.profile {
+            p.passes += 1;
+            p.total_s += pass_start.elapsed().as_secs_f64();
+        }
+        out
     }
 }
 
@@ -335,15 +409,36 @@ impl<R: Runtime> Run<'_, R> {
                                 expected: "new memory rows in the step".into(),
                             })?;
                     let d = *buf.shape.last().unwrap_or(&1) as usize;
-                    if m.data.len() != m.lens.iter().sum::<usize>() * d {
+                    let rows = m.lens.iter().sum::<usize>();
+                    if m.positions.len() != rows {
                         return Err(ExecError::InputShape {
-                            name: buf.name.clone(),
-                            expected: vec![m.lens.iter().sum::<usize>() as i64, d as i64],
-                            found: m.data.len(),
+                            name: format!("{} positions", buf.name),
+                            expected: vec![rows as i64],
+                            found: m.positions.len(),
                         });
                     }
-                    let rows = m.data.len() / d.max(1);
-                    let t = DeviceTensor::upload_f32(self.client, &m.data, &[rows, d], self.dtype)?;
+                    // Rows already on the device (an input named after the
+                    // stream) or uploaded from the step.
+                    let t = match inputs.get(&buf.name) {
+                        Some(t) if t.numel() == rows * d => t.reshape(&[rows, d])?,
+                        Some(t) => {
+                            return Err(ExecError::InputShape {
+                                name: buf.name.clone(),
+                                expected: vec![rows as i64, d as i64],
+                                found: t.numel(),
+                            })
+                        }
+                        None if m.data.len() == rows * d => {
+                            DeviceTensor::upload_f32(self.client, &m.data, &[rows, d], self.dtype)?
+                        }
+                        None => {
+                            return Err(ExecError::InputShape {
+                                name: buf.name.clone(),
+                                expected: vec![rows as i64, d as i64],
+                                found: m.data.len(),
+                            })
+                        }
+                    };
                     self.memory.insert(buf.name.clone(), t);
                 }
             }
@@ -810,6 +905,7 @@ impl<R: Runtime> Run<'_, R> {
                 q_pos: q_pos.clone(),
                 k_pos: q_pos,
                 parents: Vec::new(),
+                tail: None,
             };
             let meta = AttnMeta::new(self.client, &batch, mask)?;
             draftc_ops::attention::attention_rows(
@@ -868,6 +964,11 @@ impl<R: Runtime> Run<'_, R> {
                 parents
             } else {
                 Vec::new()
+            },
+            tail: if is_memory {
+                self.step.memory_tree_tail()?
+            } else {
+                None
             },
         };
         let meta =

@@ -394,6 +394,7 @@ impl Interp<'_> {
                     q_pos,
                     k_pos: k_pos_new,
                     parents: Vec::new(),
+                    tail: None,
                 };
                 attention_ref(&q, &k, &v, dims, &batch, ops_mask(a.mask))
             }
@@ -448,6 +449,11 @@ impl Interp<'_> {
                         parents
                     } else {
                         Vec::new()
+                    },
+                    tail: if a.memory.is_some() {
+                        self.step.memory_tree_tail()?
+                    } else {
+                        None
                     },
                 };
                 batch.validate("attention", &mask)?;

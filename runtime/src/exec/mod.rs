@@ -26,7 +26,7 @@ mod step;
 mod weights;
 
 pub use cache::{CacheStore, HostCaches};
-pub use executor::{ops_dtype, ExecError, Executor, Outputs};
+pub use executor::{ops_dtype, ExecError, Executor, Outputs, Profile};
 pub use interpret::{interpret, HostOutputs};
-pub use step::{HostTensor, MemoryRows, SeqStep, Step};
+pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};
 pub use weights::HostWeights;

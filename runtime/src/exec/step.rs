@@ -16,6 +16,19 @@ pub struct SeqStep {
     /// `draftc_ops::attention::TREE_ROOT`). Causal attentions over a cache
     /// then use the tree mask.
     pub parents: Option<Vec<u32>>,
+    /// Tree drafting over memory streams: which of the last memory rows
+    /// (draft states of earlier tree levels) each new row may see.
+    pub memory_tail: Option<MemoryTail>,
+}
+
+/// The last `len` rows of every memory cache of a sequence are states
+/// drafted this round; row `i` of the pass may see those listed in
+/// `visible[i]` (indices into the tail: its ancestors' states). The memory
+/// mask still applies; committed rows are not restricted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryTail {
+    pub len: usize,
+    pub visible: Vec<Vec<usize>>,
 }
 
 impl SeqStep {
@@ -25,12 +38,15 @@ impl SeqStep {
             slot,
             positions: (start..start + n as u32).collect(),
             parents: None,
+            memory_tail: None,
         }
     }
 }
 
 /// New rows of a memory stream (Beagle states, SPIRe feedback memory) for
-/// one pass: `data` is `[Σ lens, d]`, packed by sequence in step order.
+/// one pass: `data` is `[Σ lens, d]`, packed by sequence in step order. The
+/// executor also takes the rows as a device tensor: an input named after the
+/// stream (`states`, `mem[0]`) replaces `data`, which may then be empty.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemoryRows {
     pub data: Vec<f32>,
@@ -68,6 +84,33 @@ impl Step {
 
     pub fn is_tree(&self) -> bool {
         self.seqs.iter().any(|s| s.parents.is_some())
+    }
+
+    /// The tree tail of memory attention for this pass (`None` when no
+    /// sequence has one), packed over the rows in step order.
+    pub fn memory_tree_tail(
+        &self,
+    ) -> Result<Option<draftc_ops::attention::TreeTail>, draftc_ops::OpsError> {
+        if self.seqs.iter().all(|s| s.memory_tail.is_none()) {
+            return Ok(None);
+        }
+        let mut lens = Vec::with_capacity(self.seqs.len());
+        let mut visible = Vec::with_capacity(self.rows());
+        for s in &self.seqs {
+            match &s.memory_tail {
+                Some(t) => {
+                    lens.push(t.len);
+                    for i in 0..s.positions.len() {
+                        visible.push(t.visible.get(i).cloned().unwrap_or_default());
+                    }
+                }
+                None => {
+                    lens.push(0);
+                    visible.extend((0..s.positions.len()).map(|_| Vec::new()));
+                }
+            }
+        }
+        draftc_ops::attention::TreeTail::from_visible(lens, &visible).map(Some)
     }
 }
 

@@ -39,6 +39,34 @@ impl SplitMix {
     }
 }
 
+/// `layers.{i}.rest` → `(i, rest)`.
+fn layer_index(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("layers.")?;
+    let (i, rest) = rest.split_once('.')?;
+    Some((i.parse().ok()?, rest))
+}
+
+/// Target tensors a drafter tensor may be initialised from, in order of
+/// preference: with `drafter_layers` layers of its own, the drafter's
+/// `layers.{i}.rest` is the target's `model.layers.{target_layers -
+/// drafter_layers + i}.rest`; any name `x` may be `model.x` or `x`; the LM
+/// head may be the tied embedding.
+pub fn pruned_sources(name: &str, drafter_layers: usize, target_layers: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some((i, rest)) = layer_index(name) {
+        if let Some(j) = (target_layers + i).checked_sub(drafter_layers) {
+            out.push(format!("model.layers.{j}.{rest}"));
+        }
+        return out;
+    }
+    out.push(format!("model.{name}"));
+    out.push(name.to_string());
+    if name == "lm_head.weight" {
+        out.push("model.embed_tokens.weight".into());
+    }
+    out
+}
+
 fn name_seed(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
@@ -88,6 +116,43 @@ impl HostWeights {
         Ok(HostWeights { tensors })
     }
 
+    /// Pruned initialisation (paper 004 §3.2): every drafter tensor that has
+    /// a counterpart in the target checkpoint with the same shape is copied
+    /// from it ([`pruned_sources`]: the drafter's `layers.{i}` are the
+    /// target's last layers in order, other names are looked up under
+    /// `model.`, a missing LM head is the tied embedding); the rest are
+    /// [`HostWeights::random`] with `seed`.
+    pub fn pruned(
+        specs: &[WeightSpec],
+        model: &ConvertedModel,
+        seed: u64,
+    ) -> crate::model::Result<HostWeights> {
+        let mut out = HostWeights::random(specs, seed);
+        let drafter_layers = specs
+            .iter()
+            .filter_map(|s| layer_index(&s.name))
+            .map(|(i, _)| i + 1)
+            .max()
+            .unwrap_or(0);
+        let target_layers = model.config.num_hidden_layers;
+        for s in specs {
+            let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
+            for src in pruned_sources(&s.name, drafter_layers, target_layers) {
+                let fits = model
+                    .weights
+                    .shape(&src)
+                    .is_ok_and(|found| found.iter().copied().eq(shape.iter().copied()));
+                if fits {
+                    let data = model.weights.tensor_f32(&src, &shape)?;
+                    let dims = shape.iter().map(|&d| d as usize).collect();
+                    out.tensors.insert(s.name.clone(), (dims, data));
+                    break;
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Merge `other` in (drafter weights plus the target tensors it shares).
     pub fn extend(&mut self, other: HostWeights) {
         self.tensors.extend(other.tensors);
@@ -120,5 +185,34 @@ impl HostWeights {
 
     pub fn get(&self, name: &str) -> Option<&(Vec<usize>, Vec<f32>)> {
         self.tensors.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pruned_sources;
+
+    #[test]
+    fn pruned_sources_take_the_last_layers_in_order() {
+        assert_eq!(
+            pruned_sources("layers.0.self_attn.q_proj.weight", 2, 30),
+            vec!["model.layers.28.self_attn.q_proj.weight"]
+        );
+        assert_eq!(
+            pruned_sources("layers.1.mlp.up_proj.weight", 2, 30),
+            vec!["model.layers.29.mlp.up_proj.weight"]
+        );
+        assert_eq!(
+            pruned_sources("embed_tokens.weight", 2, 30),
+            vec!["model.embed_tokens.weight", "embed_tokens.weight"]
+        );
+        assert_eq!(
+            pruned_sources("lm_head.weight", 2, 30)
+                .last()
+                .map(String::as_str),
+            Some("model.embed_tokens.weight")
+        );
+        // More drafter layers than the target has: nothing to copy.
+        assert!(pruned_sources("layers.0.x.weight", 40, 30).is_empty());
     }
 }

@@ -4,16 +4,19 @@
 //! | module | owns | papers |
 //! | --- | --- | --- |
 //! | [`tree`] | [`DraftTree`] and its builders (chain, static, EAGLE-2 dynamic, DuoDecoding multi-sequence), the per-round node budget, greedy acceptance on the host | 000, 002, 003 |
+//! | [`builder`] | [`TreeBuilder`]: every tree shape built level by level, so a drafter expands a whole level (of every sequence) in one pass | 002, 003 |
 //! | [`prompt_lookup`] | n-gram drafting from the token history (`--drafter prompt-lookup`) | 003 (PLD baseline) |
 //! | [`budget`] | hardware-aware draft length from measured verify/draft times and acceptance | 003 §3.1 |
 //!
 //! The throughput multiplier of paper 004 lives in [`crate::perf_model`].
 
 pub mod budget;
+pub mod builder;
 pub mod prompt_lookup;
 pub mod tree;
 
 pub use budget::{BudgetConfig, BudgetController, Schedule};
+pub use builder::TreeBuilder;
 pub use prompt_lookup::PromptLookup;
 pub use tree::{Accepted, DraftNode, DraftTree, TreeShape};
 

@@ -45,13 +45,11 @@ use std::str::FromStr;
 
 use draftc_ops::attention::TREE_ROOT;
 
+use super::builder::TreeBuilder;
 use super::SpecError;
 
 /// A drafter's proposal for the next token: `(token, log-probability)`.
 pub type Candidate = (u32, f32);
-
-/// Children of one node for the level builders: `(depth, parent, path)`.
-type LevelChildren<'a> = dyn FnMut(usize, Option<usize>, &[u32]) -> Vec<Candidate> + 'a;
 
 /// One drafted token.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -101,7 +99,7 @@ fn sanitize(logprob: f32) -> f32 {
 
 /// Candidates sorted by log-prob (descending, stable), duplicate tokens
 /// dropped (first kept), at most `k`.
-fn top_k(mut cands: Vec<Candidate>, k: usize) -> Vec<Candidate> {
+pub(crate) fn top_k(mut cands: Vec<Candidate>, k: usize) -> Vec<Candidate> {
     for c in &mut cands {
         c.1 = sanitize(c.1);
     }
@@ -148,7 +146,7 @@ impl DraftTree {
     }
 
     /// Infallible push for builders whose parents are known to exist.
-    fn add(&mut self, parent: Option<usize>, token: u32, logprob: f32) -> usize {
+    pub(crate) fn add(&mut self, parent: Option<usize>, token: u32, logprob: f32) -> usize {
         self.push(parent, token, logprob)
             .expect("builders only attach to existing nodes")
     }
@@ -357,16 +355,7 @@ impl DraftTree {
         budget: usize,
         expand: &mut dyn FnMut(&[u32]) -> Vec<Candidate>,
     ) -> DraftTree {
-        let mut t = DraftTree::new();
-        let mut path = Vec::new();
-        while t.len() < budget {
-            let Some(&(tok, lp)) = top_k(expand(&path), 1).first() else {
-                break;
-            };
-            t.add(t.len().checked_sub(1), tok, lp);
-            path.push(tok);
-        }
-        t
+        TreeBuilder::new(&TreeShape::Chain, budget).run(expand)
     }
 
     /// Candidate sequences merged on shared prefixes (a trie), inserted in
@@ -404,12 +393,8 @@ impl DraftTree {
         candidates: &[Vec<Candidate>],
         budget: usize,
     ) -> DraftTree {
-        let per_depth: Vec<Vec<Candidate>> = branching
-            .iter()
-            .zip(candidates)
-            .map(|(&b, c)| top_k(c.clone(), b))
-            .collect();
-        Self::expand_levels(per_depth.len(), budget, &mut |d, _, _| per_depth[d].clone())
+        let shape = TreeShape::Static(branching[..branching.len().min(candidates.len())].to_vec());
+        TreeBuilder::new(&shape, budget).run(&mut |path| candidates[path.len()].clone())
     }
 
     /// Static tree from an autoregressive drafter: each node at depth `d - 1`
@@ -420,27 +405,7 @@ impl DraftTree {
         budget: usize,
         expand: &mut dyn FnMut(&[u32]) -> Vec<Candidate>,
     ) -> DraftTree {
-        Self::expand_levels(branching.len(), budget, &mut |d, _, path| {
-            top_k(expand(path), branching[d])
-        })
-    }
-
-    /// Level-by-level expansion shared by the static builders:
-    /// `children(depth, parent, path)` gives the children of one node.
-    fn expand_levels(levels: usize, budget: usize, children: &mut LevelChildren<'_>) -> DraftTree {
-        let mut t = DraftTree::new();
-        let mut frontier: Vec<Option<usize>> = vec![None];
-        for d in 0..levels {
-            let mut next = Vec::new();
-            for &parent in &frontier {
-                let path = parent.map_or_else(Vec::new, |p| t.path_tokens(p));
-                for (tok, lp) in children(d, parent, &path) {
-                    next.push(Some(t.add(parent, tok, lp)));
-                }
-            }
-            frontier = next;
-        }
-        t.prune_to_best(budget)
+        TreeBuilder::new(&TreeShape::Static(branching.to_vec()), budget).run(expand)
     }
 
     /// EAGLE-2 dynamic tree (Li et al. 2024, used by Beagle, paper 002 §5):
@@ -456,35 +421,7 @@ impl DraftTree {
         budget: usize,
         expand: &mut dyn FnMut(&[u32]) -> Vec<Candidate>,
     ) -> DraftTree {
-        let mut t = DraftTree::new();
-        if depth == 0 || topk == 0 {
-            return t;
-        }
-        let mut layer: Vec<usize> = top_k(expand(&[]), topk)
-            .into_iter()
-            .map(|(tok, lp)| t.add(None, tok, lp))
-            .collect();
-        for _ in 1..depth {
-            layer.sort_by(|&a, &b| {
-                t.nodes[b]
-                    .cum_logprob
-                    .total_cmp(&t.nodes[a].cum_logprob)
-                    .then(a.cmp(&b))
-            });
-            layer.truncate(topk);
-            let mut next = Vec::new();
-            for &f in &layer {
-                let path = t.path_tokens(f);
-                for (tok, lp) in top_k(expand(&path), topk) {
-                    next.push(t.add(Some(f), tok, lp));
-                }
-            }
-            if next.is_empty() {
-                break;
-            }
-            layer = next;
-        }
-        t.prune_to_best(nodes.min(budget))
+        TreeBuilder::new(&TreeShape::Dynamic { depth, topk, nodes }, budget).run(expand)
     }
 
     /// DuoDecoding dynamic multi-sequence drafting (paper 003 §3.2). With
@@ -503,55 +440,7 @@ impl DraftTree {
         budget: usize,
         expand: &mut dyn FnMut(&[u32]) -> Vec<Candidate>,
     ) -> DraftTree {
-        if budget == 0 || max_seqs == 0 {
-            return DraftTree::new();
-        }
-        let first = top_k(expand(&[]), usize::MAX);
-        let Some(&top) = first.first() else {
-            return DraftTree::new();
-        };
-        let second = if budget >= 2 {
-            top_k(expand(&[top.0]), 1)
-        } else {
-            Vec::new()
-        };
-        let threshold = second.first().map(|s| top.1 + s.1);
-        let extra: Vec<Candidate> = match threshold {
-            Some(th) => first[1..]
-                .iter()
-                .copied()
-                .filter(|c| c.1 > th)
-                .take((max_seqs - 1).min(budget - 1))
-                .collect(),
-            None => Vec::new(),
-        };
-        let m = 1 + extra.len();
-        let each = budget / m;
-        let mut seqs = Vec::with_capacity(m);
-        let mut main = vec![top];
-        main.extend(second.first().copied());
-        seqs.push(Self::continue_greedy(main, each + budget % m, expand));
-        for c in extra {
-            seqs.push(Self::continue_greedy(vec![c], each, expand));
-        }
-        Self::from_sequences(&seqs, budget)
-    }
-
-    /// Extends `seq` with top-1 continuations up to `len` tokens.
-    fn continue_greedy(
-        mut seq: Vec<Candidate>,
-        len: usize,
-        expand: &mut dyn FnMut(&[u32]) -> Vec<Candidate>,
-    ) -> Vec<Candidate> {
-        seq.truncate(len);
-        while seq.len() < len {
-            let path: Vec<u32> = seq.iter().map(|c| c.0).collect();
-            match top_k(expand(&path), 1).first() {
-                Some(&c) => seq.push(c),
-                None => break,
-            }
-        }
-        seq
+        TreeBuilder::new(&TreeShape::MultiSequence { seqs: max_seqs }, budget).run(expand)
     }
 
     /// The tree for `shape` with at most `budget` nodes. `Chain` drafts
@@ -561,14 +450,7 @@ impl DraftTree {
         budget: usize,
         expand: &mut dyn FnMut(&[u32]) -> Vec<Candidate>,
     ) -> DraftTree {
-        match shape {
-            TreeShape::Chain => Self::greedy_chain(budget, expand),
-            TreeShape::Static(b) => Self::expand_static(b, budget, expand),
-            TreeShape::Dynamic { depth, topk, nodes } => {
-                Self::dynamic(*depth, *topk, *nodes, budget, expand)
-            }
-            TreeShape::MultiSequence { seqs } => Self::multi_sequence(*seqs, budget, expand),
-        }
+        TreeBuilder::new(shape, budget).run(expand)
     }
 }
 

@@ -1,0 +1,407 @@
+//! [`AutoregressiveDrafter`]: drafters that predict one token per step and
+//! read memory streams (`memory states = target.hidden[n]`): Beagle (paper
+//! 002: cross attention over target / predicted states) and SPIRe (paper
+//! 004: sliding-window + sink attention over feedback memory).
+//!
+//! Per round, for every sequence:
+//! 1. **Reset to true states**: the drafter's memory caches are truncated to
+//!    the rows that came from the target (predicted states of the last round
+//!    are dropped); the target states of the rows committed since then
+//!    (hidden-state taps gathered in [`Drafter::observe`]) are appended in
+//!    the first pass.
+//! 2. **Draft level by level** ([`TreeBuilder`]): one pass per tree level
+//!    over the nodes to expand of all sequences; the query of a node is its
+//!    token at position `committed + depth + 1` (the root: the last committed
+//!    token at `committed`). Each pass appends, as new memory rows, the
+//!    states the previous pass predicted (`append states = s`), and every
+//!    query sees only the predicted states of its own ancestors
+//!    ([`MemoryTail`], on top of the file's memory mask).
+//! 3. The builder's tree goes to verification; nothing of the drafting is
+//!    committed.
+//!
+//! Drafters with their own self-attention caches (`cache=…`) are not
+//! supported here (their draft rows would have to be re-keyed per branch).
+
+use std::collections::{BTreeMap, HashMap};
+
+use cubecl::prelude::*;
+use draftc_codegen::PlanDType;
+use draftc_ir::graph::Graph;
+use draftc_ir::op::{Cache, InputSource, Op};
+use draftc_ops::{DType, DeviceTensor};
+
+use super::drafters::{Committed, Drafter, SeqView};
+use super::select::{select_tokens, top_candidates, Sampling};
+use super::target::{EngineError, TargetModel};
+use crate::exec::{
+    ops_dtype, CacheStore, Executor, HostWeights, MemoryRows, MemoryTail, Outputs, SeqStep, Step,
+};
+use crate::spec::{DraftTree, TreeBuilder, TreeShape};
+
+/// Rows of draft states a round may add per sequence beyond the target's
+/// capacity (every expanded node adds one).
+const DRAFT_ROWS: usize = 512;
+
+/// A memory stream: its name as the graph prints it and the target tap
+/// that holds its committed rows.
+#[derive(Clone, Debug)]
+struct Stream {
+    name: String,
+    tap: i64,
+}
+
+/// Committed target states not yet appended to the drafter's caches.
+struct Pending<R: Runtime> {
+    /// Per stream, device chunks `[rows, d]`.
+    parts: Vec<Vec<DeviceTensor<R>>>,
+    positions: Vec<u32>,
+}
+
+impl<R: Runtime> Pending<R> {
+    fn new(streams: usize) -> Self {
+        Pending {
+            parts: vec![Vec::new(); streams],
+            positions: Vec::new(),
+        }
+    }
+}
+
+/// Where one sequence's queries sit in a pass: its first output row, the
+/// tree nodes queried (`None`: the root, i.e. the last committed token),
+/// their positions.
+type QueriedRows = (usize, Vec<Option<usize>>, Vec<u32>);
+
+/// States a pass predicted, to be appended in the next one.
+struct Predicted<R: Runtime> {
+    /// Per stream, `[rows, d]` (the pass's `append` outputs).
+    rows: Vec<DeviceTensor<R>>,
+    /// Per sequence index: first row, the nodes queried, their positions.
+    seqs: HashMap<usize, QueriedRows>,
+}
+
+/// Beagle / SPIRe drafting (see the module docs).
+pub struct AutoregressiveDrafter<R: Runtime> {
+    exec: Executor<R>,
+    caches: CacheStore<R>,
+    shape: TreeShape,
+    l: usize,
+    streams: Vec<Stream>,
+    /// Per slot: target states already in the memory caches.
+    in_cache: Vec<usize>,
+    pending: Vec<Pending<R>>,
+}
+
+impl<R: Runtime> AutoregressiveDrafter<R> {
+    /// `graph`: a compiled autoregressive drafter; `shape`: the round's tree.
+    pub fn new(
+        client: &ComputeClient<R>,
+        graph: &Graph,
+        target: &TargetModel<R>,
+        weights: &HostWeights,
+        dtype: PlanDType,
+        shape: TreeShape,
+    ) -> Result<Self, EngineError> {
+        for &i in &graph.inputs {
+            let n = graph.node(i);
+            if !matches!(n.op, Op::Input(InputSource::External)) {
+                return Err(EngineError::Invalid(format!(
+                    "autoregressive drafter `{}`: input `{}` must be token ids (memory streams carry target states)",
+                    graph.name, n.name
+                )));
+            }
+        }
+        if graph.nodes.iter().any(|n| match &n.op {
+            Op::Attention(a) => a.cache != Cache::None,
+            _ => false,
+        }) {
+            return Err(EngineError::Invalid(format!(
+                "autoregressive drafter `{}` keeps its own KV cache; draftc drafts autoregressively \
+                 over memory streams only (Beagle, SPIRe)",
+                graph.name
+            )));
+        }
+        if graph.memories.is_empty() {
+            return Err(EngineError::Invalid(format!(
+                "autoregressive drafter `{}` has no memory stream (`memory x = target.hidden[i]`)",
+                graph.name
+            )));
+        }
+        let streams: Vec<Stream> = graph
+            .memories
+            .iter()
+            .map(|m| Stream {
+                name: m.name.to_string(),
+                tap: m.seed,
+            })
+            .collect();
+        for s in &streams {
+            if !graph.appends.iter().any(|(n, _)| n.to_string() == s.name) {
+                return Err(EngineError::Invalid(format!(
+                    "autoregressive drafter `{}`: memory `{}` is never appended to (`append {} = …`)",
+                    graph.name, s.name, s.name
+                )));
+            }
+        }
+        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let slots = target.caches.slots();
+        Ok(AutoregressiveDrafter {
+            exec,
+            caches: CacheStore::new(
+                client,
+                slots,
+                target.caches.capacity() + DRAFT_ROWS,
+                ops_dtype(dtype),
+            ),
+            shape,
+            l: graph.meta.draft_len.unwrap_or(4).max(1) as usize,
+            in_cache: vec![0; slots],
+            pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
+            streams,
+        })
+    }
+
+    /// Packs `parts` (`[rows_i, d]` each) into one `[Σ rows_i, d]` tensor.
+    fn pack(
+        client: &ComputeClient<R>,
+        parts: &[(DeviceTensor<R>, Vec<u32>)],
+        d: usize,
+        dtype: DType,
+    ) -> Result<DeviceTensor<R>, EngineError> {
+        let total: usize = parts.iter().map(|p| p.1.len()).sum();
+        let out = DeviceTensor::<R>::empty(client, &[total, d], dtype);
+        let mut at = 0u32;
+        for (src, rows) in parts {
+            if rows.is_empty() {
+                continue;
+            }
+            let dst: Vec<u32> = (at..at + rows.len() as u32).collect();
+            let src = src.reshape(&[src.numel() / d, d])?;
+            draftc_ops::kv::gather_rows(client, &src, rows, &out, &dst)?;
+            at += rows.len() as u32;
+        }
+        Ok(out)
+    }
+}
+
+impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
+    fn name(&self) -> String {
+        self.exec.graph().name.clone()
+    }
+
+    fn length(&self) -> usize {
+        match &self.shape {
+            TreeShape::Chain => self.l,
+            TreeShape::Static(b) => b.len(),
+            TreeShape::Dynamic { depth, .. } => *depth,
+            TreeShape::MultiSequence { .. } => self.l,
+        }
+    }
+
+    fn observe(
+        &mut self,
+        c: &ComputeClient<R>,
+        out: &Outputs<R>,
+        committed: &[Committed],
+    ) -> Result<(), EngineError> {
+        for x in committed.iter().filter(|x| !x.rows.is_empty()) {
+            let p = &mut self.pending[x.slot];
+            for (i, s) in self.streams.iter().enumerate() {
+                let src = out.get(&format!("hidden[{}]", s.tap))?;
+                let d = *src.shape().last().unwrap_or(&1);
+                let src = src.reshape(&[src.numel() / d, d])?;
+                let dst = DeviceTensor::<R>::empty(c, &[x.rows.len(), d], src.dtype());
+                let to: Vec<u32> = (0..x.rows.len() as u32).collect();
+                draftc_ops::kv::gather_rows(c, &src, &x.rows, &dst, &to)?;
+                p.parts[i].push(dst);
+            }
+            p.positions.extend_from_slice(&x.positions);
+        }
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        let client = target.client().clone();
+        let dtype = self.exec.dtype();
+        for s in seqs {
+            self.caches.truncate(s.slot, self.in_cache[s.slot]);
+        }
+        let mut builders: Vec<TreeBuilder> = seqs
+            .iter()
+            .map(|_| TreeBuilder::new(&self.shape, budget))
+            .collect();
+        // Per sequence: tail index of the predicted state of each queried
+        // node (`None` = the root), and the tail length.
+        let mut state_of: Vec<HashMap<Option<usize>, usize>> = vec![HashMap::new(); seqs.len()];
+        let mut tail = vec![0usize; seqs.len()];
+        let mut predicted: Option<Predicted<R>> = None;
+        let greedy_chain = self.shape == TreeShape::Chain;
+        loop {
+            let active: Vec<usize> = (0..seqs.len())
+                .filter(|&i| !builders[i].is_done())
+                .collect();
+            if active.is_empty() {
+                break;
+            }
+            let first_level = predicted.is_none();
+            let mut step = Step::default();
+            let mut ids = Vec::new();
+            let mut mem_parts: Vec<Vec<(DeviceTensor<R>, Vec<u32>)>> =
+                vec![Vec::new(); self.streams.len()];
+            let mut mem_lens = Vec::new();
+            let mut mem_pos = Vec::new();
+            let mut queried = HashMap::new();
+            let mut width = 0;
+            for &i in &active {
+                let s = &seqs[i];
+                let b = &builders[i];
+                // New memory rows of this sequence.
+                let (count, positions) = if first_level {
+                    let p = &self.pending[s.slot];
+                    for (k, parts) in p.parts.iter().enumerate() {
+                        for t in parts {
+                            width = *t.shape().last().unwrap_or(&1);
+                            let rows: Vec<u32> = (0..t.shape()[0] as u32).collect();
+                            mem_parts[k].push((t.clone(), rows));
+                        }
+                    }
+                    (p.positions.len(), p.positions.clone())
+                } else {
+                    let pred = predicted.as_ref().ok_or_else(|| {
+                        EngineError::Invalid("no predicted states to append".into())
+                    })?;
+                    let (first, nodes, pos) = pred.seqs.get(&i).cloned().unwrap_or_default();
+                    let rows: Vec<u32> = (first as u32..(first + nodes.len()) as u32).collect();
+                    for (k, t) in pred.rows.iter().enumerate() {
+                        width = *t.shape().last().unwrap_or(&1);
+                        mem_parts[k].push((t.clone(), rows.clone()));
+                    }
+                    for (j, node) in nodes.iter().enumerate() {
+                        state_of[i].insert(*node, tail[i] + j);
+                    }
+                    tail[i] += nodes.len();
+                    (nodes.len(), pos)
+                };
+                mem_lens.push(count);
+                mem_pos.extend(positions);
+                // Query rows: the pending nodes.
+                let work = b.work();
+                let mut positions = Vec::new();
+                let mut visible = Vec::new();
+                let last = *s.tokens.last().unwrap_or(&0);
+                for &p in b.pending() {
+                    let (tok, depth) = match p {
+                        None => (last, 0),
+                        Some(n) => (work.node(n).token, work.node(n).depth + 1),
+                    };
+                    ids.push(tok);
+                    positions.push((s.committed + depth) as u32);
+                    let mut sees: Vec<usize> =
+                        state_of[i].get(&None).copied().into_iter().collect();
+                    if let Some(n) = p {
+                        let path = work.path_to(n);
+                        for a in &path[..path.len() - 1] {
+                            sees.extend(state_of[i].get(&Some(*a)).copied());
+                        }
+                    }
+                    visible.push(sees);
+                }
+                queried.insert(i, (b.pending().to_vec(), positions.clone()));
+                step.seqs.push(SeqStep {
+                    slot: s.slot,
+                    positions,
+                    parents: None,
+                    memory_tail: (!first_level).then(|| MemoryTail {
+                        len: tail[i],
+                        visible,
+                    }),
+                });
+            }
+            let mut inputs = BTreeMap::new();
+            inputs.insert(
+                "ids".to_string(),
+                DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
+            );
+            for (k, s) in self.streams.iter().enumerate() {
+                let d = if width == 0 {
+                    self.exec.graph().memories[k]
+                        .width
+                        .eval(&self.exec.graph().symbol_values)
+                        .unwrap_or(1) as usize
+                } else {
+                    width
+                };
+                inputs.insert(
+                    s.name.clone(),
+                    Self::pack(&client, &mem_parts[k], d, dtype)?,
+                );
+                step.memory.insert(
+                    s.name.clone(),
+                    MemoryRows {
+                        data: Vec::new(),
+                        lens: mem_lens.clone(),
+                        positions: mem_pos.clone(),
+                    },
+                );
+            }
+            let out = self.exec.run(&step, &inputs, &mut self.caches, None)?;
+            if first_level {
+                // The target states are in the caches now.
+                for &i in &active {
+                    let slot = seqs[i].slot;
+                    self.in_cache[slot] += self.pending[slot].positions.len();
+                    self.pending[slot] = Pending::new(self.streams.len());
+                }
+            }
+            // Candidates for every queried node.
+            let logits = out.get("logits")?;
+            let wants = active
+                .iter()
+                .map(|&i| builders[i].wants())
+                .max()
+                .unwrap_or(1);
+            let cands: Vec<Vec<(u32, f32)>> = if greedy_chain {
+                select_tokens(&client, logits, &Sampling::GREEDY, 0)?
+                    .into_iter()
+                    .map(|t| vec![(t, 0.0)])
+                    .collect()
+            } else {
+                top_candidates(&client, logits, wants)?
+            };
+            let mut row = 0;
+            let mut next = Predicted {
+                rows: self
+                    .streams
+                    .iter()
+                    .map(|s| out.get(&s.name).cloned())
+                    .collect::<Result<_, _>>()?,
+                seqs: HashMap::new(),
+            };
+            for &i in &active {
+                let (nodes, positions) = queried.remove(&i).unwrap_or_default();
+                let n = nodes.len();
+                builders[i]
+                    .feed(cands[row..row + n].to_vec())
+                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                next.seqs.insert(i, (row, nodes, positions));
+                row += n;
+            }
+            predicted = Some(next);
+        }
+        Ok(builders.into_iter().map(TreeBuilder::finish).collect())
+    }
+
+    fn reset(&mut self, slot: usize) {
+        self.caches.reset(slot);
+        if let Some(c) = self.in_cache.get_mut(slot) {
+            *c = 0;
+        }
+        if let Some(p) = self.pending.get_mut(slot) {
+            *p = Pending::new(self.streams.len());
+        }
+    }
+}
