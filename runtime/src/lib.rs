@@ -1,6 +1,7 @@
 //! draftc-runtime: weights, tokenizer, executor, KV cache, speculative decoding
 //! engine, and the command implementations behind the `draftc` binary.
 
+pub mod bench;
 pub mod cli;
 pub mod device;
 pub mod engine;

@@ -32,6 +32,9 @@ enum Command {
     Emit(cli::emit::EmitArgs),
     /// Generate text with the target model (speculative decoding unless --no-spec).
     Generate(cli::generate::GenerateArgs),
+    /// Benchmarks: `decode` (autoregressive tokens/s per batch size, bandwidth)
+    /// and `spec` (speculative vs autoregressive: τ, k, κ, speedup).
+    Bench(cli::bench::BenchArgs),
     /// Paper 004's throughput multiplier τ/Δt over a (batch, context) grid (table + SVG plot).
     PerfModel(cli::perf_model::PerfModelArgs),
 }
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Command::Plan(args) => cli::plan::run(args),
         Command::Emit(args) => cli::emit::run(args),
         Command::Generate(args) => cli::generate::run(args),
+        Command::Bench(args) => cli::bench::run(args),
         Command::PerfModel(args) => cli::perf_model::run(args),
     }
 }

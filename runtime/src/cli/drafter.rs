@@ -1,18 +1,29 @@
 //! Building the drafter a command line names (`draftc generate`, `draftc
-//! bench`): `prompt-lookup`, or a drafter description file compiled against
+//! bench`): `prompt-lookup`; `early-exit:N`, a draft language model made of
+//! the target's first `N` layers with its final norm and LM head (ids only,
+//! its own KV cache); or a drafter description file compiled against
 //! the target's config, with weights that are `random:SEED`, `pruned`
 //! (copied from the target where the drafter's tensors have the target's
 //! names and shapes, random elsewhere: SPIRe's pruned initialisation) or a
 //! safetensors file. Tensors a drafter shares with the target (embedding,
 //! LM head, the whole model for self-speculation) always come from the
 //! target. Compile errors are rendered as diagnostics on stderr.
+//!
+//! `concurrent` (prompt lookup and early exit only: drafters that need no
+//! target hidden states) runs the drafter on its own thread and wgpu client,
+//! drafting round r+1 while the target verifies round r, with paper 003's
+//! hardware-aware draft length.
 
 use std::path::Path;
 
 use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 
-use crate::engine::{model_drafter, weight_specs, Drafter, PromptLookupDrafter, TargetModel};
+use crate::engine::{
+    compile_target, model_drafter, target_config, weight_specs, BudgetPolicy, ConcurrentDrafter,
+    DraftWorker, Drafter, LmDrafter, PromptLookupDrafter, SyncTokenDrafter, TargetModel,
+    TokenDrafter,
+};
 use crate::exec::HostWeights;
 use crate::model::ConvertedModel;
 use crate::spec::{PromptLookup, TreeShape};
@@ -28,8 +39,11 @@ pub struct DrafterChoice {
     pub budget: usize,
     /// Prompt lookup: continuations merged into a tree.
     pub branches: usize,
-    /// Overrides the file's `tree` setting (autoregressive drafters).
+    /// Overrides the file's `tree` setting (autoregressive drafters; the
+    /// tree of an early-exit drafter, default chain).
     pub tree: Option<TreeShape>,
+    /// Draft on another thread while the target verifies (DuoDecoding).
+    pub concurrent: bool,
 }
 
 /// Builds the drafter `choice` names for `target`.
@@ -40,12 +54,22 @@ pub fn make_drafter<R: Runtime>(
     target: &TargetModel<R>,
     dtype: PlanDType,
 ) -> Result<Box<dyn Drafter<R>>, String> {
-    if choice.name == "prompt-lookup" {
-        let lookup = PromptLookup::new(1, 3, choice.budget.max(1)).map_err(|e| e.to_string())?;
-        return Ok(Box::new(PromptLookupDrafter {
-            lookup,
-            branches: choice.branches.max(1),
-        }));
+    if let Some(make) = token_drafter(choice, model, target, dtype)? {
+        if choice.concurrent {
+            let worker = DraftWorker::spawn(make)?;
+            return Ok(Box::new(ConcurrentDrafter::new(
+                worker,
+                BudgetPolicy::HardwareAware,
+            )));
+        }
+        return Ok(Box::new(SyncTokenDrafter(make()?)));
+    }
+    if choice.concurrent {
+        return Err(format!(
+            "--concurrent needs a drafter that works from token ids alone (prompt-lookup, \
+             early-exit:N); {} reads the target's hidden states",
+            choice.name
+        ));
     }
     let path = Path::new(&choice.name);
     let src = std::fs::read_to_string(path).map_err(|e| {
@@ -74,6 +98,62 @@ pub fn make_drafter<R: Runtime>(
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
     model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
         .map_err(|e| e.to_string())
+}
+
+/// How to build a token-only drafter on whichever thread runs it.
+type MakeTokenDrafter = Box<dyn FnOnce() -> Result<Box<dyn TokenDrafter>, String> + Send>;
+
+/// `prompt-lookup` and `early-exit:N` as a constructor that can run on the
+/// drafter's own thread (the early-exit model gets its own wgpu client
+/// there); `None` for description files.
+fn token_drafter<R: Runtime>(
+    choice: &DrafterChoice,
+    model: &ConvertedModel,
+    target: &TargetModel<R>,
+    dtype: PlanDType,
+) -> Result<Option<MakeTokenDrafter>, String> {
+    if choice.name == "prompt-lookup" {
+        let lookup = PromptLookup::new(1, 3, choice.budget.max(1)).map_err(|e| e.to_string())?;
+        let branches = choice.branches.max(1);
+        return Ok(Some(Box::new(move || {
+            Ok(Box::new(PromptLookupDrafter { lookup, branches }) as Box<dyn TokenDrafter>)
+        })));
+    }
+    let Some(n) = choice.name.strip_prefix("early-exit:") else {
+        return Ok(None);
+    };
+    let layers = model.config.num_hidden_layers;
+    let n: usize = match n.parse() {
+        Ok(n) if n >= 1 && n <= layers => n,
+        _ => {
+            return Err(format!(
+                "`{}`: early-exit:N needs 1 <= N <= {layers} (the target's layers)",
+                choice.name
+            ))
+        }
+    };
+    let mut cfg = target_config(&model.config);
+    cfg.ints.insert("n".into(), n as i64);
+    let graph = compile_target(&cfg).map_err(|e| e.to_string())?;
+    let tw = draftc_codegen::TargetWeights::new(&cfg, &graph.meta.exports);
+    let specs = weight_specs(&graph, &tw).map_err(|e| e.to_string())?;
+    let weights = HostWeights::from_model(model, &specs).map_err(|e| e.to_string())?;
+    // A concurrent request's context runs ahead by the unverified path
+    // (at most a budget) and drafts one more token than the budget.
+    let (slots, capacity) = (
+        target.caches.slots(),
+        target.caches.capacity() + 2 * choice.budget + 2,
+    );
+    let shape = choice.tree.clone().unwrap_or(TreeShape::Chain);
+    let name = format!("early-exit:{n}");
+    let eos = target.eos;
+    Ok(Some(Box::new(move || {
+        let client = crate::device::wgpu_client()?;
+        let mut lm = TargetModel::from_parts(&client, graph, cfg, weights, slots, capacity, dtype)
+            .map_err(|e| e.to_string())?;
+        lm.eos = eos;
+        Ok(Box::new(LmDrafter::new(lm, shape, &name)) as Box<dyn TokenDrafter>)
+    })))
 }
 
 /// The drafter's own weights from `--drafter-weights`.

@@ -52,7 +52,8 @@ pub struct GenerateArgs {
     /// Plain autoregressive decoding (no drafter).
     #[arg(long)]
     pub no_spec: bool,
-    /// `prompt-lookup` (default) or a drafter description file (`models/specformer.draft`, …).
+    /// `prompt-lookup` (default), `early-exit:N` (the target's first N layers
+    /// as a draft model) or a drafter description file (`models/specformer.draft`, …).
     #[arg(long, default_value = "prompt-lookup")]
     pub drafter: String,
     /// Weights of a model drafter: `random:SEED` (no trained weights ship),
@@ -67,6 +68,11 @@ pub struct GenerateArgs {
     /// Draft tokens per sequence per round at most (`k`).
     #[arg(long, default_value_t = 8)]
     pub budget: usize,
+    /// Draft on another thread (own wgpu client) while the target verifies,
+    /// with a hardware-aware draft length (DuoDecoding; prompt-lookup and
+    /// early-exit:N drafters).
+    #[arg(long)]
+    pub concurrent: bool,
     /// Prompt lookup: continuations merged into a tree (1 = chain).
     #[arg(long, default_value_t = 1)]
     pub branches: usize,
@@ -233,6 +239,7 @@ fn generate_on<R: Runtime>(
             Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
             None => None,
         },
+        concurrent: args.concurrent,
     };
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?;
     let spec = generate_speculative(

@@ -1,6 +1,7 @@
 //! The `draftc` subcommands, one module each. `main.rs` only parses arguments
 //! and dispatches here; every command returns an exit code instead of panicking.
 
+pub mod bench;
 pub mod check;
 pub mod convert;
 pub mod drafter;

@@ -78,6 +78,26 @@ pub trait Drafter<R: Runtime> {
         budget: usize,
     ) -> Result<Vec<DraftTree>, EngineError>;
 
+    /// The engine is about to verify `trees` (one per sequence of `seqs`).
+    /// A concurrent drafter starts drafting the next round here.
+    fn verifying(
+        &mut self,
+        _seqs: &[SeqView<'_>],
+        _trees: &[DraftTree],
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
+
+    /// The round's verification (target pass and acceptance) took
+    /// `seconds` for `draft_tokens` draft tokens in all; per sequence, the
+    /// tree's depth and the accepted length.
+    fn verified(&mut self, _seconds: f64, _draft_tokens: usize, _rounds: &[(usize, usize)]) {}
+
+    /// The generation is over (no more rounds will be verified).
+    fn finished(&mut self) -> Result<(), EngineError> {
+        Ok(())
+    }
+
     /// Forget the sequence in `slot`.
     fn reset(&mut self, _slot: usize) {}
 }
@@ -108,16 +128,25 @@ impl<R: Runtime> Drafter<R> for PromptLookupDrafter {
         budget: usize,
     ) -> Result<Vec<DraftTree>, EngineError> {
         seqs.iter()
-            .map(|s| {
-                if self.branches <= 1 {
-                    let mut t = self.lookup.propose(s.tokens);
-                    t.truncate(budget);
-                    DraftTree::chain(&t, &vec![0.0; t.len()]).map_err(spec_err)
-                } else {
-                    Ok(self.lookup.propose_tree(s.tokens, self.branches, budget))
-                }
-            })
+            .map(|s| self.propose(s.tokens, budget).map_err(spec_err))
             .collect()
+    }
+}
+
+impl PromptLookupDrafter {
+    /// The chain (or tree of `branches` continuations) continuing `tokens`.
+    pub fn propose(
+        &self,
+        tokens: &[u32],
+        budget: usize,
+    ) -> Result<DraftTree, crate::spec::SpecError> {
+        if self.branches <= 1 {
+            let mut t = self.lookup.propose(tokens);
+            t.truncate(budget);
+            DraftTree::chain(&t, &vec![0.0; t.len()])
+        } else {
+            Ok(self.lookup.propose_tree(tokens, self.branches, budget))
+        }
     }
 }
 

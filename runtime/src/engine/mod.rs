@@ -10,10 +10,12 @@
 //! | `autoregressive.rs` | [`generate`]: batched decoding, per-sequence stop, [`GenStats`] |
 //! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec), parallel (SpecFormer, Medusa) |
 //! | `autoregressive_drafter.rs` | [`AutoregressiveDrafter`]: Beagle / SPIRe over memory streams, trees built level by level |
+//! | `concurrent.rs` | [`ConcurrentDrafter`]: DuoDecoding — a [`TokenDrafter`] on its own thread drafts round r+1 while the target verifies round r; hardware-aware budget; [`LmDrafter`] |
 //! | `speculative.rs` | [`generate_speculative`]: draft, verify (tree mask), accept, commit, [`SpecStats`] |
 
 mod autoregressive;
 mod autoregressive_drafter;
+mod concurrent;
 mod drafters;
 mod select;
 mod speculative;
@@ -21,6 +23,10 @@ pub(crate) mod target;
 
 pub use autoregressive::{generate, GenStats, Generation, Request};
 pub use autoregressive_drafter::AutoregressiveDrafter;
+pub use concurrent::{
+    best_path, reroot, BudgetPolicy, ConcurrentDrafter, DraftRequest, DraftWorker, LmDrafter,
+    SyncTokenDrafter, TokenDrafter,
+};
 pub use drafters::{
     model_drafter, Committed, Drafter, ParallelDrafter, PromptLookupDrafter, SelfSpecDrafter,
     SeqView,

@@ -248,13 +248,21 @@ pub fn generate_speculative<R: Runtime>(
             ids.extend(tree.verify_tokens(last_tok));
             stats.drafted += tree.len();
         }
+        drafter.verifying(&views, &trees)?;
         drop(views);
         let o = target.forward(&step, &ids)?;
         stats.target_passes += 1;
         let logits = o.get("logits")?;
         // 3. Accept.
         let accepted = accept(&client, logits, &step, &ids, &trees, sampling, round, vocab)?;
-        stats.verify_s += tv.elapsed().as_secs_f64();
+        let verify_s = tv.elapsed().as_secs_f64();
+        stats.verify_s += verify_s;
+        let per_seq: Vec<(usize, usize)> = trees
+            .iter()
+            .zip(&accepted)
+            .map(|(t, (nodes, _))| (t.levels(), nodes.len()))
+            .collect();
+        drafter.verified(verify_s, trees.iter().map(DraftTree::len).sum(), &per_seq);
         // 4. Commit.
         let mut committed = Vec::new();
         let mut still = Vec::new();
@@ -306,6 +314,7 @@ pub fn generate_speculative<R: Runtime>(
         drafter.observe(&client, &o, &committed)?;
         active = still;
     }
+    drafter.finished()?;
     stats.decode_s = t1.elapsed().as_secs_f64();
     stats.generated_tokens = out.iter().map(Vec::len).sum();
     Ok(SpecGeneration { tokens: out, stats })

@@ -1,0 +1,247 @@
+//! `draftc bench decode`: autoregressive decoding throughput of the target
+//! at several batch sizes, with the bytes a decode step moves (the codegen
+//! plan's count: weights once per step, KV rows read, activations) and the
+//! bandwidth that implies, next to the machine's rooflines (host memory and
+//! the device's own streaming-read probe, `draftc_ops::probe`).
+//!
+//! Method per batch size `b`: the first `b` prompts of the bench set
+//! (chat template), one warm-up run of 2 tokens (kernel JIT for these row
+//! counts), then a timed run of `steps + 1` tokens with the stop token
+//! ignored; the timed part is the `steps` decode passes after the first
+//! token (prefill excluded).
+
+use cubecl::prelude::*;
+use draftc_codegen::{PlanConfig, PlanDType};
+use draftc_ops::probe::Roofline;
+use serde::Serialize;
+
+use super::prompts::prompt;
+use super::Progress;
+use crate::engine::{generate, EngineError, Request, Sampling, TargetModel};
+use crate::model::tokenizer::ChatMessage;
+use crate::model::ConvertedModel;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct DecodeConfig {
+    pub batches: Vec<usize>,
+    /// Timed decode passes per batch size.
+    pub steps: usize,
+    pub dtype: PlanDType,
+}
+
+/// One batch size's measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodePoint {
+    pub batch: usize,
+    pub steps: usize,
+    /// Tokens produced by the timed passes (`batch · steps`).
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_s: f64,
+    pub step_ms: f64,
+    /// Mean KV length per sequence over the timed passes.
+    pub mean_context: f64,
+    /// Bytes one decode step moves (plan count) and per generated token.
+    pub bytes_per_step: f64,
+    pub bytes_per_token: f64,
+    pub flops_per_step: f64,
+    /// Implied by the step time: bytes / s and FLOP / s.
+    pub achieved_bytes_per_s: f64,
+    pub achieved_flops_per_s: f64,
+    /// `achieved_bytes_per_s` over the device's streaming-read roofline and
+    /// over the host's memory read bandwidth.
+    pub fraction_of_device_read: f64,
+    pub fraction_of_host_read: f64,
+}
+
+/// The whole report (`decode.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeReport {
+    pub device: String,
+    pub model: String,
+    pub dtype: String,
+    pub weight_bytes: usize,
+    pub host_read_bytes_per_s: f64,
+    pub host_copy_bytes_per_s: f64,
+    pub device_read_bytes_per_s: f64,
+    pub points: Vec<DecodePoint>,
+}
+
+/// Measures decode throughput for every batch size of `cfg`.
+pub fn run_decode<R: Runtime>(
+    client: &ComputeClient<R>,
+    model: &ConvertedModel,
+    cfg: &DecodeConfig,
+    progress: &Progress,
+) -> Result<DecodeReport, EngineError> {
+    if cfg.batches.is_empty() || cfg.batches.contains(&0) || cfg.steps == 0 {
+        return Err(EngineError::Invalid(
+            "give batch sizes >= 1 and at least one decode step".into(),
+        ));
+    }
+    progress.message("measuring memory bandwidth (host and device) …");
+    let roofline: Roofline = draftc_ops::probe::roofline(client)?;
+    let max_b = *cfg.batches.iter().max().unwrap_or(&1);
+    let mut prompts = Vec::with_capacity(max_b);
+    for i in 0..max_b {
+        let p = prompt(i);
+        prompts.push(
+            model
+                .tokenizer
+                .encode_chat(&[ChatMessage::new("user", p.text)])?,
+        );
+    }
+    let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.steps + 2;
+    progress.message(&format!("loading {} …", model.dir.display()));
+    let mut target = TargetModel::load(client, model, max_b, capacity, cfg.dtype)?;
+    let mut points = Vec::new();
+    for (i, &b) in cfg.batches.iter().enumerate() {
+        progress.step(
+            i,
+            cfg.batches.len(),
+            &format!("batch {b}: warm-up, then {} decode steps", cfg.steps),
+        );
+        let requests: Vec<Request> = prompts[..b]
+            .iter()
+            .map(|p| Request { prompt: p.clone() })
+            .collect();
+        generate(
+            &mut target,
+            &requests,
+            2,
+            &Sampling::GREEDY,
+            None,
+            &mut |_, _| {},
+        )?;
+        let run = generate(
+            &mut target,
+            &requests,
+            cfg.steps + 1,
+            &Sampling::GREEDY,
+            None,
+            &mut |_, _| {},
+        )?;
+        let seconds = run.stats.decode_s.max(1e-9);
+        let prompt_mean = requests.iter().map(|r| r.prompt.len()).sum::<usize>() as f64 / b as f64;
+        let mean_context = prompt_mean + (cfg.steps + 1) as f64 / 2.0;
+        let plan = draftc_codegen::plan(
+            &target.graph,
+            &target.weights,
+            &PlanConfig {
+                tokens: 1,
+                batch: b as i64,
+                context: mean_context.round() as i64,
+                dtype: cfg.dtype,
+                fuse: true,
+            },
+        )
+        .map_err(crate::exec::ExecError::from)?;
+        let bytes = plan.totals.bytes_moved() as f64;
+        let flops = plan.totals.flops as f64;
+        let step_s = seconds / cfg.steps as f64;
+        let tokens = b * cfg.steps;
+        points.push(DecodePoint {
+            batch: b,
+            steps: cfg.steps,
+            tokens,
+            seconds,
+            tokens_per_s: tokens as f64 / seconds,
+            step_ms: 1e3 * step_s,
+            mean_context,
+            bytes_per_step: bytes,
+            bytes_per_token: bytes / b as f64,
+            flops_per_step: flops,
+            achieved_bytes_per_s: bytes / step_s,
+            achieved_flops_per_s: flops / step_s,
+            fraction_of_device_read: bytes / step_s / roofline.device_read,
+            fraction_of_host_read: bytes / step_s / roofline.host_read,
+        });
+    }
+    progress.finish();
+    Ok(DecodeReport {
+        device: super::device_name(client),
+        model: model.dir.display().to_string(),
+        dtype: cfg.dtype.name().into(),
+        weight_bytes: target.exec.weight_bytes(),
+        host_read_bytes_per_s: roofline.host_read,
+        host_copy_bytes_per_s: roofline.host_copy,
+        device_read_bytes_per_s: roofline.device_read,
+        points,
+    })
+}
+
+impl DecodeReport {
+    /// The markdown table `draftc bench decode` prints.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "## autoregressive decode — {}, {} ({} MB of weights)\n\
+             rooflines: device streaming read {:.2} GB/s, host read {:.1} GB/s, host copy {:.1} GB/s\n\n\
+             | batch | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n",
+            self.device,
+            self.dtype,
+            self.weight_bytes / 1_000_000,
+            self.device_read_bytes_per_s / 1e9,
+            self.host_read_bytes_per_s / 1e9,
+            self.host_copy_bytes_per_s / 1e9,
+        );
+        for p in &self.points {
+            s.push_str(&format!(
+                "| {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} |\n",
+                p.batch,
+                p.tokens_per_s,
+                p.step_ms,
+                p.mean_context,
+                p.bytes_per_step / 1e6,
+                p.bytes_per_token / 1e6,
+                p.achieved_bytes_per_s / 1e9,
+                100.0 * p.fraction_of_device_read,
+                100.0 * p.fraction_of_host_read,
+                p.achieved_flops_per_s / 1e9,
+            ));
+        }
+        s
+    }
+
+    /// Two panels: tokens/s against batch size, and the implied bandwidth
+    /// against the device's streaming-read roofline.
+    pub fn write_svg(&self, path: &std::path::Path) -> Result<(), String> {
+        use crate::plot::{Panel, Series};
+        let pts = |f: &dyn Fn(&DecodePoint) -> f64| -> Vec<(f64, f64)> {
+            self.points.iter().map(|p| (p.batch as f64, f(p))).collect()
+        };
+        let panels = [
+            Panel {
+                title: "decode throughput".into(),
+                x_label: "batch size".into(),
+                y_label: "tokens/s".into(),
+                log_x: true,
+                series: vec![Series {
+                    label: format!("autoregressive, {}", self.dtype),
+                    points: pts(&|p| p.tokens_per_s),
+                }],
+                reference: None,
+            },
+            Panel {
+                title: "bytes moved per second (plan count)".into(),
+                x_label: "batch size".into(),
+                y_label: "GB/s".into(),
+                log_x: true,
+                series: vec![Series {
+                    label: "decode step".into(),
+                    points: pts(&|p| p.achieved_bytes_per_s / 1e9),
+                }],
+                reference: Some((
+                    self.device_read_bytes_per_s / 1e9,
+                    "device streaming-read roofline".into(),
+                )),
+            },
+        ];
+        crate::plot::write_svg(
+            path,
+            &format!("draftc bench decode — {}", self.device),
+            &panels,
+        )
+    }
+}

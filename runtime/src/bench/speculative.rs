@@ -1,0 +1,309 @@
+//! `draftc bench spec`: speculative decoding against autoregressive
+//! decoding of the same target, on the same backend, in the same process.
+//!
+//! Method per batch size `b` (the first `b` bench prompts, chat template,
+//! the stop token ignored so every sequence produces `max_tokens`):
+//! one autoregressive run (the baseline tokens/s and the reference
+//! tokens), then for every drafter × budget a 2-token warm-up (kernel JIT
+//! for the drafter's shapes) and a timed speculative run. Reported per
+//! configuration: τ (tokens per sequence-round), k (draft tokens per
+//! sequence-round), κ (sequence-rounds per target pass), decode tokens/s,
+//! speedup over the baseline, the share of time spent drafting and
+//! verifying, acceptance per draft depth, and whether the output equalled
+//! the baseline token for token (it must: greedy is lossless).
+
+use cubecl::prelude::*;
+use draftc_codegen::PlanDType;
+use serde::Serialize;
+
+use super::prompts::prompt;
+use super::Progress;
+use crate::cli::drafter::{make_drafter, DrafterChoice};
+use crate::engine::{generate, generate_speculative, EngineError, Request, Sampling, TargetModel};
+use crate::model::tokenizer::ChatMessage;
+use crate::model::ConvertedModel;
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct SpecConfig {
+    /// Drafters (budget ignored: `budgets` sets it).
+    pub drafters: Vec<DrafterChoice>,
+    pub batches: Vec<usize>,
+    /// Draft tokens per sequence per round.
+    pub budgets: Vec<usize>,
+    /// New tokens per sequence.
+    pub max_tokens: usize,
+    pub dtype: PlanDType,
+}
+
+/// One drafter × batch × budget measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecPoint {
+    pub drafter: String,
+    pub weights: String,
+    pub batch: usize,
+    pub budget: usize,
+    pub tau: f64,
+    pub k: f64,
+    pub kappa: f64,
+    pub tokens_per_s: f64,
+    pub autoregressive_tokens_per_s: f64,
+    pub speedup: f64,
+    /// Fractions of the decode time spent drafting and verifying.
+    pub draft_share: f64,
+    pub verify_share: f64,
+    pub target_passes: usize,
+    pub seq_rounds: usize,
+    /// Accepted / drafted at draft depth 1, 2, …
+    pub acceptance_by_depth: Vec<f64>,
+    pub draft_errors: usize,
+    /// The speculative tokens equalled the autoregressive ones.
+    pub lossless: bool,
+}
+
+/// The whole report (`spec.json`).
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecReport {
+    pub device: String,
+    pub model: String,
+    pub dtype: String,
+    pub max_tokens: usize,
+    pub points: Vec<SpecPoint>,
+}
+
+/// Runs every configuration of `cfg`.
+pub fn run_spec<R: Runtime>(
+    client: &ComputeClient<R>,
+    model: &ConvertedModel,
+    cfg: &SpecConfig,
+    progress: &Progress,
+) -> Result<SpecReport, String> {
+    if cfg.batches.is_empty() || cfg.batches.contains(&0) || cfg.max_tokens == 0 {
+        return Err("give batch sizes >= 1 and --max-tokens >= 1".into());
+    }
+    if cfg.drafters.is_empty() || cfg.budgets.is_empty() || cfg.budgets.contains(&0) {
+        return Err("give at least one drafter and budgets >= 1".into());
+    }
+    let err = |e: EngineError| e.to_string();
+    let max_b = *cfg.batches.iter().max().unwrap_or(&1);
+    let mut prompts = Vec::with_capacity(max_b);
+    for i in 0..max_b {
+        let text = prompt(i).text;
+        let ids = model
+            .tokenizer
+            .encode_chat(&[ChatMessage::new("user", text)])
+            .map_err(|e| e.to_string())?;
+        prompts.push(ids);
+    }
+    let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.max_tokens + 2;
+    progress.message(&format!("loading {} …", model.dir.display()));
+    let mut target = TargetModel::load(client, model, max_b, capacity, cfg.dtype).map_err(err)?;
+    let total = cfg.batches.len() * (1 + cfg.drafters.len() * cfg.budgets.len());
+    let mut done = 0;
+    let mut points = Vec::new();
+    for &b in &cfg.batches {
+        let requests: Vec<Request> = prompts[..b]
+            .iter()
+            .map(|p| Request { prompt: p.clone() })
+            .collect();
+        progress.step(done, total, &format!("batch {b}: autoregressive baseline"));
+        generate(
+            &mut target,
+            &requests,
+            2,
+            &Sampling::GREEDY,
+            None,
+            &mut |_, _| {},
+        )
+        .map_err(err)?;
+        let base = generate(
+            &mut target,
+            &requests,
+            cfg.max_tokens,
+            &Sampling::GREEDY,
+            None,
+            &mut |_, _| {},
+        )
+        .map_err(err)?;
+        let base_tps = base.stats.decode_tokens_per_s();
+        done += 1;
+        for choice in &cfg.drafters {
+            for &budget in &cfg.budgets {
+                progress.step(
+                    done,
+                    total,
+                    &format!("batch {b}: {} budget {budget}", choice.name),
+                );
+                let choice = DrafterChoice {
+                    budget,
+                    ..choice.clone()
+                };
+                let mut drafter = make_drafter(client, &choice, model, &target, cfg.dtype)?;
+                let mut run = |max_tokens| {
+                    generate_speculative(
+                        &mut target,
+                        drafter.as_mut(),
+                        &requests,
+                        max_tokens,
+                        &Sampling::GREEDY,
+                        budget,
+                        None,
+                        &mut |_, _| {},
+                    )
+                };
+                run(2).map_err(err)?;
+                let spec = run(cfg.max_tokens).map_err(err)?;
+                let s = &spec.stats;
+                let decode = s.decode_s.max(1e-9);
+                points.push(SpecPoint {
+                    drafter: drafter.name(),
+                    weights: choice.weights.clone(),
+                    batch: b,
+                    budget,
+                    tau: s.tau(),
+                    k: s.k(),
+                    kappa: s.kappa(),
+                    tokens_per_s: s.decode_tokens_per_s(),
+                    autoregressive_tokens_per_s: base_tps,
+                    speedup: s.decode_tokens_per_s() / base_tps.max(1e-9),
+                    draft_share: s.draft_s / decode,
+                    verify_share: s.verify_s / decode,
+                    target_passes: s.target_passes,
+                    seq_rounds: s.seq_rounds,
+                    acceptance_by_depth: s.acceptance_by_depth(),
+                    draft_errors: s.draft_errors,
+                    lossless: spec.tokens == base.tokens,
+                });
+                done += 1;
+            }
+        }
+    }
+    progress.finish();
+    Ok(SpecReport {
+        device: super::device_name(client),
+        model: model.dir.display().to_string(),
+        dtype: cfg.dtype.name().into(),
+        max_tokens: cfg.max_tokens,
+        points,
+    })
+}
+
+impl SpecReport {
+    /// The markdown table `draftc bench spec` prints.
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "## speculative vs autoregressive decoding — {}, {}, {} new tokens per sequence\n\n\
+             | drafter | weights | batch | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | lossless |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+            self.device, self.dtype, self.max_tokens
+        );
+        for p in &self.points {
+            let depth: Vec<String> = p
+                .acceptance_by_depth
+                .iter()
+                .take(6)
+                .map(|a| format!("{a:.2}"))
+                .collect();
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {} |\n",
+                p.drafter,
+                p.weights,
+                p.batch,
+                p.budget,
+                p.tau,
+                p.k,
+                p.kappa,
+                p.tokens_per_s,
+                p.autoregressive_tokens_per_s,
+                p.speedup,
+                100.0 * p.draft_share,
+                100.0 * p.verify_share,
+                depth.join(" "),
+                if p.lossless { "yes" } else { "NO" },
+            ));
+        }
+        s
+    }
+
+    /// Whether every configuration reproduced the autoregressive output.
+    pub fn all_lossless(&self) -> bool {
+        self.points.iter().all(|p| p.lossless)
+    }
+
+    /// Three panels: speedup and τ against batch size (one series per
+    /// drafter and budget), and acceptance per draft depth at the smallest
+    /// batch size.
+    pub fn write_svg(&self, path: &std::path::Path) -> Result<(), String> {
+        use crate::plot::{Panel, Series};
+        let mut keys: Vec<(String, usize)> = Vec::new();
+        for p in &self.points {
+            let key = (p.drafter.clone(), p.budget);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        let series = |f: &dyn Fn(&SpecPoint) -> f64| -> Vec<Series> {
+            keys.iter()
+                .map(|(d, k)| Series {
+                    label: format!("{d}, budget {k}"),
+                    points: self
+                        .points
+                        .iter()
+                        .filter(|p| &p.drafter == d && p.budget == *k)
+                        .map(|p| (p.batch as f64, f(p)))
+                        .collect(),
+                })
+                .collect()
+        };
+        let smallest = self.points.iter().map(|p| p.batch).min().unwrap_or(1);
+        let depth_series = keys
+            .iter()
+            .filter_map(|(d, k)| {
+                let p = self
+                    .points
+                    .iter()
+                    .find(|p| &p.drafter == d && p.budget == *k && p.batch == smallest)?;
+                Some(Series {
+                    label: format!("{d}, budget {k}"),
+                    points: p
+                        .acceptance_by_depth
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &a)| ((i + 1) as f64, a))
+                        .collect(),
+                })
+            })
+            .collect();
+        let panels = [
+            Panel {
+                title: "speedup over autoregressive (same backend)".into(),
+                x_label: "batch size".into(),
+                y_label: "speedup (x)".into(),
+                log_x: true,
+                series: series(&|p| p.speedup),
+                reference: Some((1.0, "autoregressive".into())),
+            },
+            Panel {
+                title: "tau: tokens per sequence-round".into(),
+                x_label: "batch size".into(),
+                y_label: "tau".into(),
+                log_x: true,
+                series: series(&|p| p.tau),
+                reference: Some((1.0, "no draft accepted".into())),
+            },
+            Panel {
+                title: format!("acceptance by draft depth (batch {smallest})"),
+                x_label: "draft depth".into(),
+                y_label: "accepted / drafted".into(),
+                log_x: false,
+                series: depth_series,
+                reference: None,
+            },
+        ];
+        crate::plot::write_svg(
+            path,
+            &format!("draftc bench spec — {}", self.device),
+            &panels,
+        )
+    }
+}

@@ -1,0 +1,257 @@
+//! `draftc bench decode|spec`: the benchmarks of [`crate::bench`] on the
+//! default (or `--model`) target. Each prints a markdown table on stdout and
+//! writes `<name>.json` and `<name>.svg` under `--out`; progress goes to
+//! stderr. `--backend cuda` needs a build with the `cuda` feature.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use cubecl::prelude::*;
+use draftc_codegen::PlanDType;
+use serde::Serialize;
+
+use super::drafter::DrafterChoice;
+use crate::bench::decode::{run_decode, DecodeConfig};
+use crate::bench::speculative::{run_spec, SpecConfig};
+use crate::bench::Progress;
+use crate::model::ConvertedModel;
+use crate::spec::TreeShape;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub which: BenchKind,
+}
+
+#[derive(Subcommand)]
+pub enum BenchKind {
+    /// Autoregressive decode tokens/s per batch size, bytes per token and
+    /// the fraction of the measured memory bandwidth.
+    Decode(DecodeArgs),
+    /// Speculative vs autoregressive decoding: τ, k, κ, tokens/s, speedup,
+    /// acceptance by depth, per drafter × batch size × budget.
+    Spec(SpecArgs),
+}
+
+/// Options every benchmark has.
+#[derive(Args, Clone)]
+pub struct CommonArgs {
+    /// A converted model directory (default: SmolLM2-135M-Instruct).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Batch sizes (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16, 64])]
+    pub batch: Vec<usize>,
+    /// Compute dtype of the plans: f32 or f16.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// wgpu (Vulkan; lavapipe without a GPU) or cuda (`cuda` feature).
+    #[arg(long, default_value = "wgpu")]
+    pub backend: String,
+    /// Directory for the JSON report and the SVG plot.
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+    /// No progress on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Clone)]
+pub struct DecodeArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Timed decode steps per batch size.
+    #[arg(long, default_value_t = 16)]
+    pub steps: usize,
+}
+
+#[derive(Args, Clone)]
+pub struct SpecArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Drafters (repeatable): `prompt-lookup` or a description file.
+    /// Default: prompt-lookup, models/magicdec.draft, models/specformer.draft,
+    /// models/beagle.draft.
+    #[arg(long = "drafter")]
+    pub drafters: Vec<String>,
+    /// Weights of model drafters: `random:SEED`, `pruned[:SEED]` or a
+    /// safetensors file (self-speculation always uses the target's).
+    #[arg(long, default_value = "pruned")]
+    pub drafter_weights: String,
+    /// Tree of autoregressive drafters (overrides the files' `tree`).
+    #[arg(long)]
+    pub tree: Option<String>,
+    /// Draft budgets (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [4usize])]
+    pub budget: Vec<usize>,
+    /// New tokens per sequence.
+    #[arg(long, default_value_t = 32)]
+    pub max_tokens: usize,
+    /// Prompt lookup: continuations merged into a tree.
+    #[arg(long, default_value_t = 1)]
+    pub branches: usize,
+}
+
+/// The drafters `draftc bench spec` runs when none is named.
+pub const DEFAULT_DRAFTERS: [&str; 4] = [
+    "prompt-lookup",
+    "models/magicdec.draft",
+    "models/specformer.draft",
+    "models/beagle.draft",
+];
+
+pub fn run(args: BenchArgs) -> ExitCode {
+    let got = match &args.which {
+        BenchKind::Decode(a) => with_backend(&a.common, |c, m, p| decode(c, m, p, a)),
+        BenchKind::Spec(a) => with_backend(&a.common, |c, m, p| spec(c, m, p, a)),
+    };
+    match got {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A compute client of whichever runtime `--backend` picked, so the
+/// benchmark bodies need not be generic.
+pub trait AnyClient {
+    fn decode(
+        &self,
+        model: &ConvertedModel,
+        cfg: &DecodeConfig,
+        progress: &Progress,
+    ) -> Result<crate::bench::decode::DecodeReport, String>;
+    fn spec(
+        &self,
+        model: &ConvertedModel,
+        cfg: &SpecConfig,
+        progress: &Progress,
+    ) -> Result<crate::bench::speculative::SpecReport, String>;
+}
+
+struct Client<R: Runtime>(ComputeClient<R>);
+
+impl<R: Runtime> AnyClient for Client<R> {
+    fn decode(
+        &self,
+        model: &ConvertedModel,
+        cfg: &DecodeConfig,
+        progress: &Progress,
+    ) -> Result<crate::bench::decode::DecodeReport, String> {
+        run_decode(&self.0, model, cfg, progress).map_err(|e| e.to_string())
+    }
+
+    fn spec(
+        &self,
+        model: &ConvertedModel,
+        cfg: &SpecConfig,
+        progress: &Progress,
+    ) -> Result<crate::bench::speculative::SpecReport, String> {
+        run_spec(&self.0, model, cfg, progress)
+    }
+}
+
+/// Opens the model and the backend's client, then runs `body`.
+fn with_backend(
+    common: &CommonArgs,
+    body: impl Fn(&dyn AnyClient, &ConvertedModel, &Progress) -> Result<(), String>,
+) -> Result<(), String> {
+    PlanDType::parse(&common.dtype)
+        .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", common.dtype))?;
+    let dir = match &common.model {
+        Some(d) => d.clone(),
+        None => super::generate::default_model(common.quiet)?,
+    };
+    let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
+    let progress = Progress::new(!common.quiet);
+    match common.backend.as_str() {
+        "wgpu" => body(&Client(crate::device::wgpu_client()?), &model, &progress),
+        #[cfg(feature = "cuda")]
+        "cuda" => body(&Client(crate::device::cuda_client()?), &model, &progress),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err("this draftc was built without CUDA: rebuild with `--features cuda`".into()),
+        other => Err(format!("--backend must be wgpu or cuda, got `{other}`")),
+    }
+}
+
+fn dtype(common: &CommonArgs) -> PlanDType {
+    PlanDType::parse(&common.dtype).unwrap_or(PlanDType::F32)
+}
+
+fn decode(
+    client: &dyn AnyClient,
+    model: &ConvertedModel,
+    progress: &Progress,
+    args: &DecodeArgs,
+) -> Result<(), String> {
+    let cfg = DecodeConfig {
+        batches: args.common.batch.clone(),
+        steps: args.steps,
+        dtype: dtype(&args.common),
+    };
+    let report = client.decode(model, &cfg, progress)?;
+    print!("{}", report.table());
+    save(&args.common.out, "decode", &report, |p| report.write_svg(p))
+}
+
+fn spec(
+    client: &dyn AnyClient,
+    model: &ConvertedModel,
+    progress: &Progress,
+    args: &SpecArgs,
+) -> Result<(), String> {
+    let names: Vec<String> = if args.drafters.is_empty() {
+        DEFAULT_DRAFTERS.iter().map(|s| s.to_string()).collect()
+    } else {
+        args.drafters.clone()
+    };
+    let tree = match &args.tree {
+        Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let drafters = names
+        .into_iter()
+        .map(|name| DrafterChoice {
+            name,
+            weights: args.drafter_weights.clone(),
+            budget: 0,
+            branches: args.branches,
+            tree: tree.clone(),
+            concurrent: false,
+        })
+        .collect();
+    let cfg = SpecConfig {
+        drafters,
+        batches: args.common.batch.clone(),
+        budgets: args.budget.clone(),
+        max_tokens: args.max_tokens,
+        dtype: dtype(&args.common),
+    };
+    let report = client.spec(model, &cfg, progress)?;
+    print!("{}", report.table());
+    save(&args.common.out, "spec", &report, |p| report.write_svg(p))?;
+    if !report.all_lossless() {
+        return Err("a speculative run did not reproduce the autoregressive output".into());
+    }
+    Ok(())
+}
+
+/// Writes `<out>/<name>.json` and `<out>/<name>.svg`.
+fn save<T: Serialize>(
+    out: &Path,
+    name: &str,
+    report: &T,
+    svg: impl FnOnce(&Path) -> Result<(), String>,
+) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let json = out.join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+    std::fs::write(&json, text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let plot = out.join(format!("{name}.svg"));
+    svg(&plot)?;
+    eprintln!("wrote {} and {}", json.display(), plot.display());
+    Ok(())
+}

@@ -1,0 +1,127 @@
+//! The tiny random target the runtime's integration tests share: the
+//! `llama.draft` graph at d = 32, 2 layers, vocabulary 97, with seeded
+//! random weights scaled so its greedy continuations are not trivially
+//! periodic; prompts of varied lengths; the autoregressive reference.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use draftc_codegen::{PlanDType, TargetWeights};
+use draftc_ir::{Graph, Resolver, TargetConfig};
+use draftc_ops::testing::wgpu_client;
+use draftc_runtime::engine::{generate, weight_specs, Request, Sampling, TargetModel};
+use draftc_runtime::exec::HostWeights;
+
+pub type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+pub struct ModelsDir;
+impl Resolver for ModelsDir {
+    fn resolve(&self, name: &str) -> Option<(String, String)> {
+        let p = repo().join("models").join(format!("{name}.draft"));
+        Some((p.display().to_string(), std::fs::read_to_string(p).ok()?))
+    }
+}
+
+pub fn tiny_config() -> TargetConfig {
+    let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
+    let mut cfg = draftc_ir::parse_preset(&src).unwrap();
+    for (k, v) in [
+        ("n", 2),
+        ("d", 32),
+        ("h", 4),
+        ("hkv", 2),
+        ("f", 48),
+        ("v", 97),
+    ] {
+        cfg.ints.insert(k.into(), v);
+    }
+    cfg
+}
+
+pub fn compile(name: &str, cfg: &TargetConfig) -> Graph {
+    let src = std::fs::read_to_string(repo().join("models").join(format!("{name}.draft"))).unwrap();
+    draftc_ir::compile(&src, cfg, &BTreeMap::new(), &ModelsDir).unwrap()
+}
+
+pub fn weights(specs: &[draftc_codegen::bind::WeightSpec]) -> HostWeights {
+    weights_seeded(specs, 7)
+}
+
+/// Seeded random weights, scaled (see the module docs).
+pub fn weights_seeded(specs: &[draftc_codegen::bind::WeightSpec], seed: u64) -> HostWeights {
+    let mut w = HostWeights::random(specs, seed);
+    for (name, (_, data)) in w.tensors.iter_mut() {
+        let scale = if name.contains("o_proj") || name.contains("down_proj") {
+            6.0
+        } else if name == "model.norm.weight" {
+            3.0
+        } else {
+            1.0
+        };
+        data.iter_mut().for_each(|x| *x *= scale);
+    }
+    w
+}
+
+pub fn target_with(slots: usize, dtype: PlanDType) -> (TargetModel<Wgpu>, HostWeights) {
+    target_seeded(slots, dtype, 7)
+}
+
+/// The tiny target with weights from `seed` (7 is the shared target).
+pub fn target_seeded(
+    slots: usize,
+    dtype: PlanDType,
+    seed: u64,
+) -> (TargetModel<Wgpu>, HostWeights) {
+    let cfg = tiny_config();
+    let g = compile("llama", &cfg);
+    let tw = TargetWeights::new(&cfg, &g.meta.exports);
+    let w = weights_seeded(&weight_specs(&g, &tw).unwrap(), seed);
+    let t = TargetModel::from_parts(&wgpu_client(), g, cfg, w.clone(), slots, 96, dtype).unwrap();
+    (t, w)
+}
+
+pub fn target(slots: usize) -> (TargetModel<Wgpu>, HostWeights) {
+    target_with(slots, PlanDType::F32)
+}
+
+/// `b` prompts: three hand-written ones (repetitive, one token, long), then
+/// pseudo-random ones of 1..24 tokens.
+pub fn prompts(b: usize) -> Vec<Request> {
+    let mut out = vec![
+        vec![5u32, 17, 3, 90, 44, 2, 61, 5, 17, 3],
+        vec![8],
+        vec![33, 33, 33, 12, 70, 1, 9, 9, 14, 50, 21, 12, 70],
+    ];
+    let mut x = 12345u64;
+    let mut next = move || {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (x >> 33) as u32
+    };
+    while out.len() < b {
+        let n = 1 + next() as usize % 24;
+        out.push((0..n).map(|_| next() % 97).collect());
+    }
+    out.into_iter()
+        .take(b)
+        .map(|prompt| Request { prompt })
+        .collect()
+}
+
+pub const MAX: usize = 20;
+
+pub fn reference(t: &mut TargetModel<Wgpu>, b: usize) -> Vec<Vec<u32>> {
+    generate(t, &prompts(b), MAX, &Sampling::GREEDY, None, &mut |_, _| {})
+        .unwrap()
+        .tokens
+}
