@@ -219,3 +219,42 @@ fn a_faulty_drafter_cannot_change_the_output() {
         check(&mut t, &mut Faulty(3), b, 6);
     }
 }
+
+/// A model drafter whose weights are all NaN (so are its logits and
+/// hidden states) and one whose weights are infinite: their trees carry
+/// arbitrary ids and NaN log-probabilities, and the output stays exact.
+#[test]
+fn nan_and_infinite_drafter_weights_change_nothing() {
+    let (mut t, tw) = target(3);
+    for (name, bad) in [
+        ("specformer", f32::NAN),
+        ("beagle", f32::NAN),
+        ("magicdec", f32::INFINITY),
+    ] {
+        let g = compile(name, &tiny_config());
+        let specs = weight_specs(&g, &t.weights).unwrap();
+        let mut w = HostWeights::random(&specs, 5);
+        for (k, v) in w.tensors.iter_mut() {
+            if !tw.tensors.contains_key(k) || name == "magicdec" {
+                v.1.iter_mut().for_each(|x| *x = bad);
+            }
+        }
+        let Ok(mut d) = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, None) else {
+            // Rejected up front is also a contained fault.
+            continue;
+        };
+        let want = reference(&mut t, 3);
+        let got = generate_speculative(
+            &mut t,
+            d.as_mut(),
+            &prompts(3),
+            MAX,
+            &Sampling::GREEDY,
+            4,
+            None,
+            &mut |_, _| {},
+        )
+        .unwrap_or_else(|e| panic!("{name} with {bad} weights: {e}"));
+        assert_eq!(got.tokens, want, "{name} with {bad} weights");
+    }
+}

@@ -192,6 +192,28 @@ impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
         seqs: &[SeqView<'_>],
         budget: usize,
     ) -> Result<Vec<DraftTree>, EngineError> {
+        let chains = self.draft_chains(target, seqs, budget);
+        // Drop the tentative rows, also after an error: verification writes
+        // these positions again.
+        for s in seqs {
+            target.caches.truncate(s.slot, s.committed);
+        }
+        chains?
+            .iter()
+            .map(|c| DraftTree::chain(c, &vec![0.0; c.len()]).map_err(spec_err))
+            .collect()
+    }
+}
+
+impl<R: Runtime> SelfSpecDrafter<R> {
+    /// The greedy chains, step by step, writing tentative rows into the
+    /// target's caches (the caller drops them).
+    fn draft_chains(
+        &mut self,
+        target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<Vec<u32>>, EngineError> {
         let steps = self.l.min(budget);
         let mut chains: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
         let mut last: Vec<u32> = seqs
@@ -215,16 +237,13 @@ impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
             for (c, &t) in chains.iter_mut().zip(&next) {
                 c.push(t);
             }
+            if next.iter().any(|&t| t as usize >= target.vocab) {
+                // Non-finite logits: nothing sensible to feed back.
+                break;
+            }
             last = next;
         }
-        // Drop the tentative rows: verification writes these positions again.
-        for s in seqs {
-            target.caches.truncate(s.slot, s.committed);
-        }
-        chains
-            .iter()
-            .map(|c| DraftTree::chain(c, &vec![0.0; c.len()]).map_err(spec_err))
-            .collect()
+        Ok(chains)
     }
 }
 

@@ -230,6 +230,11 @@ pub fn generate_speculative<R: Runtime>(
                 views.iter().map(|_| DraftTree::new()).collect()
             }
         };
+        // Whatever the drafter did to the target's caches (self-speculation
+        // writes tentative rows), verification starts from the committed rows.
+        for v in &views {
+            target.caches.truncate(v.slot, v.committed);
+        }
         stats.draft_s += td.elapsed().as_secs_f64();
         // 2. Verify all trees in one target pass.
         let tv = Instant::now();
