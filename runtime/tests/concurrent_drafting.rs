@@ -125,7 +125,7 @@ impl TokenDrafter for Broken {
 
     fn draft(&mut self, requests: &[DraftRequest]) -> Result<Vec<DraftTree>, String> {
         self.0 += 1;
-        if self.0 % 2 == 0 {
+        if self.0.is_multiple_of(2) {
             return Err("drafter fault".into());
         }
         Ok(requests

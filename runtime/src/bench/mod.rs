@@ -14,17 +14,22 @@ pub mod decode;
 pub mod prompts;
 pub mod speculative;
 
+use std::io::IsTerminal;
+
 use cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 
-/// Progress of a benchmark on stderr (hidden with `--quiet`).
+/// Progress of a benchmark on stderr (hidden with `--quiet`): a bar on a
+/// terminal, one line per step otherwise (CI logs, redirected runs).
 pub struct Progress {
     bar: ProgressBar,
+    lines: bool,
 }
 
 impl Progress {
     pub fn new(enabled: bool) -> Progress {
-        let bar = if enabled {
+        let lines = enabled && !std::io::stderr().is_terminal();
+        let bar = if enabled && !lines {
             let bar = ProgressBar::new(0);
             if let Ok(style) =
                 ProgressStyle::with_template("{elapsed:>4} [{bar:24}] {pos}/{len} {msg}")
@@ -35,17 +40,23 @@ impl Progress {
         } else {
             ProgressBar::hidden()
         };
-        Progress { bar }
+        Progress { bar, lines }
     }
 
     /// A note before the measured part starts.
     pub fn message(&self, msg: &str) {
+        if self.lines {
+            eprintln!("{msg}");
+        }
         self.bar.set_message(msg.to_string());
         self.bar.tick();
     }
 
     /// Configuration `i` of `n` starts.
     pub fn step(&self, i: usize, n: usize, msg: &str) {
+        if self.lines {
+            eprintln!("[{}/{n}] {msg}", i + 1);
+        }
         self.bar.set_length(n as u64);
         self.bar.set_position(i as u64);
         self.bar.set_message(msg.to_string());

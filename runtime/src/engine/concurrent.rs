@@ -380,6 +380,9 @@ pub fn best_path(tree: &DraftTree) -> Vec<u32> {
         .unwrap_or_default()
 }
 
+/// Requests and the trees the worker returned for them.
+type Answered = (Vec<DraftRequest>, Vec<DraftTree>);
+
 /// Draft-length policy of a [`ConcurrentDrafter`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BudgetPolicy {
@@ -448,7 +451,7 @@ impl ConcurrentDrafter {
     }
 
     /// Waits for the trees in flight.
-    fn collect(&mut self) -> Result<Option<(Vec<DraftRequest>, Vec<DraftTree>)>, EngineError> {
+    fn collect(&mut self) -> Result<Option<Answered>, EngineError> {
         let Some(requests) = self.in_flight.take() else {
             return Ok(None);
         };
