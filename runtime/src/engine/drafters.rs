@@ -258,6 +258,8 @@ pub struct ParallelDrafter<R: Runtime> {
     shape: TreeShape,
     /// Latest proposal per slot: candidates per draft position.
     proposals: BTreeMap<usize, Vec<Vec<Candidate>>>,
+    /// Rows per pass, so that `[rows, l, vocab]` logits fit one binding.
+    max_rows: usize,
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
@@ -301,6 +303,9 @@ impl<R: Runtime> ParallelDrafter<R> {
                 target.caches.capacity(),
                 ops_dtype(dtype),
             ),
+            max_rows: ((120usize << 20)
+                / (l.max(1) * target.vocab.max(1) * ops_dtype(dtype).size()))
+            .max(1),
             l,
             taps,
             shape,
@@ -318,7 +323,73 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
         self.l
     }
 
+    /// Runs the drafter over the committed rows in passes of at most
+    /// `max_rows` rows (a long prefill would not fit its `l` logit rows per
+    /// token in one binding); the proposals come from each sequence's last
+    /// row.
     fn observe(
+        &mut self,
+        c: &ComputeClient<R>,
+        out: &Outputs<R>,
+        committed: &[Committed],
+    ) -> Result<(), EngineError> {
+        let mut chunk: Vec<Committed> = Vec::new();
+        let mut room = self.max_rows;
+        for x in committed {
+            let mut from = 0;
+            while from < x.rows.len() {
+                if room == 0 {
+                    self.observe_pass(c, out, &chunk)?;
+                    chunk.clear();
+                    room = self.max_rows;
+                }
+                let n = room.min(x.rows.len() - from);
+                chunk.push(Committed {
+                    slot: x.slot,
+                    rows: x.rows[from..from + n].to_vec(),
+                    positions: x.positions[from..from + n].to_vec(),
+                });
+                from += n;
+                room -= n;
+            }
+        }
+        self.observe_pass(c, out, &chunk)
+    }
+
+    fn draft(
+        &mut self,
+        _target: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        seqs.iter()
+            .map(|s| {
+                let cands = self.proposals.get(&s.slot).cloned().unwrap_or_default();
+                Ok(match &self.shape {
+                    TreeShape::Static(b) => DraftTree::static_from_candidates(b, &cands, budget),
+                    _ => {
+                        let mut p: Vec<u32> = cands
+                            .iter()
+                            .filter_map(|c| c.first().map(|x| x.0))
+                            .collect();
+                        p.truncate(budget);
+                        DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)?
+                    }
+                })
+            })
+            .collect()
+    }
+
+    fn reset(&mut self, slot: usize) {
+        self.caches.reset(slot);
+        self.proposals.remove(&slot);
+    }
+}
+
+impl<R: Runtime> ParallelDrafter<R> {
+    /// One drafter pass over `committed` (one sequence may appear in several
+    /// consecutive passes).
+    fn observe_pass(
         &mut self,
         c: &ComputeClient<R>,
         out: &Outputs<R>,
@@ -391,35 +462,6 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
                 .insert(*slot, cands[i * self.l..(i + 1) * self.l].to_vec());
         }
         Ok(())
-    }
-
-    fn draft(
-        &mut self,
-        _target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
-        seqs.iter()
-            .map(|s| {
-                let cands = self.proposals.get(&s.slot).cloned().unwrap_or_default();
-                Ok(match &self.shape {
-                    TreeShape::Static(b) => DraftTree::static_from_candidates(b, &cands, budget),
-                    _ => {
-                        let mut p: Vec<u32> = cands
-                            .iter()
-                            .filter_map(|c| c.first().map(|x| x.0))
-                            .collect();
-                        p.truncate(budget);
-                        DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)?
-                    }
-                })
-            })
-            .collect()
-    }
-
-    fn reset(&mut self, slot: usize) {
-        self.caches.reset(slot);
-        self.proposals.remove(&slot);
     }
 }
 
