@@ -62,9 +62,16 @@ pub fn cube_best_after<F: Float>(
     sync_cube();
     let mut stride = comptime!(block / 2).runtime();
     while stride > 0 {
-        if tid < stride && before(sv[tid + stride], si[tid + stride], sv[tid], si[tid]) {
-            sv[tid] = sv[tid + stride];
-            si[tid] = si[tid + stride];
+        // CubeCL evaluates both sides of `&&`: the partner's slot is read
+        // only inside the branch (reading `sv[tid + stride]` for every unit
+        // ran past the shared memory, an illegal address on CUDA).
+        if tid < stride {
+            let ov = sv[tid + stride];
+            let oi = si[tid + stride];
+            if before(ov, oi, sv[tid], si[tid]) {
+                sv[tid] = ov;
+                si[tid] = oi;
+            }
         }
         sync_cube();
         stride /= 2;
@@ -72,7 +79,7 @@ pub fn cube_best_after<F: Float>(
 }
 
 /// Top-`k` of each row: values (if `write_values`) and indices, best first.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn topk_kernel<F: Float + CubeElement>(
     x: &Array<F>,
     values: &mut Array<F>,
@@ -134,10 +141,14 @@ pub fn argmax<R: Runtime>(
     }
     let count = cube_count(OP, rows)?;
     crate::dispatch_float!(x.dtype(), OP, F => {
-        topk_kernel::launch::<F, R>(
-            client, count, CubeDim::new_1d(BLOCK as u32),
-            x.array_arg(), x.array_arg(), out.array_arg(), rows, n, 1, false, BLOCK,
-        )
+        // SAFETY: as in `topk` below. `values` is never written (`write_values`
+        // is false), so `x` stands in for it.
+        unsafe {
+            topk_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32),
+                x.array_arg(), x.array_arg(), out.array_arg(), rows, n, 1, false, BLOCK,
+            )
+        }
     })?;
     finish(client, OP)
 }
@@ -166,10 +177,16 @@ pub fn topk<R: Runtime>(
     expect_dtype(OP, "indices", indices, DType::U32)?;
     let count = cube_count(OP, rows)?;
     crate::dispatch_float!(x.dtype(), OP, F => {
-        topk_kernel::launch::<F, R>(
-            client, count, CubeDim::new_1d(BLOCK as u32),
-            x.array_arg(), values.array_arg(), indices.array_arg(), rows, n, k, true, BLOCK,
-        )
+        // SAFETY: shapes validated above. The kernel reads `x[row·n + j]`
+        // with `j < n` and `row` clamped to 0 on cubes past the last row, and
+        // writes `[row·k + r]`, `r < k`, only for real rows; shared memory is
+        // indexed by unit (< BLOCK) and by strides below BLOCK/2.
+        unsafe {
+            topk_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32),
+                x.array_arg(), values.array_arg(), indices.array_arg(), rows, n, k, true, BLOCK,
+            )
+        }
     })?;
     finish(client, OP)
 }

@@ -35,7 +35,7 @@
 //!   in bounds, and say so in a `// SAFETY:` comment at the call.
 //! * **Tensors** are [`DeviceTensor`]: handle + row-major contiguous shape +
 //!   [`DType`]. Pass them to kernels with `array_arg()`/`tensor_arg()`.
-//! * **Tests** live in `tests/<family>.rs`, use [`testing`] (`wgpu_client`,
+//! * **Tests** live in `tests/<family>.rs`, use [`testing`] (`test_client`,
 //!   `assert_close`, `awkward_size`, `random_f32`, `config(16)`), run f32 and
 //!   f16, cover ragged sizes (1, 3, 50, 783) and error cases, and keep case
 //!   counts modest so the whole suite stays within a few minutes on lavapipe.

@@ -65,7 +65,7 @@ pub fn uniform(seed_lo: u32, seed_hi: u32, row: u32, step: u32) -> f32 {
 }
 
 /// Inverse-CDF sampling over the whole row.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn sample_full_kernel<F: Float + CubeElement>(
     x: &Array<F>,
     out: &mut Array<u32>,
@@ -139,7 +139,7 @@ pub fn sample_full_kernel<F: Float + CubeElement>(
 }
 
 /// Top-k / top-p sampling over `k` selected candidates.
-#[cube(launch)]
+#[cube(launch_unchecked)]
 pub fn sample_candidates_kernel<F: Float + CubeElement>(
     x: &Array<F>,
     out: &mut Array<u32>,
@@ -271,14 +271,23 @@ pub fn sample<R: Runtime>(
     let dim = CubeDim::new_1d(BLOCK as u32);
     if top_k == 0 && top_p >= 1.0 {
         crate::dispatch_float!(logits.dtype(), OP, F => {
-            sample_full_kernel::launch::<F, R>(client, count, dim, logits.array_arg(), out.array_arg(),
-                rows, n, inv_t, seed_lo, seed_hi, step)
+            // SAFETY: shapes validated above. Reads `x[row·n + j]`, `j < n`,
+            // `row` clamped to 0 past the last row; writes `out[row]` for
+            // real rows only; shared memory indexed below BLOCK.
+            unsafe {
+                sample_full_kernel::launch_unchecked::<F, R>(client, count, dim, logits.array_arg(),
+                    out.array_arg(), rows, n, inv_t, seed_lo, seed_hi, step)
+            }
         })?;
     } else {
         let k = if top_k == 0 { MAX_CANDIDATES } else { top_k }.min(n);
         crate::dispatch_float!(logits.dtype(), OP, F => {
-            sample_candidates_kernel::launch::<F, R>(client, count, dim, logits.array_arg(), out.array_arg(),
-                rows, n, k, inv_t, top_p, seed_lo, seed_hi, step)
+            // SAFETY: as above; candidates `r < k <= MAX_CANDIDATES` index
+            // the candidate shared memory.
+            unsafe {
+                sample_candidates_kernel::launch_unchecked::<F, R>(client, count, dim, logits.array_arg(),
+                    out.array_arg(), rows, n, k, inv_t, top_p, seed_lo, seed_hi, step)
+            }
         })?;
     }
     finish(client, OP)

@@ -1,4 +1,5 @@
-//! Test support shared by every kernel family's tests: the wgpu client,
+//! Test support shared by every kernel family's tests: the test runtime and
+//! its client (wgpu, or CUDA with the `cuda-tests` feature),
 //! tolerance comparison against a reference, deterministic random data, and
 //! proptest strategies for awkward sizes.
 //!
@@ -16,6 +17,29 @@ use crate::tensor::DType;
 /// returns a handle to the same per-device server.
 pub fn wgpu_client() -> ComputeClient<WgpuRuntime> {
     WgpuRuntime::client(&WgpuDevice::DefaultDevice)
+}
+
+/// The runtime the kernel tests run on: wgpu by default, CUDA's when the
+/// crate is built with `--features cuda-tests` (the same tests, on a GPU).
+#[cfg(not(feature = "cuda-tests"))]
+pub type TestRuntime = WgpuRuntime;
+/// The runtime the kernel tests run on: wgpu by default, CUDA's when the
+/// crate is built with `--features cuda-tests` (the same tests, on a GPU).
+#[cfg(feature = "cuda-tests")]
+pub type TestRuntime = cubecl::cuda::CudaRuntime;
+
+/// A client of [`TestRuntime`]'s first device; every call returns a handle
+/// to the same per-device server.
+#[cfg(not(feature = "cuda-tests"))]
+pub fn test_client() -> ComputeClient<TestRuntime> {
+    wgpu_client()
+}
+
+/// A client of [`TestRuntime`]'s first device; every call returns a handle
+/// to the same per-device server.
+#[cfg(feature = "cuda-tests")]
+pub fn test_client() -> ComputeClient<TestRuntime> {
+    TestRuntime::client(&cubecl::cuda::CudaDevice::new(0))
 }
 
 /// Relative tolerance for a dtype: 1e-5 for f32, 1e-2 for f16.

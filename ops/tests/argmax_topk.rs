@@ -1,7 +1,7 @@
 //! Argmax (ties → lowest index) and top-k against the reference.
 
 use draftc_ops::argmax_topk::{argmax, reference, topk};
-use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, wgpu_client};
+use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 
@@ -11,7 +11,7 @@ proptest! {
     #[test]
     fn argmax_matches_reference(rows in awkward_size(40), n in awkward_size(3000), coarse in any::<bool>(),
                                 dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let mut x = random_f32(seed, rows * n, -4.0, 4.0, dtype);
         if coarse { x.iter_mut().for_each(|v| *v = v.round()); } // many ties
         let xt = DeviceTensor::upload_f32(&client, &x, &[rows, n], dtype).unwrap();
@@ -24,7 +24,7 @@ proptest! {
     fn topk_matches_reference(rows in awkward_size(20), n in awkward_size(2000), k in 1usize..20, coarse in any::<bool>(),
                               dtype in float_dtype(), seed in any::<u64>()) {
         let k = k.min(n);
-        let client = wgpu_client();
+        let client = test_client();
         let mut x = random_f32(seed, rows * n, -4.0, 4.0, dtype);
         if coarse { x.iter_mut().for_each(|v| *v = v.round()); }
         let xt = DeviceTensor::upload_f32(&client, &x, &[rows, n], dtype).unwrap();
@@ -39,7 +39,7 @@ proptest! {
 
 #[test]
 fn ties_go_to_lowest_index() {
-    let client = wgpu_client();
+    let client = test_client();
     let x =
         DeviceTensor::upload_f32(&client, &[1.0, 3.0, 3.0, 0.0, 3.0], &[1, 5], DType::F32).unwrap();
     let out = DeviceTensor::empty(&client, &[1], DType::U32);
@@ -53,7 +53,7 @@ fn ties_go_to_lowest_index() {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = DeviceTensor::zeros(&client, &[2, 5], DType::F32);
     let v = DeviceTensor::empty(&client, &[2, 6], DType::F32);
     let i = DeviceTensor::empty(&client, &[2, 6], DType::U32);

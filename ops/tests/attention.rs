@@ -6,12 +6,12 @@
 use draftc_ops::attention::{
     attention, attention_ref, draft_dim_attention, AttnDims, Mask, SeqBatch, TreeTail, TREE_ROOT,
 };
-use draftc_ops::testing::{assert_close, config, float_dtype, random_f32, random_u32, wgpu_client};
+use draftc_ops::testing::{assert_close, config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
-type R = cubecl::wgpu::WgpuRuntime;
+type R = draftc_ops::testing::TestRuntime;
 
 /// Runs kernel and reference on random data and compares them.
 fn check(
@@ -21,7 +21,7 @@ fn check(
     mask: Mask,
     seed: u64,
 ) -> Result<(), TestCaseError> {
-    let client = wgpu_client();
+    let client = test_client();
     let (tq, tk) = (batch.total_q(), batch.total_k());
     let q = random_f32(seed, tq * dims.heads * dims.head_dim, -2.0, 2.0, dtype);
     let k = random_f32(
@@ -239,7 +239,7 @@ fn batched_trees_match_reference() {
 /// and both match the reference (b·t sequences of l rows, full mask).
 #[test]
 fn draft_dim_chunking_is_bit_identical() {
-    let client = wgpu_client();
+    let client = test_client();
     for (dtype, bt, l, dims) in [
         (
             DType::F32,
@@ -311,7 +311,7 @@ fn draft_dim_chunking_is_bit_identical() {
 
 #[test]
 fn invalid_arguments_are_errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let t = |shape: &[usize]| DeviceTensor::<R>::zeros(&client, shape, DType::F32);
     let dims = AttnDims {
         heads: 2,

@@ -2,7 +2,7 @@
 
 use draftc_ops::elementwise::{binary, reference, silu, BinaryOp};
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, wgpu_client,
+    assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -20,7 +20,7 @@ proptest! {
 
     #[test]
     fn binary_matches_reference(n in awkward_size(5000), op in op(), dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let a = random_f32(seed, n, -6.0, 6.0, dtype);
         let b = random_f32(seed ^ 9, n, -2.0, 2.0, dtype);
         let at = DeviceTensor::upload_f32(&client, &a, &[n], dtype).unwrap();
@@ -32,7 +32,7 @@ proptest! {
 
     #[test]
     fn silu_matches_reference(n in awkward_size(3000), dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let a = random_f32(seed, n, -10.0, 10.0, dtype);
         let at = DeviceTensor::upload_f32(&client, &a, &[n], dtype).unwrap();
         silu(&client, &at, &at).unwrap(); // in place
@@ -43,7 +43,7 @@ proptest! {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let a = DeviceTensor::zeros(&client, &[4, 3], DType::F32);
     let b = DeviceTensor::zeros(&client, &[3, 4], DType::F32);
     let e = DeviceTensor::zeros(&client, &[0], DType::F32);

@@ -1,7 +1,7 @@
 //! Embedding gather against the reference; out-of-range ids are errors.
 
 use draftc_ops::embedding::{embedding, reference};
-use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, random_u32, wgpu_client};
+use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 
@@ -11,7 +11,7 @@ proptest! {
     #[test]
     fn embedding_matches_reference(vocab in awkward_size(1000), d in awkward_size(800), t in awkward_size(64),
                                    dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let table = random_f32(seed, vocab * d, -1.0, 1.0, dtype);
         let ids = random_u32(seed ^ 5, t, vocab as u32);
         let tt = DeviceTensor::upload_f32(&client, &table, &[vocab, d], dtype).unwrap();
@@ -25,7 +25,7 @@ proptest! {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let table = DeviceTensor::upload_f32(
         &client,
         &random_f32(1, 40, -1.0, 1.0, DType::F32),

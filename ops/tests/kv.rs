@@ -2,14 +2,14 @@
 //! reference, including compaction whose sources overlap its destinations.
 
 use draftc_ops::kv::{append_rows, compact_rows, kv_append, kv_compact, reference};
-use draftc_ops::testing::{config, float_dtype, random_f32, random_u32, wgpu_client};
+use draftc_ops::testing::{config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 
-type R = cubecl::wgpu::WgpuRuntime;
+type R = draftc_ops::testing::TestRuntime;
 
 fn upload(data: &[f32], shape: &[usize], dtype: DType) -> DeviceTensor<R> {
-    DeviceTensor::upload_f32(&wgpu_client(), data, shape, dtype).unwrap()
+    DeviceTensor::upload_f32(&test_client(), data, shape, dtype).unwrap()
 }
 
 /// `k` distinct slots out of `0..bound` in random order.
@@ -36,9 +36,9 @@ proptest! {
         let mut cache = random_f32(seed, layers * slots * width, -1.0, 1.0, dtype);
         let new = random_f32(seed + 1, layers * n * width, -1.0, 1.0, dtype);
         let ct = upload(&cache, &[layers, slots, width], dtype);
-        append_rows(&wgpu_client(), &upload(&new, &[layers, n, width], dtype), &at, &ct).unwrap();
+        append_rows(&test_client(), &upload(&new, &[layers, n, width], dtype), &at, &ct).unwrap();
         reference::append(&mut cache, slots, width, &new, &at);
-        prop_assert_eq!(ct.download_f32(&wgpu_client()).unwrap(), cache);
+        prop_assert_eq!(ct.download_f32(&test_client()).unwrap(), cache);
     }
 
     /// Accepted tree nodes at increasing slots after a committed prefix move to
@@ -53,9 +53,9 @@ proptest! {
         path.sort_unstable();
         let mut cache = random_f32(seed, layers * slots * width, -1.0, 1.0, dtype);
         let ct = upload(&cache, &[layers, slots, width], dtype);
-        compact_rows(&wgpu_client(), &path, committed, &ct).unwrap();
+        compact_rows(&test_client(), &path, committed, &ct).unwrap();
         reference::compact(&mut cache, slots, width, &path, committed);
-        prop_assert_eq!(ct.download_f32(&wgpu_client()).unwrap(), cache);
+        prop_assert_eq!(ct.download_f32(&test_client()).unwrap(), cache);
     }
 }
 
@@ -63,7 +63,7 @@ proptest! {
 /// destination is the next row's source, and a reversal.
 #[test]
 fn compaction_with_adversarial_overlap() {
-    let client = wgpu_client();
+    let client = test_client();
     let (slots, width) = (12, 5);
     let base: Vec<f32> = (0..slots * width).map(|i| i as f32).collect();
     for (src, dst) in [
@@ -94,7 +94,7 @@ fn compaction_with_adversarial_overlap() {
 
 #[test]
 fn kv_append_writes_both_caches_and_validates() {
-    let client = wgpu_client();
+    let client = test_client();
     let (k, v) = (
         upload(&[0.0; 12], &[4, 3], DType::F16),
         upload(&[0.0; 12], &[4, 3], DType::F16),

@@ -2,7 +2,7 @@
 
 use draftc_ops::layer_sum::{layer_sum, reference};
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, wgpu_client,
+    assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -13,7 +13,7 @@ proptest! {
     #[test]
     fn layer_sum_matches_reference(layers in 1usize..8, rows in awkward_size(50), d in awkward_size(800),
                                    dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let x = random_f32(seed, layers * rows * d, -2.0, 2.0, dtype);
         let w = random_f32(seed ^ 7, layers, -3.0, 3.0, dtype);
         let xt = DeviceTensor::upload_f32(&client, &x, &[layers, rows, d], dtype).unwrap();
@@ -26,7 +26,7 @@ proptest! {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = DeviceTensor::zeros(&client, &[3, 2, 4], DType::F32);
     let w2 = DeviceTensor::zeros(&client, &[2], DType::F32);
     let w3 = DeviceTensor::zeros(&client, &[3], DType::F32);

@@ -5,7 +5,7 @@ use draftc_ops::linear::{
     linear, linear_with_binding_limit, reference as lref, Epilogue, Prologue,
 };
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, wgpu_client,
+    assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -54,7 +54,7 @@ fn check(
     seed: u64,
     limit: usize,
 ) -> Result<(), TestCaseError> {
-    let client = wgpu_client();
+    let client = test_client();
     let groups = match p {
         Pro::Group(g) => g,
         _ => 1,
@@ -211,7 +211,7 @@ fn smollm_shapes() {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let z = |s: &[usize]| DeviceTensor::zeros(&client, s, DType::F32);
     let (x, w, out) = (z(&[2, 8]), z(&[4, 8]), z(&[2, 4]));
     let none = || (Prologue::None, Epilogue::None);

@@ -4,7 +4,7 @@
 
 use draftc_ops::probe::{reference, stream_sum};
 use draftc_ops::testing::{
-    assert_close_tol, awkward_size, config, float_dtype, random_f32, wgpu_client,
+    assert_close_tol, awkward_size, config, float_dtype, random_f32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -15,7 +15,7 @@ proptest! {
     #[test]
     fn stream_sum_matches_reference(units in awkward_size(200), per in awkward_size(300),
                                     dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let x = random_f32(seed, units * per, -1.0, 1.0, dtype);
         let xt = DeviceTensor::upload_f32(&client, &x, &[units * per], dtype).unwrap();
         let out = DeviceTensor::empty(&client, &[units], DType::F32);
@@ -28,7 +28,7 @@ proptest! {
 
 #[test]
 fn stream_sum_rejects_uneven_chunks() {
-    let client = wgpu_client();
+    let client = test_client();
     let xt = DeviceTensor::upload_f32(&client, &[1.0; 10], &[10], DType::F32).unwrap();
     let out = DeviceTensor::empty(&client, &[3], DType::F32);
     let err = stream_sum(&client, &xt, &out).unwrap_err();

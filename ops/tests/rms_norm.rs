@@ -4,7 +4,7 @@
 use draftc_ops::group_rms_norm::{group_rms_norm, group_rms_norm_concat, reference as gref};
 use draftc_ops::rms_norm::{reference, rms_norm};
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, wgpu_client,
+    assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -15,7 +15,7 @@ proptest! {
     #[test]
     fn rms_norm_matches_reference(rows in awkward_size(64), d in awkward_size(1024),
                                   dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let x = random_f32(seed, rows * d, -2.0, 2.0, dtype);
         let w = random_f32(seed ^ 1, d, 0.5, 1.5, dtype);
         let xt = DeviceTensor::upload_f32(&client, &x, &[rows, d], dtype).unwrap();
@@ -30,7 +30,7 @@ proptest! {
     fn group_rms_norm_matches_reference(rows in awkward_size(40), groups in 1usize..6,
                                         d in awkward_size(800), dtype in float_dtype(),
                                         seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let x = random_f32(seed, rows * groups * d, -3.0, 3.0, dtype);
         let w = random_f32(seed ^ 2, groups * d, -1.5, 1.5, dtype);
         let xt = DeviceTensor::upload_f32(&client, &x, &[rows, groups, d], dtype).unwrap();
@@ -44,7 +44,7 @@ proptest! {
 
 #[test]
 fn rms_norm_rank3_in_place() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = random_f32(7, 2 * 3 * 8, -1.0, 1.0, DType::F32);
     let w = random_f32(8, 8, -1.0, 1.0, DType::F32);
     let xt = DeviceTensor::upload_f32(&client, &x, &[2, 3, 8], DType::F32).unwrap();
@@ -63,7 +63,7 @@ fn rms_norm_rank3_in_place() {
 #[test]
 fn groups_use_their_own_weights() {
     // Two groups with identical inputs but different weights must differ.
-    let client = wgpu_client();
+    let client = test_client();
     let x = [1.0f32, 2.0, 1.0, 2.0];
     let w = [1.0f32, 1.0, 2.0, 2.0];
     let xt = DeviceTensor::upload_f32(&client, &x, &[1, 2, 2], DType::F32).unwrap();
@@ -83,7 +83,7 @@ fn groups_use_their_own_weights() {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = DeviceTensor::zeros(&client, &[4, 8], DType::F32);
     let w7 = DeviceTensor::zeros(&client, &[7], DType::F32);
     let w8 = DeviceTensor::zeros(&client, &[8], DType::F32);

@@ -3,7 +3,7 @@
 
 use draftc_ops::rope::{reference, rope};
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, random_u32, wgpu_client,
+    assert_close, awkward_size, config, float_dtype, random_f32, random_u32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -15,7 +15,7 @@ proptest! {
     fn rope_matches_reference(t in awkward_size(64), heads in 1usize..10, half in prop_oneof![Just(1usize), Just(3), Just(32), 1usize..70],
                               max_pos in prop_oneof![Just(1u32), Just(8192u32)], theta in prop_oneof![Just(10_000f32), Just(100_000f32)],
                               dtype in float_dtype(), seed in any::<u64>()) {
-        let client = wgpu_client();
+        let client = test_client();
         let hd = 2 * half;
         let x = random_f32(seed, t * heads * hd, -2.0, 2.0, dtype);
         let pos = random_u32(seed ^ 3, t, max_pos);
@@ -29,7 +29,7 @@ proptest! {
 
 #[test]
 fn position_zero_is_identity_and_tree_positions_repeat() {
-    let client = wgpu_client();
+    let client = test_client();
     // Two tree nodes at the same depth get the same rotation.
     let x = random_f32(4, 2 * 8, -1.0, 1.0, DType::F32);
     let x2: Vec<f32> = x[..8].iter().chain(&x[..8]).copied().collect();
@@ -46,7 +46,7 @@ fn position_zero_is_identity_and_tree_positions_repeat() {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = DeviceTensor::zeros(&client, &[2, 1, 7], DType::F32);
     let p = DeviceTensor::upload_u32(&client, &[0, 1], &[2]).unwrap();
     assert!(matches!(

@@ -2,7 +2,7 @@
 //! at temperature 0, and a frequency check of the sampled distribution.
 
 use draftc_ops::sampling::{reference, sample, SamplingParams};
-use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, wgpu_client};
+use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 
@@ -30,7 +30,7 @@ proptest! {
     fn sample_matches_reference(rows in awkward_size(16), n in prop_oneof![awkward_size(3000), Just(49152usize)],
                                 p in params(), dtype in float_dtype(), seed in any::<u64>()) {
         let rows = if n > 10_000 { rows.min(2) } else { rows };
-        let client = wgpu_client();
+        let client = test_client();
         let x = random_f32(seed, rows * n, -5.0, 5.0, dtype);
         let xt = DeviceTensor::upload_f32(&client, &x, &[rows, n], dtype).unwrap();
         let out = DeviceTensor::empty(&client, &[rows], DType::U32);
@@ -42,7 +42,7 @@ proptest! {
 #[test]
 fn frequencies_follow_the_distribution() {
     // 4 tokens with probabilities 0.1, 0.2, 0.3, 0.4; 2000 rows = 2000 draws.
-    let client = wgpu_client();
+    let client = test_client();
     let probs = [0.1f32, 0.2, 0.3, 0.4];
     let rows = 2000;
     let x: Vec<f32> = (0..rows)
@@ -75,7 +75,7 @@ fn frequencies_follow_the_distribution() {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = DeviceTensor::zeros(&client, &[2, 5], DType::F32);
     let out = DeviceTensor::empty(&client, &[2], DType::U32);
     let p = SamplingParams {

@@ -2,7 +2,7 @@
 
 use draftc_ops::softmax::{reference, softmax};
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, wgpu_client,
+    assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -15,7 +15,7 @@ proptest! {
                                  t in prop_oneof![Just(1.0f32), Just(0.7), Just(2.5)],
                                  dtype in float_dtype(), seed in any::<u64>()) {
         let rows = if n > 10_000 { rows.min(3) } else { rows };
-        let client = wgpu_client();
+        let client = test_client();
         let x = random_f32(seed, rows * n, -8.0, 8.0, dtype);
         let xt = DeviceTensor::upload_f32(&client, &x, &[rows, n], dtype).unwrap();
         let out = DeviceTensor::empty(&client, &[rows, n], dtype);
@@ -31,7 +31,7 @@ proptest! {
 
 #[test]
 fn errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let x = DeviceTensor::zeros(&client, &[2, 5], DType::F32);
     assert!(matches!(
         softmax(&client, &x, 0.0, &x),

@@ -5,12 +5,12 @@
 //! errors.
 
 use draftc_ops::attention::TREE_ROOT;
-use draftc_ops::testing::{config, random_f32, random_u32, wgpu_client};
+use draftc_ops::testing::{config, random_f32, random_u32, test_client};
 use draftc_ops::tree::{accept_ref, accept_tree, accept_trees, argmax, AcceptMode, Acceptance};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 
-type R = cubecl::wgpu::WgpuRuntime;
+type R = draftc_ops::testing::TestRuntime;
 
 /// Random tree of `n` nodes whose siblings carry distinct tokens.
 fn random_tree(n: usize, vocab: usize, seed: u64) -> (Vec<u32>, Vec<u32>) {
@@ -86,7 +86,7 @@ fn brute_force_greedy(tokens: &[u32], parents: &[u32], logits: &[f32], vocab: us
 }
 
 fn upload(data: &[f32], shape: &[usize], dtype: DType) -> DeviceTensor<R> {
-    DeviceTensor::upload_f32(&wgpu_client(), data, shape, dtype).unwrap()
+    DeviceTensor::upload_f32(&test_client(), data, shape, dtype).unwrap()
 }
 
 /// A draft distribution per node: random, normalised.
@@ -112,7 +112,7 @@ proptest! {
         let dtype = if f16 { DType::F16 } else { DType::F32 };
         let (tokens, parents) = random_tree(n, vocab, seed);
         let logits = steering_logits(&tokens, &parents, vocab, dtype, seed);
-        let got = accept_tree(&wgpu_client(), &tokens, &parents, &upload(&logits, &[n, vocab], dtype), None, AcceptMode::Greedy).unwrap();
+        let got = accept_tree(&test_client(), &tokens, &parents, &upload(&logits, &[n, vocab], dtype), None, AcceptMode::Greedy).unwrap();
         prop_assert_eq!(&got, &brute_force_greedy(&tokens, &parents, &logits, vocab));
         prop_assert_eq!(&got, &accept_ref(&tokens, &parents, &logits, None, vocab, AcceptMode::Greedy).acceptance);
     }
@@ -130,7 +130,7 @@ proptest! {
         let q = draftc_ops::testing::round_to(dtype, &q);
         let mode = AcceptMode::Sampling { temperature, seed, step: 11 };
         let qt = with_q.then(|| upload(&q, &[n, vocab], dtype));
-        let got = accept_tree(&wgpu_client(), &tokens, &parents, &upload(&logits, &[n, vocab], dtype), qt.as_ref(), mode).unwrap();
+        let got = accept_tree(&test_client(), &tokens, &parents, &upload(&logits, &[n, vocab], dtype), qt.as_ref(), mode).unwrap();
         let want = accept_ref(&tokens, &parents, &logits, with_q.then_some(&q[..]), vocab, mode);
         prop_assert!(got == want.acceptance || want.margin < 1e-4, "kernel {:?} vs reference {:?}", got, want);
     }
@@ -218,7 +218,7 @@ fn sampling_first_token_has_target_distribution() {
             step: 0,
         };
         let out = accept_trees(
-            &wgpu_client(),
+            &test_client(),
             &tokens,
             &parents_all,
             &upload(&logits_all, &[TRIALS, n, V], DType::F32),
@@ -249,7 +249,7 @@ fn sampling_first_token_has_target_distribution() {
 
 #[test]
 fn invalid_trees_are_errors() {
-    let client = wgpu_client();
+    let client = test_client();
     let logits = upload(&[0.0; 12], &[3, 4], DType::F32);
     let g = AcceptMode::Greedy;
     let ok = accept_tree(&client, &[0, 1, 2], &[TREE_ROOT, 0, 1], &logits, None, g);

@@ -6,6 +6,7 @@
 //! as one batch. `--temperature 0` is greedy; otherwise temperature / top-k
 //! / top-p sampling with `--seed`. `--model DIR` is a converted model
 //! (default: SmolLM2-135M-Instruct, fetched and converted on first use).
+//! `--backend cuda` runs on an NVIDIA GPU (a build with the `cuda` feature).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -88,6 +89,10 @@ pub struct GenerateArgs {
     /// Compute dtype of the plan.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// wgpu (Vulkan; lavapipe without a GPU) or cuda (a build with the
+    /// `cuda` feature).
+    #[arg(long, default_value = "wgpu")]
+    pub backend: String,
     /// No progress messages on stderr.
     #[arg(long)]
     pub quiet: bool,
@@ -133,6 +138,12 @@ pub fn run(args: GenerateArgs) -> ExitCode {
 
 fn run_inner(args: &GenerateArgs) -> Result<(), String> {
     let prompts = prompts(args)?;
+    if !matches!(args.backend.as_str(), "wgpu" | "cuda") {
+        return Err(format!(
+            "--backend must be wgpu or cuda, got `{}`",
+            args.backend
+        ));
+    }
     PlanDType::parse(&args.dtype)
         .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", args.dtype))?;
     let dir = match &args.model {
@@ -149,8 +160,14 @@ fn run_inner(args: &GenerateArgs) -> Result<(), String> {
         };
         ids.push(v.map_err(|e| e.to_string())?);
     }
-    let client = crate::device::wgpu_client()?;
-    generate_on(&client, args, &model, &ids)
+    match args.backend.as_str() {
+        "wgpu" => generate_on(&crate::device::wgpu_client()?, args, &model, &ids),
+        #[cfg(feature = "cuda")]
+        "cuda" => generate_on(&crate::device::cuda_client()?, args, &model, &ids),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => Err("this draftc was built without CUDA: rebuild with `--features cuda`".into()),
+        other => Err(format!("--backend must be wgpu or cuda, got `{other}`")),
+    }
 }
 
 fn generate_on<R: Runtime>(

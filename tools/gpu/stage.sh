@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Here (with a Rust toolchain): builds what tools/gpu/run.sh runs on a lent
+# NVIDIA machine, which has no Rust toolchain and no network, and stages it
+# in three carry folders small enough for one device call each (64 MiB):
+#   .gpu1/  draftc (release, --features cuda), xz-compressed; half the GGUF
+#   .gpu2/  the other half of the GGUF
+#   .gpu3/  the kernel test binaries (--features cuda-tests), xz-compressed
+# The folders are git-ignored (.git/info/exclude).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p "$(git rev-parse --git-dir)/info"
+exclude="$(git rev-parse --git-dir)/info/exclude"
+grep -qsx '/.gpu1/' "$exclude" || printf '/.gpu1/\n/.gpu2/\n/.gpu3/\n' >>"$exclude"
+rm -rf .gpu1 .gpu2 .gpu3
+mkdir -p .gpu1 .gpu2 .gpu3
+
+cargo build --release -p draftc-runtime --features cuda
+strip -o .gpu1/draftc target/release/draftc
+xz -T2 -6 .gpu1/draftc
+
+cargo test --release -p draftc-ops --features cuda-tests --no-run --message-format=json 2>/dev/null |
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])
+' | while read -r name exe; do
+  strip -o ".gpu3/ops-$name" "$exe"
+  xz -T2 -6 ".gpu3/ops-$name"
+done
+
+gguf=$(ls "${DRAFTC_CACHE:-$HOME/.cache/draftc}"/smollm2-135m-instruct/*.gguf)
+split -n 2 -d "$gguf" .gpu1/model.gguf.part
+mv .gpu1/model.gguf.part01 .gpu2/
+du -sh .gpu1 .gpu2 .gpu3
