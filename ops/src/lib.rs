@@ -33,6 +33,10 @@
 //!   checks from the shader (≈3× faster for `linear` on lavapipe). Use it
 //!   only when host validation plus in-kernel guards/clamps keep every index
 //!   in bounds, and say so in a `// SAFETY:` comment at the call.
+//! * **`&&` and `||` do not short-circuit in `#[cube]` code**: both sides are
+//!   evaluated. Never guard an index with them (`if i < n && x[i] > 0`);
+//!   index inside the branch instead. lavapipe's robust buffer access hides
+//!   such reads; CUDA faults on them (found by running the tests on an H100).
 //! * **Tensors** are [`DeviceTensor`]: handle + row-major contiguous shape +
 //!   [`DType`]. Pass them to kernels with `array_arg()`/`tensor_arg()`.
 //! * **Tests** live in `tests/<family>.rs`, use [`testing`] (`test_client`,
