@@ -23,23 +23,14 @@ pub fn wgpu_client() -> ComputeClient<WgpuRuntime> {
 /// crate is built with `--features cuda-tests` (the same tests, on a GPU).
 #[cfg(not(feature = "cuda-tests"))]
 pub type TestRuntime = WgpuRuntime;
-/// The runtime the kernel tests run on: wgpu by default, CUDA's when the
-/// crate is built with `--features cuda-tests` (the same tests, on a GPU).
+/// CUDA under `--features cuda-tests` (see the wgpu twin above).
 #[cfg(feature = "cuda-tests")]
 pub type TestRuntime = cubecl::cuda::CudaRuntime;
 
-/// A client of [`TestRuntime`]'s first device; every call returns a handle
-/// to the same per-device server.
-#[cfg(not(feature = "cuda-tests"))]
+/// A client of [`TestRuntime`]'s default device (wgpu's default adapter,
+/// CUDA device 0); every call returns a handle to the same per-device server.
 pub fn test_client() -> ComputeClient<TestRuntime> {
-    wgpu_client()
-}
-
-/// A client of [`TestRuntime`]'s first device; every call returns a handle
-/// to the same per-device server.
-#[cfg(feature = "cuda-tests")]
-pub fn test_client() -> ComputeClient<TestRuntime> {
-    TestRuntime::client(&cubecl::cuda::CudaDevice::new(0))
+    TestRuntime::client(&Default::default())
 }
 
 /// Relative tolerance for a dtype: 1e-5 for f32, 1e-2 for f16.

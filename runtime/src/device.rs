@@ -11,6 +11,30 @@ pub const NO_DEVICE_HELP: &str =
 or the CPU implementation Mesa lavapipe: `sudo apt-get install -y mesa-vulkan-drivers libvulkan1` \
 (set XDG_RUNTIME_DIR to a writable directory to silence Mesa warnings)";
 
+/// The compute backend `--backend` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// CubeCL's wgpu runtime (Vulkan, Metal, DX12; lavapipe without a GPU).
+    Wgpu,
+    /// CubeCL's CUDA runtime (a build with the `cuda` feature).
+    Cuda,
+}
+
+/// Why `--backend cuda` cannot run in a build without the `cuda` feature.
+pub const NO_CUDA_BUILD: &str =
+    "this draftc was built without CUDA: rebuild with `--features cuda`";
+
+impl Backend {
+    /// `wgpu` or `cuda`; anything else is an error naming the flag.
+    pub fn parse(name: &str) -> Result<Backend, String> {
+        match name {
+            "wgpu" => Ok(Backend::Wgpu),
+            "cuda" => Ok(Backend::Cuda),
+            other => Err(format!("--backend must be wgpu or cuda, got `{other}`")),
+        }
+    }
+}
+
 /// The default wgpu device's client, or why there is none.
 pub fn wgpu_client() -> Result<ComputeClient<WgpuRuntime>, String> {
     let hook = std::panic::take_hook();

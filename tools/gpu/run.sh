@@ -22,16 +22,18 @@ out=${OUT:-/tmp/out}
 mkdir -p "$stage" "$out"
 export PATH="$stage/bin:$PATH"
 
-unpack() { # unpack carried .xz files from the dirs given into $stage/bin
+unpack() { # carried .xz programs into $stage/bin, GGUF parts into $stage; once per carry
   mkdir -p "$stage/bin"
   for d in "$@"; do
     [ -d "$d" ] || continue
     for f in "$d"/*.xz; do
       [ -e "$f" ] || continue
-      xz -dc "$f" >"$stage/bin/$(basename "$f" .xz)" && chmod +x "$stage/bin/$(basename "$f" .xz)"
+      bin="$stage/bin/$(basename "$f" .xz)"
+      [ "$bin" -nt "$f" ] || { xz -dc "$f" >"$bin" && chmod +x "$bin"; }
     done
     for f in "$d"/*.part*; do
-      [ -e "$f" ] && cp "$f" "$stage/"
+      [ -e "$f" ] || continue
+      [ "$stage/$(basename "$f")" -nt "$f" ] || cp "$f" "$stage/"
     done
   done
 }

@@ -15,6 +15,7 @@ use super::drafter::DrafterChoice;
 use crate::bench::decode::{run_decode, DecodeConfig};
 use crate::bench::speculative::{run_spec, SpecConfig};
 use crate::bench::Progress;
+use crate::device::Backend;
 use crate::model::ConvertedModel;
 use crate::spec::TreeShape;
 
@@ -161,19 +162,19 @@ fn with_backend(
 ) -> Result<(), String> {
     PlanDType::parse(&common.dtype)
         .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", common.dtype))?;
+    let backend = Backend::parse(&common.backend)?;
     let dir = match &common.model {
         Some(d) => d.clone(),
         None => super::generate::default_model(common.quiet)?,
     };
     let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
     let progress = Progress::new(!common.quiet);
-    match common.backend.as_str() {
-        "wgpu" => body(&Client(crate::device::wgpu_client()?), &model, &progress),
+    match backend {
+        Backend::Wgpu => body(&Client(crate::device::wgpu_client()?), &model, &progress),
         #[cfg(feature = "cuda")]
-        "cuda" => body(&Client(crate::device::cuda_client()?), &model, &progress),
+        Backend::Cuda => body(&Client(crate::device::cuda_client()?), &model, &progress),
         #[cfg(not(feature = "cuda"))]
-        "cuda" => Err("this draftc was built without CUDA: rebuild with `--features cuda`".into()),
-        other => Err(format!("--backend must be wgpu or cuda, got `{other}`")),
+        Backend::Cuda => Err(crate::device::NO_CUDA_BUILD.into()),
     }
 }
 

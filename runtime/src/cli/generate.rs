@@ -17,6 +17,7 @@ use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 
 use super::drafter::{make_drafter, DrafterChoice};
+use crate::device::Backend;
 use crate::engine::{generate, generate_speculative, Request, Sampling, SpecStats, TargetModel};
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
@@ -138,12 +139,7 @@ pub fn run(args: GenerateArgs) -> ExitCode {
 
 fn run_inner(args: &GenerateArgs) -> Result<(), String> {
     let prompts = prompts(args)?;
-    if !matches!(args.backend.as_str(), "wgpu" | "cuda") {
-        return Err(format!(
-            "--backend must be wgpu or cuda, got `{}`",
-            args.backend
-        ));
-    }
+    let backend = Backend::parse(&args.backend)?;
     PlanDType::parse(&args.dtype)
         .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", args.dtype))?;
     let dir = match &args.model {
@@ -160,13 +156,12 @@ fn run_inner(args: &GenerateArgs) -> Result<(), String> {
         };
         ids.push(v.map_err(|e| e.to_string())?);
     }
-    match args.backend.as_str() {
-        "wgpu" => generate_on(&crate::device::wgpu_client()?, args, &model, &ids),
+    match backend {
+        Backend::Wgpu => generate_on(&crate::device::wgpu_client()?, args, &model, &ids),
         #[cfg(feature = "cuda")]
-        "cuda" => generate_on(&crate::device::cuda_client()?, args, &model, &ids),
+        Backend::Cuda => generate_on(&crate::device::cuda_client()?, args, &model, &ids),
         #[cfg(not(feature = "cuda"))]
-        "cuda" => Err("this draftc was built without CUDA: rebuild with `--features cuda`".into()),
-        other => Err(format!("--backend must be wgpu or cuda, got `{other}`")),
+        Backend::Cuda => Err(crate::device::NO_CUDA_BUILD.into()),
     }
 }
 
