@@ -3,7 +3,7 @@
 //! machine's native memory bandwidth.
 //!
 //! Tables: native copy/sum bandwidth; the skinny-GEMM table (linear at
-//! m = 1, 2, 4, 8, 16: time, GB/s of weights streamed, GFLOP/s, ratio to
+//! m = 1, 2, 4, 8, 16, 64: time, GB/s of weights streamed, GFLOP/s, ratio to
 //! m = 1); then the other ops (GB/s of bytes read + written once).
 //! `DRAFTC_BENCH_QUICK=1` runs fewer shapes (for a smoke run);
 //! `DRAFTC_BENCH_ONLY=linear|other` runs one table. With `--features
@@ -82,7 +82,7 @@ fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
         for &(k, n) in shapes {
             let w = up(client, &[n, k], dtype, 1);
             let mut base = None;
-            for m in [1usize, 2, 4, 8, 16] {
+            for m in [1usize, 2, 4, 8, 16, 64] {
                 let x = up(client, &[m, k], dtype, 2);
                 let out = DeviceTensor::empty(client, &[m, n], dtype);
                 let d = time(client, || {

@@ -5,10 +5,11 @@
 //! the device's own streaming-read probe, `draftc_ops::probe`).
 //!
 //! Method per batch size `b`: the first `b` prompts of the bench set
-//! (chat template), one warm-up run of 2 tokens (kernel JIT for these row
-//! counts), then a timed run of `steps + 1` tokens with the stop token
-//! ignored; the timed part is the `steps` decode passes after the first
-//! token (prefill excluded).
+//! (chat template), one run of `steps + 2` tokens with the stop token
+//! ignored. The prefill produces the first token; the first decode pass is
+//! the warm-up (kernel JIT for `b` rows) and is not timed; the timed part
+//! is the `steps` decode passes after it. One prefill per batch size, so
+//! batch 64 on lavapipe costs one ~4,000-row prefill, not two.
 
 use cubecl::prelude::*;
 use draftc_codegen::{PlanConfig, PlanDType};
@@ -100,30 +101,27 @@ pub fn run_decode<R: Runtime>(
         progress.step(
             i,
             cfg.batches.len(),
-            &format!("batch {b}: warm-up, then {} decode steps", cfg.steps),
+            &format!(
+                "batch {b}: prefill, one warm-up pass, then {} timed decode passes",
+                cfg.steps
+            ),
         );
         let requests: Vec<Request> = prompts[..b]
             .iter()
             .map(|p| Request { prompt: p.clone() })
             .collect();
-        generate(
-            &mut target,
-            &requests,
-            2,
-            &Sampling::GREEDY,
-            None,
-            &mut |_, _| {},
-        )?;
         let run = generate(
             &mut target,
             &requests,
-            cfg.steps + 1,
+            cfg.steps + 2,
             &Sampling::GREEDY,
             None,
             &mut |_, _| {},
         )?;
-        let seconds = run.stats.decode_s.max(1e-9);
+        let timed = timed_passes(&run.stats.decode_pass_s, cfg.steps)?;
+        let seconds = timed.iter().sum::<f64>().max(1e-9);
         let prompt_mean = requests.iter().map(|r| r.prompt.len()).sum::<usize>() as f64 / b as f64;
+        // The timed passes read contexts prompt + 1 … prompt + steps.
         let mean_context = prompt_mean + (cfg.steps + 1) as f64 / 2.0;
         let plan = draftc_codegen::plan(
             &target.graph,
@@ -169,6 +167,20 @@ pub fn run_decode<R: Runtime>(
         device_read_bytes_per_s: roofline.device_read,
         points,
     })
+}
+
+/// The `steps` timed decode passes of a run: every pass after the first
+/// (the warm-up). An error, not a short measurement, when the run stopped
+/// early.
+fn timed_passes(pass_s: &[f64], steps: usize) -> Result<&[f64], EngineError> {
+    match pass_s.get(1..=steps) {
+        Some(timed) => Ok(timed),
+        None => Err(EngineError::Invalid(format!(
+            "decode benchmark: expected {} decode passes (1 warm-up + {steps} timed), the run made {}",
+            steps + 1,
+            pass_s.len()
+        ))),
+    }
 }
 
 impl DecodeReport {
@@ -243,5 +255,24 @@ impl DecodeReport {
             &format!("draftc bench decode — {}", self.device),
             &panels,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::timed_passes;
+
+    #[test]
+    fn the_first_decode_pass_is_the_warm_up() {
+        let passes = [9.0, 1.0, 2.0, 3.0];
+        assert_eq!(timed_passes(&passes, 3).unwrap(), &[1.0, 2.0, 3.0]);
+        assert_eq!(timed_passes(&passes, 2).unwrap(), &[1.0, 2.0]);
+    }
+
+    #[test]
+    fn a_run_that_stopped_early_is_an_error() {
+        let err = timed_passes(&[9.0, 1.0], 3).unwrap_err().to_string();
+        assert!(err.contains("expected 4 decode passes"), "{err}");
+        assert!(timed_passes(&[], 1).is_err());
     }
 }

@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::prompts::prompt;
 use super::Progress;
-use crate::cli::drafter::{make_drafter, DrafterChoice};
+use crate::cli::drafter::{make_drafter, weights_in_use, DrafterChoice};
 use crate::engine::{generate, generate_speculative, EngineError, Request, Sampling, TargetModel};
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
@@ -40,6 +40,8 @@ pub struct SpecConfig {
 #[derive(Clone, Debug, Serialize)]
 pub struct SpecPoint {
     pub drafter: String,
+    /// Where the drafter's weights came from: `none`, `target`, or the
+    /// `--drafter-weights` choice (`pruned`, `random:SEED`, a file).
     pub weights: String,
     pub batch: usize,
     pub budget: usize,
@@ -139,6 +141,7 @@ pub fn run_spec<R: Runtime>(
                     ..choice.clone()
                 };
                 let mut drafter = make_drafter(client, &choice, model, &target, cfg.dtype)?;
+                let weights = weights_in_use(&choice, model, &target)?;
                 let mut run = |max_tokens| {
                     generate_speculative(
                         &mut target,
@@ -157,7 +160,7 @@ pub fn run_spec<R: Runtime>(
                 let decode = s.decode_s.max(1e-9);
                 points.push(SpecPoint {
                     drafter: drafter.name(),
-                    weights: choice.weights.clone(),
+                    weights,
                     batch: b,
                     budget,
                     tau: s.tau(),

@@ -71,22 +71,7 @@ pub fn make_drafter<R: Runtime>(
             choice.name
         ));
     }
-    let path = Path::new(&choice.name);
-    let src = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "{}: {e} (a drafter is `prompt-lookup` or a description file such as models/specformer.draft)",
-            path.display()
-        )
-    })?;
-    let resolver = super::source::DirResolver::near(Some(path));
-    let graph =
-        match draftc_ir::compile(&src, &target.target_config, &Default::default(), &resolver) {
-            Ok(g) => g,
-            Err(diags) => {
-                super::source::report(&choice.name, &src, &diags);
-                return Err(format!("{} does not compile", path.display()));
-            }
-        };
+    let graph = compile_drafter(choice, target)?;
     let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
     let mut weights = drafter_weights(&choice.weights, &specs, model)?;
     // Tensors the drafter shares with the target always come from the target.
@@ -98,6 +83,55 @@ pub fn make_drafter<R: Runtime>(
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
     model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
         .map_err(|e| e.to_string())
+}
+
+/// Compiles the description file `choice` names against the target's
+/// config; diagnostics go to stderr.
+fn compile_drafter<R: Runtime>(
+    choice: &DrafterChoice,
+    target: &TargetModel<R>,
+) -> Result<draftc_ir::Graph, String> {
+    let path = Path::new(&choice.name);
+    let src = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "{}: {e} (a drafter is `prompt-lookup` or a description file such as models/specformer.draft)",
+            path.display()
+        )
+    })?;
+    let resolver = super::source::DirResolver::near(Some(path));
+    draftc_ir::compile(&src, &target.target_config, &Default::default(), &resolver).map_err(
+        |diags| {
+            super::source::report(&choice.name, &src, &diags);
+            format!("{} does not compile", path.display())
+        },
+    )
+}
+
+/// Where the drafter's weights come from, for reports: `none` (prompt
+/// lookup), `target` (early exit, or a description whose every tensor is
+/// the target's, such as MagicDec), else `--drafter-weights` as given.
+pub fn weights_in_use<R: Runtime>(
+    choice: &DrafterChoice,
+    model: &ConvertedModel,
+    target: &TargetModel<R>,
+) -> Result<String, String> {
+    if choice.name == "prompt-lookup" {
+        return Ok("none".into());
+    }
+    if choice.name.starts_with("early-exit:") {
+        return Ok("target".into());
+    }
+    let graph = compile_drafter(choice, target)?;
+    let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
+    let own = specs
+        .iter()
+        .filter(|s| model.weights.shape(&s.name).is_err())
+        .count();
+    Ok(if own == 0 {
+        "target".into()
+    } else {
+        choice.weights.clone()
+    })
 }
 
 /// How to build a token-only drafter on whichever thread runs it.

@@ -28,6 +28,9 @@ pub struct GenStats {
     pub target_passes: usize,
     pub prefill_s: f64,
     pub decode_s: f64,
+    /// Wall time of every decode pass after the first token, in order
+    /// (token selection included); their sum is at most `decode_s`.
+    pub decode_pass_s: Vec<f64>,
 }
 
 impl GenStats {
@@ -96,6 +99,7 @@ pub fn generate<R: Runtime>(
     }
     let mut step_no = 1u32;
     while !active.is_empty() {
+        let pass_start = Instant::now();
         let step = Step {
             seqs: active
                 .iter()
@@ -111,6 +115,7 @@ pub fn generate<R: Runtime>(
         stats.target_passes += 1;
         let next = select_tokens(target.client(), o.get("logits")?, sampling, step_no)?;
         step_no += 1;
+        stats.decode_pass_s.push(pass_start.elapsed().as_secs_f64());
         let mut still = Vec::with_capacity(active.len());
         for (&i, &tok) in active.iter().zip(&next) {
             out[i].push(tok);
