@@ -21,8 +21,15 @@ pub enum Backend {
 }
 
 /// Why `--backend cuda` cannot run in a build without the `cuda` feature.
-pub const NO_CUDA_BUILD: &str =
-    "this draftc was built without CUDA: rebuild with `--features cuda`";
+#[cfg(not(feature = "cuda"))]
+const NO_CUDA_BUILD: &str = "this draftc was built without CUDA: rebuild with `--features cuda`";
+
+/// Work that runs on whichever runtime `--backend` picked:
+/// [`Backend::run`] opens that runtime's client and calls `on` with it.
+pub trait OnClient {
+    type Output;
+    fn on<R: Runtime>(self, client: &ComputeClient<R>) -> Result<Self::Output, String>;
+}
 
 impl Backend {
     /// `wgpu` or `cuda`; anything else is an error naming the flag.
@@ -31,6 +38,18 @@ impl Backend {
             "wgpu" => Ok(Backend::Wgpu),
             "cuda" => Ok(Backend::Cuda),
             other => Err(format!("--backend must be wgpu or cuda, got `{other}`")),
+        }
+    }
+
+    /// Opens this backend's client and runs `job` on it; an error when
+    /// there is no device or (CUDA) the build lacks the `cuda` feature.
+    pub fn run<J: OnClient>(self, job: J) -> Result<J::Output, String> {
+        match self {
+            Backend::Wgpu => job.on(&wgpu_client()?),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda => job.on(&cuda_client()?),
+            #[cfg(not(feature = "cuda"))]
+            Backend::Cuda => Err(NO_CUDA_BUILD.into()),
         }
     }
 }

@@ -87,7 +87,9 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
             tree,
             concurrent,
         };
-        let mut d = make_drafter(&client, &choice, &model, &target, PlanDType::F32).unwrap();
+        let mut d = make_drafter(&client, &choice, &model, &target, PlanDType::F32)
+            .unwrap()
+            .drafter;
         let got = generate_speculative(
             &mut target,
             d.as_mut(),

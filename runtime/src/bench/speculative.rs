@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use super::prompts::prompt;
 use super::Progress;
-use crate::cli::drafter::{make_drafter, weights_in_use, DrafterChoice};
+use crate::cli::drafter::{make_drafter, DrafterChoice};
 use crate::engine::{generate, generate_speculative, EngineError, Request, Sampling, TargetModel};
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
@@ -140,8 +140,8 @@ pub fn run_spec<R: Runtime>(
                     budget,
                     ..choice.clone()
                 };
-                let mut drafter = make_drafter(client, &choice, model, &target, cfg.dtype)?;
-                let weights = weights_in_use(&choice, model, &target)?;
+                let built = make_drafter(client, &choice, model, &target, cfg.dtype)?;
+                let (mut drafter, weights) = (built.drafter, built.weights);
                 let mut run = |max_tokens| {
                     generate_speculative(
                         &mut target,

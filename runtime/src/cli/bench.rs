@@ -15,7 +15,7 @@ use super::drafter::DrafterChoice;
 use crate::bench::decode::{run_decode, DecodeConfig};
 use crate::bench::speculative::{run_spec, SpecConfig};
 use crate::bench::Progress;
-use crate::device::Backend;
+use crate::device::{Backend, OnClient};
 use crate::model::ConvertedModel;
 use crate::spec::TreeShape;
 
@@ -169,12 +169,28 @@ fn with_backend(
     };
     let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
     let progress = Progress::new(!common.quiet);
-    match backend {
-        Backend::Wgpu => body(&Client(crate::device::wgpu_client()?), &model, &progress),
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => body(&Client(crate::device::cuda_client()?), &model, &progress),
-        #[cfg(not(feature = "cuda"))]
-        Backend::Cuda => Err(crate::device::NO_CUDA_BUILD.into()),
+    backend.run(Bench {
+        body,
+        model: &model,
+        progress: &progress,
+    })
+}
+
+/// A benchmark body with its model and progress, for whichever runtime
+/// `--backend` picked.
+struct Bench<'a, F> {
+    body: F,
+    model: &'a ConvertedModel,
+    progress: &'a Progress,
+}
+
+impl<F> OnClient for Bench<'_, F>
+where
+    F: Fn(&dyn AnyClient, &ConvertedModel, &Progress) -> Result<(), String>,
+{
+    type Output = ();
+    fn on<R: Runtime>(self, client: &ComputeClient<R>) -> Result<(), String> {
+        (self.body)(&Client(client.clone()), self.model, self.progress)
     }
 }
 

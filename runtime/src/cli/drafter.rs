@@ -46,6 +46,15 @@ pub struct DrafterChoice {
     pub concurrent: bool,
 }
 
+/// A drafter and where its weights came from.
+pub struct BuiltDrafter<R: Runtime> {
+    pub drafter: Box<dyn Drafter<R>>,
+    /// For reports: `none` (prompt lookup), `target` (early exit, or a
+    /// description whose every tensor is the target's, such as MagicDec),
+    /// else `--drafter-weights` as given.
+    pub weights: String,
+}
+
 /// Builds the drafter `choice` names for `target`.
 pub fn make_drafter<R: Runtime>(
     client: &ComputeClient<R>,
@@ -53,16 +62,18 @@ pub fn make_drafter<R: Runtime>(
     model: &ConvertedModel,
     target: &TargetModel<R>,
     dtype: PlanDType,
-) -> Result<Box<dyn Drafter<R>>, String> {
-    if let Some(make) = token_drafter(choice, model, target, dtype)? {
-        if choice.concurrent {
+) -> Result<BuiltDrafter<R>, String> {
+    if let Some((make, weights)) = token_drafter(choice, model, target, dtype)? {
+        let drafter: Box<dyn Drafter<R>> = if choice.concurrent {
             let worker = DraftWorker::spawn(make)?;
-            return Ok(Box::new(ConcurrentDrafter::new(
-                worker,
-                BudgetPolicy::HardwareAware,
-            )));
-        }
-        return Ok(Box::new(SyncTokenDrafter(make()?)));
+            Box::new(ConcurrentDrafter::new(worker, BudgetPolicy::HardwareAware))
+        } else {
+            Box::new(SyncTokenDrafter(make()?))
+        };
+        return Ok(BuiltDrafter {
+            drafter,
+            weights: weights.into(),
+        });
     }
     if choice.concurrent {
         return Err(format!(
@@ -81,8 +92,16 @@ pub fn make_drafter<R: Runtime>(
         .cloned()
         .collect();
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
-    model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
-        .map_err(|e| e.to_string())
+    let drafter = model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
+        .map_err(|e| e.to_string())?;
+    Ok(BuiltDrafter {
+        drafter,
+        weights: if shared.len() == specs.len() {
+            "target".into()
+        } else {
+            choice.weights.clone()
+        },
+    })
 }
 
 /// Compiles the description file `choice` names against the target's
@@ -107,51 +126,26 @@ fn compile_drafter<R: Runtime>(
     )
 }
 
-/// Where the drafter's weights come from, for reports: `none` (prompt
-/// lookup), `target` (early exit, or a description whose every tensor is
-/// the target's, such as MagicDec), else `--drafter-weights` as given.
-pub fn weights_in_use<R: Runtime>(
-    choice: &DrafterChoice,
-    model: &ConvertedModel,
-    target: &TargetModel<R>,
-) -> Result<String, String> {
-    if choice.name == "prompt-lookup" {
-        return Ok("none".into());
-    }
-    if choice.name.starts_with("early-exit:") {
-        return Ok("target".into());
-    }
-    let graph = compile_drafter(choice, target)?;
-    let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
-    let own = specs
-        .iter()
-        .filter(|s| model.weights.shape(&s.name).is_err())
-        .count();
-    Ok(if own == 0 {
-        "target".into()
-    } else {
-        choice.weights.clone()
-    })
-}
-
 /// How to build a token-only drafter on whichever thread runs it.
 type MakeTokenDrafter = Box<dyn FnOnce() -> Result<Box<dyn TokenDrafter>, String> + Send>;
 
 /// `prompt-lookup` and `early-exit:N` as a constructor that can run on the
 /// drafter's own thread (the early-exit model gets its own wgpu client
-/// there); `None` for description files.
+/// there), with where its weights come from (`none` / `target`); `None`
+/// for description files.
 fn token_drafter<R: Runtime>(
     choice: &DrafterChoice,
     model: &ConvertedModel,
     target: &TargetModel<R>,
     dtype: PlanDType,
-) -> Result<Option<MakeTokenDrafter>, String> {
+) -> Result<Option<(MakeTokenDrafter, &'static str)>, String> {
     if choice.name == "prompt-lookup" {
         let lookup = PromptLookup::new(1, 3, choice.budget.max(1)).map_err(|e| e.to_string())?;
         let branches = choice.branches.max(1);
-        return Ok(Some(Box::new(move || {
+        let make: MakeTokenDrafter = Box::new(move || {
             Ok(Box::new(PromptLookupDrafter { lookup, branches }) as Box<dyn TokenDrafter>)
-        })));
+        });
+        return Ok(Some((make, "none")));
     }
     let Some(n) = choice.name.strip_prefix("early-exit:") else {
         return Ok(None);
@@ -181,13 +175,14 @@ fn token_drafter<R: Runtime>(
     let shape = choice.tree.clone().unwrap_or(TreeShape::Chain);
     let name = format!("early-exit:{n}");
     let eos = target.eos;
-    Ok(Some(Box::new(move || {
+    let make: MakeTokenDrafter = Box::new(move || {
         let client = crate::device::wgpu_client()?;
         let mut lm = TargetModel::from_parts(&client, graph, cfg, weights, slots, capacity, dtype)
             .map_err(|e| e.to_string())?;
         lm.eos = eos;
         Ok(Box::new(LmDrafter::new(lm, shape, &name)) as Box<dyn TokenDrafter>)
-    })))
+    });
+    Ok(Some((make, "target")))
 }
 
 /// The drafter's own weights from `--drafter-weights`.

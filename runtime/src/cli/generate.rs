@@ -17,7 +17,7 @@ use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 
 use super::drafter::{make_drafter, DrafterChoice};
-use crate::device::Backend;
+use crate::device::{Backend, OnClient};
 use crate::engine::{generate, generate_speculative, Request, Sampling, SpecStats, TargetModel};
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
@@ -156,12 +156,24 @@ fn run_inner(args: &GenerateArgs) -> Result<(), String> {
         };
         ids.push(v.map_err(|e| e.to_string())?);
     }
-    match backend {
-        Backend::Wgpu => generate_on(&crate::device::wgpu_client()?, args, &model, &ids),
-        #[cfg(feature = "cuda")]
-        Backend::Cuda => generate_on(&crate::device::cuda_client()?, args, &model, &ids),
-        #[cfg(not(feature = "cuda"))]
-        Backend::Cuda => Err(crate::device::NO_CUDA_BUILD.into()),
+    backend.run(Generate {
+        args,
+        model: &model,
+        ids: &ids,
+    })
+}
+
+/// A `generate` run, for whichever runtime `--backend` picked.
+struct Generate<'a> {
+    args: &'a GenerateArgs,
+    model: &'a ConvertedModel,
+    ids: &'a [Vec<u32>],
+}
+
+impl OnClient for Generate<'_> {
+    type Output = ();
+    fn on<R: Runtime>(self, client: &ComputeClient<R>) -> Result<(), String> {
+        generate_on(client, self.args, self.model, self.ids)
     }
 }
 
@@ -253,7 +265,7 @@ fn generate_on<R: Runtime>(
         },
         concurrent: args.concurrent,
     };
-    let mut drafter = make_drafter(client, &choice, model, &target, dtype)?;
+    let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
     let spec = generate_speculative(
         &mut target,
         drafter.as_mut(),
