@@ -20,6 +20,7 @@ pub mod lower;
 pub mod pipeline;
 pub mod plan;
 pub mod schedule;
+pub mod torch;
 
 pub use error::CodegenError;
 pub use fuse::{FusedGroup, GroupKind};

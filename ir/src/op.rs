@@ -125,6 +125,11 @@ pub struct AttentionAttrs {
     /// Keys/values come from a memory stream (SPIRe feedback memory, Beagle
     /// states); queries see only memory rows of earlier positions.
     pub memory: Option<StateName>,
+    /// `train_mask=M`: the mask this attention uses when the drafter is
+    /// trained (Beagle's inverse-block mask, paper 002 §4.2). Inference and
+    /// every draftc plan use `mask`; only the PyTorch module emitted for
+    /// training (`draftc emit --backend torch`) reads it.
+    pub train_mask: Option<Mask>,
 }
 
 /// Where a graph input comes from.

@@ -129,6 +129,9 @@ pub fn call(g: &Graph, node: &Node) -> String {
             if a.axis == Axis::Draft {
                 s.push_str(", axis=draft");
             }
+            if let Some(m) = a.train_mask {
+                let _ = write!(s, ", train_mask={m}");
+            }
             if let Some(c) = a.chunk {
                 let _ = write!(s, ", chunk={c}");
             }

@@ -117,6 +117,17 @@ impl Lowerer<'_> {
             None if memory.is_some() || kv.is_some() => Mask::CrossDiagonal,
             None => Mask::Causal,
         };
+        let train_mask = match a.get("train_mask", None) {
+            Some(e) => Some(self.mask(e)?),
+            None => None,
+        };
+        if matches!(train_mask, Some(Mask::Tree)) {
+            self.error(
+                Diagnostic::error(span, "`train_mask=tree` is not a training mask")
+                    .with_label("the tree mask exists only during verification"),
+            );
+            return None;
+        }
         let chunk = match a.get("chunk", None) {
             Some(e) if axis != Axis::Draft => {
                 self.error(
@@ -215,6 +226,7 @@ impl Lowerer<'_> {
             rope,
             cross: kv.is_some(),
             memory,
+            train_mask,
         };
         let mut inputs = vec![x];
         if let Some(k) = kv {

@@ -24,7 +24,7 @@ const OPS: &[(&str, &[&str], bool)] = &[
         "attention",
         &[
             "x", "kv", "heads", "kv_heads", "head_dim", "mask", "axis", "chunk", "cache", "rope",
-            "memory",
+            "memory", "train_mask",
         ],
         true,
     ),

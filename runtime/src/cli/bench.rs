@@ -76,9 +76,10 @@ pub struct SpecArgs {
     /// models/beagle.draft.
     #[arg(long = "drafter")]
     pub drafters: Vec<String>,
-    /// Weights of model drafters: `random:SEED`, `pruned[:SEED]` or a
-    /// safetensors file (self-speculation always uses the target's).
-    #[arg(long, default_value = "pruned")]
+    /// Weights of model drafters: `shipped` (the trained weights beside each
+    /// description), `random:SEED`, `pruned[:SEED]` or a safetensors file
+    /// (self-speculation always uses the target's).
+    #[arg(long, default_value = "shipped")]
     pub drafter_weights: String,
     /// Tree of autoregressive drafters (overrides the files' `tree`).
     #[arg(long)]

@@ -84,22 +84,22 @@ pub fn make_drafter<R: Runtime>(
     }
     let graph = compile_drafter(choice, target)?;
     let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
-    let mut weights = drafter_weights(&choice.weights, &specs, model)?;
     // Tensors the drafter shares with the target always come from the target.
-    let shared: Vec<_> = specs
+    let (shared, own): (Vec<_>, Vec<_>) = specs
         .iter()
-        .filter(|s| model.weights.shape(&s.name).is_ok())
         .cloned()
-        .collect();
+        .partition(|s| model.weights.shape(&s.name).is_ok());
+    let source = resolve_weights(&choice.weights, Path::new(&choice.name), own.is_empty())?;
+    let mut weights = drafter_weights(&source, &specs, &own, model)?;
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
     let drafter = model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
         .map_err(|e| e.to_string())?;
     Ok(BuiltDrafter {
         drafter,
-        weights: if shared.len() == specs.len() {
+        weights: if own.is_empty() {
             "target".into()
         } else {
-            choice.weights.clone()
+            source
         },
     })
 }
@@ -185,16 +185,56 @@ fn token_drafter<R: Runtime>(
     Ok(Some((make, "target")))
 }
 
-/// The drafter's own weights from `--drafter-weights`.
+/// `--drafter-weights` value meaning "the trained weights that ship with
+/// the description": `weights/<stem>.safetensors` next to the `.draft` file.
+pub const SHIPPED: &str = "shipped";
+
+/// Where the trained weights of the description `drafter` ship.
+pub fn shipped_weights(drafter: &Path) -> std::path::PathBuf {
+    let stem = drafter.file_stem().unwrap_or_default().to_string_lossy();
+    drafter
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("weights")
+        .join(format!("{stem}.safetensors"))
+}
+
+/// The concrete `--drafter-weights` source: `shipped` becomes the shipped
+/// file's path (an error naming it and the alternatives when none ships),
+/// or stays `shipped` for drafters with no tensors of their own.
+fn resolve_weights(spec: &str, drafter: &Path, no_own: bool) -> Result<String, String> {
+    if spec != SHIPPED || no_own {
+        return Ok(spec.to_string());
+    }
+    let path = shipped_weights(drafter);
+    if !path.is_file() {
+        return Err(format!(
+            "{}: no trained weights ship for this drafter (expected {}); train them \
+             (docs/training.md) or pass --drafter-weights random:SEED, pruned[:SEED] or a .safetensors file",
+            drafter.display(),
+            path.display()
+        ));
+    }
+    Ok(path.display().to_string())
+}
+
+/// The drafter's own weights from `--drafter-weights` (after
+/// [`resolve_weights`]): random, pruned from the target, or a safetensors
+/// file that must hold every tensor in `own` with its shape (the error
+/// names the file and the tensor).
 fn drafter_weights(
     spec: &str,
     specs: &[draftc_codegen::bind::WeightSpec],
+    own: &[draftc_codegen::bind::WeightSpec],
     model: &ConvertedModel,
 ) -> Result<HostWeights, String> {
     let seed = |s: &str| {
         s.parse::<u64>()
             .map_err(|_| format!("--drafter-weights: `{s}` is not an integer seed"))
     };
+    if spec == SHIPPED {
+        return Ok(HostWeights::default());
+    }
     if let Some(s) = spec.strip_prefix("random:") {
         return Ok(HostWeights::random(specs, seed(s)?));
     }
@@ -205,16 +245,17 @@ fn drafter_weights(
     let path = Path::new(spec);
     let f = crate::model::safetensors_io::SafetensorsFile::open(path).map_err(|e| {
         format!(
-            "--drafter-weights {spec}: {e} (expected random:SEED, pruned or a .safetensors file)"
+            "--drafter-weights {spec}: {e} (expected shipped, random:SEED, pruned or a .safetensors file)"
         )
     })?;
     let mut w = HostWeights::default();
-    for s in specs {
+    for s in own {
         let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
-        if let Ok(data) = f.tensor_f32(&s.name, &shape) {
-            let dims = shape.iter().map(|&d| d as usize).collect();
-            w.tensors.insert(s.name.clone(), (dims, data));
-        }
+        let data = f
+            .tensor_f32(&s.name, &shape)
+            .map_err(|e| format!("drafter weights {}: tensor `{}`: {e}", path.display(), s.name))?;
+        let dims = shape.iter().map(|&d| d as usize).collect();
+        w.tensors.insert(s.name.clone(), (dims, data));
     }
     Ok(w)
 }

@@ -1,4 +1,6 @@
-//! `draftc emit FILE --backend cuda|wgsl`: the kernel source a plan runs.
+//! `draftc emit FILE --backend cuda|wgsl|torch`: the kernel source a plan
+//! runs, or (`torch`) the graph as a PyTorch training module
+//! ([`draftc_codegen::torch`]).
 //!
 //! The file is planned exactly as `draftc plan` plans it (same flags); each
 //! launch's [`Kernel`] is mapped to the `draftc-ops` kernel instance it
@@ -23,15 +25,16 @@ use draftc_ir::op::Mask;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
 use draftc_ops::{DType, OpsError};
 
-use super::plan::{build_plan, PlanOptions};
+use super::plan::{build_plan, compile_graph, PlanOptions};
 use super::source::Reported;
 
 #[derive(Args)]
 pub struct EmitArgs {
     /// A model or drafter file.
     pub file: PathBuf,
-    /// Source language: cuda (CUDA C++) or wgsl.
-    #[arg(long, default_value = "cuda", value_name = "cuda|wgsl")]
+    /// Source language: cuda (CUDA C++), wgsl, or torch (a PyTorch module
+    /// of the whole graph, for training: docs/training.md).
+    #[arg(long, default_value = "cuda", value_name = "cuda|wgsl|torch")]
     pub backend: String,
     /// Emit the kernels of the unfused plan (every op its own launch).
     #[arg(long)]
@@ -41,8 +44,11 @@ pub struct EmitArgs {
 }
 
 pub fn run(args: EmitArgs) -> ExitCode {
+    if args.backend == "torch" {
+        return emit_torch(&args);
+    }
     let Some(backend) = Backend::parse(&args.backend) else {
-        eprintln!("error: `--backend {}`: expected cuda or wgsl", args.backend);
+        eprintln!("error: `--backend {}`: expected cuda, wgsl or torch", args.backend);
         return ExitCode::FAILURE;
     };
     let plan = match build_plan(&args.file, &args.options, !args.no_fuse) {
@@ -50,6 +56,23 @@ pub fn run(args: EmitArgs) -> ExitCode {
         Err(Reported) => return ExitCode::FAILURE,
     };
     match emit(&plan, backend) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}: {e}", args.file.display());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--backend torch`: the graph (not the plan) as a PyTorch module.
+fn emit_torch(args: &EmitArgs) -> ExitCode {
+    let Ok((graph, target)) = compile_graph(&args.file, &args.options) else {
+        return ExitCode::FAILURE;
+    };
+    match draftc_codegen::torch::torch_module(&graph, &target) {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

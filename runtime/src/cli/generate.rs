@@ -58,10 +58,11 @@ pub struct GenerateArgs {
     /// as a draft model) or a drafter description file (`models/specformer.draft`, …).
     #[arg(long, default_value = "prompt-lookup")]
     pub drafter: String,
-    /// Weights of a model drafter: `random:SEED` (no trained weights ship),
+    /// Weights of a model drafter: `shipped` (the trained weights beside the
+    /// description, `models/weights/<name>.safetensors`), `random:SEED`,
     /// `pruned[:SEED]` (the target's tensors where names and shapes match,
     /// its last layers for the drafter's `layers.{i}`) or a safetensors file.
-    #[arg(long, default_value = "random:0")]
+    #[arg(long, default_value = "shipped")]
     pub drafter_weights: String,
     /// Draft tree of an autoregressive drafter (overrides the file's `tree`):
     /// `chain`, `static(3,2,1)`, `dynamic(depth=5, topk=8, nodes=60)`, `multi(seqs=4)`.

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::{Plan, PlanConfig, PlanDType, TargetWeights};
+use draftc_ir::graph::Graph;
 use draftc_ir::{Resolver, TargetConfig};
 
 use super::source::{compile_file, load_target, parse_sets, Compiled, DirResolver, Reported};
@@ -65,10 +66,28 @@ pub fn build_plan(file: &Path, options: &PlanOptions, fuse: bool) -> Result<Plan
         eprintln!("error: `--dtype {}`: expected f32 or f16", options.dtype);
         return Err(Reported);
     };
+    let (graph, target) = compile_graph(file, options)?;
+    let config = PlanConfig {
+        tokens: options.tokens,
+        batch: options.batch,
+        context: options.context,
+        dtype,
+        fuse,
+    };
+    draftc_codegen::plan(&graph, &target, &config).map_err(|e| {
+        eprintln!("error: {e}");
+        Reported
+    })
+}
+
+/// Compiles a model or drafter `file` against the `--target` preset (with
+/// `--set` overrides) and names the target's exported weights; presets are
+/// refused with a hint.
+pub fn compile_graph(file: &Path, options: &PlanOptions) -> Result<(Graph, TargetWeights), Reported> {
     let sets = parse_sets(&options.sets)?;
     let (target, _) = load_target(&options.target, Some(file))?;
     let graph = match compile_file(file, &target, &sets)? {
-        Compiled::Graph(g) => g,
+        Compiled::Graph(g) => *g,
         Compiled::Preset(cfg) => {
             eprintln!(
                 "error: {} is a preset; plan a model or drafter file (e.g. the family `{}`)",
@@ -83,17 +102,8 @@ pub fn build_plan(file: &Path, options: &PlanOptions, fuse: bool) -> Result<Plan
     } else {
         graph.meta.exports.clone()
     };
-    let config = PlanConfig {
-        tokens: options.tokens,
-        batch: options.batch,
-        context: options.context,
-        dtype,
-        fuse,
-    };
-    draftc_codegen::plan(&graph, &TargetWeights::new(&target, &exports), &config).map_err(|e| {
-        eprintln!("error: {e}");
-        Reported
-    })
+    let weights = TargetWeights::new(&target, &exports);
+    Ok((graph, weights))
 }
 
 /// The target family model's weight exports (`embed`, `final_norm`,

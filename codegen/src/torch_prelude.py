@@ -1,0 +1,243 @@
+# ---------------------------------------------------------------------------
+# draftc torch prelude: the description language's ops in PyTorch, with the
+# same semantics as draftc's kernels and reference interpreter (ops/src/…).
+# Every tensor carries a leading batch dimension B that the description's
+# shapes leave implicit: a value typed [t, l, d] is a torch tensor [B, t, l, d].
+# ---------------------------------------------------------------------------
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Target:
+    """The target model's tensors a drafter reads (`target.embed`,
+    `target.norm`, `target.lm_head`), frozen. `lm_head` may be a reduced
+    vocabulary's rows (see `Target.restrict`)."""
+
+    def __init__(self, embed, final_norm, lm_head, eps):
+        self.embed = embed
+        self.final_norm = final_norm
+        self.lm_head = lm_head
+        self.eps = eps
+
+    @staticmethod
+    def from_tensors(tensors, exports, eps, device=None, dtype=torch.float32):
+        def get(key):
+            name = exports[key]
+            if name not in tensors:
+                raise KeyError(f"target tensor `{name}` ({key}) missing")
+            return tensors[name].to(device=device, dtype=dtype)
+
+        return Target(get("embed"), get("final_norm"), get("lm_head"), eps)
+
+    def head(self, x):
+        """`target.lm_head(x)`. A trainer may override it (return `x`, the
+        features, and apply the head to the rows it scores: paper 000 computes
+        the LM-head loss one position at a time to save memory)."""
+        return F.linear(x, self.lm_head)
+
+
+class Ctx:
+    """What one forward pass sees besides its named inputs.
+
+    positions: [B, T] long, the text position of every query row.
+    valid:     [B, T] bool or None; rows that are False (padding) are never keys.
+    hidden:    dict int -> [B, T, d], the target's hidden states HS[i] (taps).
+    memory:    dict stream name -> Memory; a stream not given here holds the
+               target state it is seeded with (teacher forcing).
+    caches:    dict cache name -> (k, v, pos, valid) or None; when a dict, every
+               attention with `cache=` appends its new keys (generation).
+    train:     use each attention's `train_mask` where the file gives one.
+    block_offset: when set, the offset of every inverse-block mask (paper
+               002 §4.2 draws it at random per batch, in [0, window)).
+    """
+
+    def __init__(self, positions, valid=None, hidden=None, memory=None, caches=None, train=False, block_offset=None):
+        self.block_offset = block_offset
+        self.positions = positions
+        self.valid = valid
+        self.hidden = hidden if hidden is not None else {}
+        self.memory = memory if memory is not None else {}
+        self.caches = caches
+        self.train = train
+
+    def tap(self, i):
+        if i not in self.hidden:
+            raise KeyError(f"target hidden state HS[{i}] not supplied")
+        return self.hidden[i]
+
+
+class Memory:
+    """Rows of a memory stream: rows [B, M, d], their text positions [B, M],
+    optional valid [B, M] and optional per-query visibility vis [B, T, M]
+    (ANDed with the attention's mask, like the runtime's tree tail)."""
+
+    def __init__(self, rows, positions, valid=None, vis=None):
+        self.rows = rows
+        self.positions = positions
+        self.valid = valid
+        self.vis = vis
+
+
+def rms_norm(x, w, eps):
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (y * w.float()).to(x.dtype)
+
+
+def group_rms_norm(x, w, eps):
+    # x [..., g, d], w [g, d]: one scale vector per group.
+    return rms_norm(x, w, eps)
+
+
+def swiglu(x, gate, up, down):
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def layer_sum(x, w):
+    # x [..., k, d], w [k]: sum_k softmax(w)_k x[..., k, :].
+    p = torch.softmax(w.float(), dim=0).to(x.dtype)
+    return torch.einsum("...kd,k->...d", x, p)
+
+
+def rope(x, pos, theta):
+    # x [B, T, heads, hd], pos [B, T]; HF rotate-half, inv_freq in f32.
+    hd = x.shape[-1]
+    half = hd // 2
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=x.device).float() / hd))
+    ang = pos.float()[..., None] * inv  # [B, T, half]
+    cos = torch.cos(ang)[:, :, None, :]
+    sin = torch.sin(ang)[:, :, None, :]
+    xf = x.float()
+    x1, x2 = xf[..., :half], xf[..., half:]
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+def visible(mask, qp, kp):
+    """Whether a query at qp [..., Tq, 1] sees a key at kp [..., 1, Tk]
+    (ops/src/attention/mask.rs)."""
+    kind = mask[0]
+    if kind == "full":
+        return torch.ones(torch.broadcast_shapes(qp.shape, kp.shape), dtype=torch.bool, device=qp.device)
+    if kind == "causal":
+        return kp <= qp
+    if kind == "cross_diagonal":
+        return kp < qp
+    if kind == "inverse_block":
+        w, off = mask[1], mask[2]
+        return torch.div(kp + w - 1 - off, w, rounding_mode="floor") < torch.div(qp + w - 1 - off, w, rounding_mode="floor")
+    if kind == "sliding_window":
+        w, sink = mask[1], mask[2]
+        return (kp <= qp) & ((kp < sink) | (qp - kp < w))
+    raise ValueError(f"mask {mask!r} has no training form")
+
+
+def sdpa(q, k, v, vis):
+    """q [N, H, Tq, hd], k/v [N, Hkv, Tk, hd], vis [N, Tq, Tk] bool. A query
+    row that sees no key gets zeros (draftc's convention)."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)
+        v = v.repeat_interleave(group, dim=1)
+    any_key = vis.any(-1, keepdim=True)  # [N, Tq, 1]
+    safe = vis | ~any_key
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None, :, :])
+    return o * any_key[:, None, :, :].to(o.dtype)
+
+
+def heads(x, n, hd):
+    # [B, T, n*hd] -> [B, n, T, hd]
+    return x.reshape(x.shape[0], x.shape[1], n, hd).transpose(1, 2)
+
+
+def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None):
+    """Sequence-axis attention with q/k/v/o projections `w` (a dict of
+    weights). Keys come from `kv_src` at the query positions (self or `kv=`),
+    from a memory stream (strictly earlier positions), or from a cache the
+    new keys are appended to."""
+    B, T, _ = x.shape
+    qpos = ctx.positions
+    q = F.linear(x, w["q_proj"]).reshape(B, T, h, hd)
+    extra = None
+    if memory is not None:
+        src, kpos, kvalid, extra = memory.rows, memory.positions, memory.valid, memory.vis
+    else:
+        src, kpos, kvalid = kv_src, qpos, ctx.valid
+    k = F.linear(src, w["k_proj"]).reshape(B, src.shape[1], hkv, hd)
+    v = F.linear(src, w["v_proj"]).reshape(B, src.shape[1], hkv, hd)
+    if theta is not None:
+        q = rope(q, qpos, theta)
+        k = rope(k, kpos, theta)
+    if cache is not None and ctx.caches is not None:
+        old = ctx.caches.get(cache)
+        if kvalid is None:
+            kvalid = torch.ones(kpos.shape, dtype=torch.bool, device=kpos.device)
+        if old is not None:
+            k = torch.cat([old[0], k], dim=1)
+            v = torch.cat([old[1], v], dim=1)
+            kpos = torch.cat([old[2], kpos], dim=1)
+            kvalid = torch.cat([old[3], kvalid], dim=1)
+        ctx.caches[cache] = (k, v, kpos, kvalid)
+    if mask[0] == "inverse_block" and ctx.block_offset is not None:
+        mask = (mask[0], mask[1], ctx.block_offset)
+    vis = visible(mask, qpos[:, :, None], kpos[:, None, :])
+    if kvalid is not None:
+        vis = vis & kvalid[:, None, :]
+    if extra is not None:
+        vis = vis & extra
+    o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vis)
+    o = o.transpose(1, 2).reshape(B, T, h * hd)
+    return F.linear(o, w["o_proj"])
+
+
+def attention_draft(x, w, h, hkv, hd, mask, chunk):
+    """Draft-axis attention (SpecFormer): x [B, T, l, d], attention over the
+    l drafts of each token, the effective batch B*T processed `chunk` rows at
+    a time (paper 000 §3.3.2)."""
+    B, T, L, D = x.shape
+    flat = x.reshape(B * T, L, D)
+    pos = torch.arange(L, device=x.device)
+    vis_one = visible(mask, pos[:, None], pos[None, :])
+    outs = []
+    step = chunk if chunk is not None else B * T
+    for s in range(0, B * T, max(step, 1)):
+        part = flat[s : s + step]
+        n = part.shape[0]
+        q = F.linear(part, w["q_proj"]).reshape(n, L, h, hd).transpose(1, 2)
+        k = F.linear(part, w["k_proj"]).reshape(n, L, hkv, hd).transpose(1, 2)
+        v = F.linear(part, w["v_proj"]).reshape(n, L, hkv, hd).transpose(1, 2)
+        o = sdpa(q, k, v, vis_one.expand(n, L, L))
+        outs.append(F.linear(o.transpose(1, 2).reshape(n, L, h * hd), w["o_proj"]))
+    return torch.cat(outs, dim=0).reshape(B, T, L, -1)
+
+
+def default_memory(ctx, name, seed):
+    """The rows a memory attention reads: `ctx.memory[name]` as given, else
+    the target state the stream is seeded with at every position of the
+    pass (teacher forcing), each query seeing only strictly earlier rows
+    (a row at the query's own position never exists when drafting)."""
+    m = ctx.memory.get(name)
+    if m is not None:
+        return m
+    pos = ctx.positions
+    return Memory(ctx.tap(seed), pos, ctx.valid, vis=pos[:, None, :] < pos[:, :, None])
+
+
+class Params(nn.Module):
+    """Registers parameters under their dotted binder names, so
+    `state_dict()` keys are exactly the safetensors names draftc binds."""
+
+    def add(self, name, shape, init):
+        parts = name.split(".")
+        mod = self
+        for p in parts[:-1]:
+            if not hasattr(mod, p) or not isinstance(getattr(mod, p), nn.Module):
+                mod.add_module(p, nn.Module())
+            mod = getattr(mod, p)
+        t = torch.empty(shape)
+        init(t)
+        mod.register_parameter(parts[-1], nn.Parameter(t))
+

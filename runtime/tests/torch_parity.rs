@@ -1,0 +1,204 @@
+//! The PyTorch module `draftc emit --backend torch` generates computes what
+//! the executor computes: for every learned drafter in `models/` (SpecFormer,
+//! Beagle, SPIRe, Medusa), on a tiny random target, the executor runs one
+//! pass over a sequence with random weights and inputs, and
+//! `tools/train/draftc_train/parity.py` runs the emitted module on the same
+//! weights and inputs (written to one safetensors file) and compares every
+//! output to f32 1e-4 relative.
+//!
+//! Needs the training virtualenv (`bash tools/train/bootstrap.sh`, which
+//! installs torch): without `.venv-train/bin/python` (or `DRAFTC_TORCH_PYTHON`)
+//! the test says so and passes, so the default suite never needs torch.
+//! The slow tier runs the same check on the shipped weights and the real
+//! target (`shipped_weights_match`, ignored).
+
+mod tiny;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use draftc_codegen::{PlanConfig, PlanDType, TargetWeights};
+use draftc_ir::graph::Graph;
+use draftc_ir::op::{InputSource, Op};
+use draftc_ir::types::DType as IrDType;
+use draftc_ir::TargetConfig;
+use draftc_ops::testing::wgpu_client;
+use draftc_ops::{DType, DeviceTensor};
+use draftc_runtime::exec::{CacheStore, Executor, HostWeights, MemoryRows, SeqStep, Step};
+use draftc_runtime::model::safetensors_io::{SafetensorsWriter, WeightDtype};
+
+type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa"];
+
+fn python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DRAFTC_TORCH_PYTHON").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let p = tiny::repo().join(".venv-train/bin/python");
+    p.is_file().then_some(p)
+}
+
+/// A small target: 4 layers, d 32 (4 heads of 8, 2 KV heads), f 48, v 61.
+fn target() -> TargetConfig {
+    let mut t = tiny::tiny_config();
+    for (k, v) in [("n", 4), ("d", 32), ("h", 4), ("hkv", 2), ("f", 48), ("v", 61)] {
+        t.ints.insert(k.into(), v);
+    }
+    t
+}
+
+fn specs(g: &Graph, tw: &TargetWeights) -> Vec<draftc_codegen::bind::WeightSpec> {
+    let cfg = PlanConfig {
+        tokens: 1,
+        batch: 1,
+        context: 0,
+        dtype: PlanDType::F32,
+        fuse: true,
+    };
+    let plan = draftc_codegen::plan(g, tw, &cfg).unwrap();
+    draftc_codegen::pipeline::weights(&plan).unwrap()
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
+}
+
+type Named = (String, Vec<u64>, Vec<f32>);
+
+fn write(path: &Path, tensors: &[Named]) {
+    let decl: Vec<(String, Vec<u64>)> = tensors.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect();
+    let mut w = SafetensorsWriter::create(path, WeightDtype::F32, &decl, &BTreeMap::new()).unwrap();
+    for (n, _, d) in tensors {
+        w.write_tensor(n, d).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Runs drafter `name` on the executor and writes everything the Python
+/// side needs into `dir/case.safetensors`; returns the emitted module path.
+fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
+    let client = wgpu_client();
+    let cfg = target();
+    let llama = tiny::compile("llama", &cfg);
+    let tw = TargetWeights::new(&cfg, &llama.meta.exports);
+    let g = tiny::compile(name, &cfg);
+    let specs = specs(&g, &tw);
+    let weights = HostWeights::random(&specs, seed);
+    let d = 32usize;
+    let t = 11usize;
+    let mut rng = Rng(seed ^ 0x70c4);
+    let mut exec = Executor::<Wgpu>::new(&client, &g, &tw, &weights, PlanDType::F32, true).unwrap();
+    let mut caches = CacheStore::<Wgpu>::new(&client, 1, 64, DType::F32);
+    let mut step = Step {
+        seqs: vec![SeqStep::chain(0, 0, t)],
+        ..Step::default()
+    };
+    let mut dump: Vec<Named> = Vec::new();
+    let mut dev = BTreeMap::new();
+    for &i in &g.inputs {
+        let node = g.node(i);
+        match (&node.op, node.ty.dtype) {
+            (Op::Input(InputSource::External), IrDType::U32) => {
+                let ids: Vec<u32> = (0..t).map(|_| (rng.next() % 61) as u32).collect();
+                dev.insert(node.name.clone(), DeviceTensor::upload_u32(&client, &ids, &[t]).unwrap());
+                dump.push((format!("input:{}", node.name), vec![1, t as u64], ids.iter().map(|&x| x as f32).collect()));
+            }
+            (Op::Input(InputSource::TargetHidden { indices, .. }), _) => {
+                let k = indices.len();
+                let data: Vec<f32> = (0..t * k * d).map(|_| rng.f()).collect();
+                let shape: Vec<usize> = if k == 1 && node.ty.rank() == 2 { vec![t, d] } else { vec![t, k, d] };
+                dev.insert(node.name.clone(), DeviceTensor::upload_f32(&client, &data, &shape, DType::F32).unwrap());
+                for (j, idx) in indices.iter().enumerate() {
+                    let tap: Vec<f32> = (0..t).flat_map(|r| data[(r * k + j) * d..][..d].to_vec()).collect();
+                    dump.push((format!("hidden:{idx}"), vec![1, t as u64, d as u64], tap));
+                }
+            }
+            _ => panic!("{name}: unexpected input `{}`", node.name),
+        }
+    }
+    for m in &g.memories {
+        let data: Vec<f32> = (0..t * d).map(|_| rng.f()).collect();
+        dump.push((format!("memory:{}", m.name), vec![1, t as u64, d as u64], data.clone()));
+        step.memory.insert(
+            m.name.to_string(),
+            MemoryRows {
+                data,
+                lens: vec![t],
+                positions: (0..t as u32).collect(),
+            },
+        );
+    }
+    let got = exec.run(&step, &dev, &mut caches, None).unwrap();
+    let mut outs: Vec<String> = g.outputs.iter().map(|o| g.node(*o).name.clone()).collect();
+    outs.extend(g.appends.iter().map(|(s, _)| s.to_string()));
+    for out in outs {
+        let x = got.get(&out).unwrap();
+        let shape: Vec<u64> = std::iter::once(1).chain(x.shape().iter().map(|&s| s as u64)).collect();
+        let key = if g.outputs.iter().any(|o| g.node(*o).name == out) { out.clone() } else { format!("append:{out}") };
+        dump.push((format!("expect:{key}"), shape, x.download_f32(&client).unwrap()));
+    }
+    for s in &specs {
+        let (shape, data) = weights.get(&s.name).unwrap();
+        let shape: Vec<u64> = shape.iter().map(|&x| x as u64).collect();
+        let key = if llama.params().iter().any(|p| p.name == s.name) { "target" } else { "param" };
+        dump.push((format!("{key}:{}", s.name), shape, data.clone()));
+    }
+    write(&dir.join(format!("{name}.safetensors")), &dump);
+    let module = draftc_codegen::torch::torch_module(&g, &tw).unwrap();
+    let path = dir.join(format!("{name}.py"));
+    std::fs::write(&path, module).unwrap();
+    path
+}
+
+fn run_parity(py: &Path, dir: &Path, names: &[&str]) {
+    let script = tiny::repo().join("tools/train/draftc_train/parity.py");
+    let mut cmd = Command::new(py);
+    cmd.arg(&script).arg(dir).args(names);
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    println!("{text}");
+    assert!(out.status.success(), "parity failed:\n{text}");
+}
+
+#[test]
+fn emitted_torch_matches_executor_on_random_weights() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no torch virtualenv (run `bash tools/train/bootstrap.sh` to create .venv-train)");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (i, name) in LEARNED.iter().enumerate() {
+        dump_case(name, dir.path(), 11 + i as u64);
+    }
+    run_parity(&py, dir.path(), LEARNED);
+}
+
+#[test]
+fn parity_checker_catches_a_wrong_module() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no torch virtualenv");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dump_case("medusa", dir.path(), 5);
+    // Mutation: tanh where the description says SiLU.
+    let text = std::fs::read_to_string(&path).unwrap();
+    let broken = text.replacen("= F.silu(", "= torch.tanh(", 1);
+    assert_ne!(text, broken, "mutation did not apply");
+    std::fs::write(&path, broken).unwrap();
+    let script = tiny::repo().join("tools/train/draftc_train/parity.py");
+    let out = Command::new(py).arg(&script).arg(dir.path()).arg("medusa").output().unwrap();
+    assert!(!out.status.success(), "a broken module passed parity");
+}

@@ -1,0 +1,109 @@
+"""The PyTorch modules draftc generates from description files.
+
+`load(path)` runs `draftc emit PATH --backend torch`, keeps the text under
+target/train/emitted/ and imports it: the .draft file is the only definition
+of an architecture, and parameter names are the binder's names.
+`TargetModel` is the target itself (models/llama.draft through the same
+emitter) with the converted weights, for the hidden states drafters read.
+"""
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def draftc_bin():
+    env = os.environ.get("DRAFTC_BIN")
+    if env:
+        return env
+    for p in (REPO / "target/release/draftc", REPO / "target/debug/draftc"):
+        if p.is_file():
+            return str(p)
+    raise SystemExit("draftc binary not found: run `cargo build --release -p draftc-runtime` (or set DRAFTC_BIN)")
+
+
+def emit(draft, sets=None):
+    cmd = [draftc_bin(), "emit", str(draft), "--backend", "torch"]
+    for k, v in (sets or {}).items():
+        cmd += ["--set", f"{k}={v}"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"`{' '.join(cmd)}` failed:\n{r.stderr}")
+    return r.stdout
+
+
+def load(draft, sets=None):
+    """Emits `draft` and imports it; returns the Python module (with `Model`,
+    `PARAMS`, `INPUTS`, `MEMORIES`, `EXPORTS`, …)."""
+    text = emit(draft, sets)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    out = REPO / "target/train/emitted"
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{Path(draft).stem}-{digest}.py"
+    if not path.exists():
+        path.write_text(text)
+    spec = importlib.util.spec_from_file_location(f"draftc_emitted_{Path(draft).stem}_{digest}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    mod.SOURCE_SHA256 = hashlib.sha256(text.encode()).hexdigest()
+    mod.SOURCE_PATH = str(path)
+    return mod
+
+
+def model_dir():
+    cache = os.environ.get("DRAFTC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "draftc")
+    d = Path(cache) / "smollm2-135m-instruct" / "float32"
+    if not (d / "model.safetensors").is_file():
+        raise SystemExit(f"{d}/model.safetensors not found: run `draftc fetch` first")
+    return d
+
+
+class TargetModel:
+    """The target through the module emitted from models/llama.draft."""
+
+    def __init__(self, dtype=torch.float32):
+        self.dir = model_dir()
+        self.mod = load(REPO / "models/llama.draft")
+        self.tensors = load_file(str(self.dir / "model.safetensors"))
+        self.net = self.mod.Model()
+        missing, unexpected = self.net.load_state_dict(
+            {k: v for k, v in self.tensors.items() if k in dict(self.net.named_parameters())}, strict=False
+        )
+        if missing:
+            raise SystemExit(f"target weights lack {missing[:5]}")
+        self.net.requires_grad_(False)
+        self.net.eval()
+        self.config = json.loads((self.dir / "config.json").read_text())
+        self.n = len([k for k in self.tensors if k.endswith("input_layernorm.weight")])
+        self.weights_sha256 = sha256_file(self.dir / "model.safetensors")
+
+    def drafter_target(self, drafter_mod, dtype=torch.float32):
+        """The `Target` (embed, final norm, LM head) a drafter module reads."""
+        return drafter_mod.Target.from_tensors(self.tensors, drafter_mod.EXPORTS, drafter_mod.EPS, dtype=dtype)
+
+    @torch.no_grad()
+    def hidden(self, ids, valid, taps):
+        """HS[i] for i in `taps`: ids [B, T] (right-padded, `valid` [B, T])."""
+        B, T = ids.shape
+        pos = torch.arange(T)[None, :].expand(B, T)
+        ctx = self.mod.Ctx(pos, valid=valid)
+        out = self.net({"ids": ids}, None, ctx)
+        return {i: out[f"hidden[{i}]"] for i in taps}
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,347 @@
+"""`python -m draftc_train train DRAFTER [--steps N] [--resume] ...`
+
+Trains a drafter from its description file (the module `draftc emit
+--backend torch` generates) on the self-distilled shards in data/train/,
+and exports its weights to models/weights/<drafter>.safetensors (f16) with
+a manifest. Each drafter's recipe follows its paper (docs/training.md):
+
+- medusa: cross-entropy per head, head j weighted 0.8^j (Medusa).
+- specformer: cross-entropy at each of the l draft positions (paper 000
+  §4.1; the LM-head loss is computed one position at a time).
+- beagle: early stage = parallel multi-token prediction through the
+  inverse-block `train_mask` with a random offset per batch (paper 002
+  §4.2, Eq. 4); late stage = s simulated drafting steps fed with the
+  drafter's own predicted states, step i weighted k - i + 1 (Eq. 6).
+
+Labels: parallel drafters' row j at position p predicts the token at
+p + 2 + j (docs/speculative.md); autoregressive drafters at position q
+predict q + 1. Only response tokens (the target's greedy answers) are
+labels. Target hidden states are computed once with the target's own
+emitted module (models/llama.draft) and cached under target/train/.
+
+AdamW, linear warm-up then cosine decay, global gradient clipping, bf16
+autocast on CPU, checkpoints every --ckpt-every steps (resume with
+--resume), progress with steps/s, loss and ETA, loss curves as SVG.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from . import emitted, shards
+from .progress import Progress
+from .svg import line_plot
+
+REPO = emitted.REPO
+
+RECIPES = {
+    "medusa": dict(lr=1e-3, wd=0.0, warmup=50, clip=1.0, batch=8, decay=0.8),
+    "specformer": dict(lr=5e-4, wd=0.01, warmup=50, clip=1.0, batch=8),
+    "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.2),
+    "spire": dict(lr=3e-4, wd=0.0, warmup=50, clip=1.0, batch=8, sim_steps=3, late_frac=0.3),
+}
+
+
+def load_sequences(max_len, limit=None):
+    recs = shards.load_records(REPO / "data/train/shards")
+    seqs = []
+    for p, r in recs[: limit or len(recs)]:
+        ids = np.concatenate([p, r]).astype(np.int64)[:max_len]
+        if len(r) == 0 or len(p) >= max_len - 2:
+            continue
+        seqs.append((torch.from_numpy(ids), len(p)))
+    return seqs
+
+
+def feature_cache(seqs, taps, max_len):
+    """Target hidden states HS[i], i in `taps`, for every sequence (f16),
+    computed once with the emitted target module and kept on disk."""
+    key = f"n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}"
+    path = REPO / "target/train/features" / f"{key}.pt"
+    if path.exists():
+        return torch.load(path)
+    tgt = emitted.TargetModel()
+    out = [dict() for _ in seqs]
+    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
+    prog = Progress(len(seqs), "target hidden states", unit="seq")
+    bs = 8
+    for s in range(0, len(order), bs):
+        idx = order[s : s + bs]
+        T = max(len(seqs[i][0]) for i in idx)
+        ids = torch.zeros(len(idx), T, dtype=torch.long)
+        valid = torch.zeros(len(idx), T, dtype=torch.bool)
+        for b, i in enumerate(idx):
+            n = len(seqs[i][0])
+            ids[b, :n] = seqs[i][0]
+            valid[b, :n] = True
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            hs = tgt.hidden(ids, valid, taps)
+        for b, i in enumerate(idx):
+            n = len(seqs[i][0])
+            out[i] = {t: hs[t][b, :n].to(torch.float16).clone() for t in taps}
+        prog.update(len(idx))
+    prog.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(out, path)
+    return out
+
+
+def batch_of(seqs, feats, idx, taps):
+    T = max(len(seqs[i][0]) for i in idx)
+    B = len(idx)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    valid = torch.zeros(B, T, dtype=torch.bool)
+    resp = torch.zeros(B, T, dtype=torch.bool)  # position holds a response token
+    hidden = {t: torch.zeros(B, T, feats[idx[0]][t].shape[-1]) for t in taps}
+    for b, i in enumerate(idx):
+        x, plen = seqs[i]
+        n = len(x)
+        ids[b, :n] = x
+        valid[b, :n] = True
+        resp[b, plen:n] = True
+        for t in taps:
+            hidden[t][b, :n] = feats[i][t].float()
+    return ids, valid, resp, hidden
+
+
+def make_target(mod, tgt_tensors):
+    """The target tensors with `target.lm_head` deferred: the module returns
+    features and the loss applies the head to the rows it scores."""
+    base = mod.Target.from_tensors(tgt_tensors, mod.EXPORTS, mod.EPS)
+
+    class Deferred(mod.Target):
+        def head(self, x):
+            return x
+
+    return Deferred(base.embed, base.final_norm, base.lm_head, base.eps), base.lm_head
+
+
+def ce_rows(feats, lm_head, labels):
+    logits = F.linear(feats, lm_head.to(feats.dtype)).float()
+    loss = F.cross_entropy(logits, labels)
+    acc = (logits.argmax(-1) == labels).float().mean()
+    return loss, acc
+
+
+def parallel_loss(mod, net, target, lm_head, ids, valid, resp, hidden, weights):
+    B, T = ids.shape
+    pos = torch.arange(T)[None, :].expand(B, T)
+    ctx = mod.Ctx(pos, valid=valid, hidden=hidden)
+    out = net({}, target, ctx)
+    feats = out["logits"]  # [B, T, l, d]
+    total, stats = 0.0, {}
+    for j, w in enumerate(weights):
+        # row j at p predicts p + 2 + j
+        sh = 2 + j
+        if T <= sh:
+            continue
+        lab_ok = resp[:, sh:]
+        rows = feats[:, : T - sh, j][lab_ok]
+        labels = ids[:, sh:][lab_ok]
+        if labels.numel() == 0:
+            continue
+        loss, acc = ce_rows(rows, lm_head, labels)
+        total = total + w * loss
+        stats[f"loss{j}"] = loss.item()
+        stats[f"acc{j}"] = acc.item()
+    return total, stats
+
+
+def beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, step_frac, train):
+    """Paper 002 §4.2. Early: one pass through the inverse-block train mask
+    (random offset). Late: `sim_steps` simulated steps over the drafter's own
+    states, query q at step i belonging to the round that starts at q-i+1."""
+    B, T = ids.shape
+    pos = torch.arange(T)[None, :].expand(B, T)
+    seed = list(mod.MEMORIES.values())[0]
+    mem_name = list(mod.MEMORIES.keys())[0]
+    states = hidden[seed]
+    if train and r.get("noise"):
+        states = states + torch.randn_like(states) * r["noise"] * states.std()
+        hidden = dict(hidden)
+        hidden[seed] = states
+    lab_ok = resp[:, 1:]
+    labels = ids[:, 1:][lab_ok]
+    late = step_frac >= 1.0 - r["late_frac"]
+    stats = {}
+    if not late:
+        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=True, block_offset=random.randrange(r["window"]))
+        out = net({"ids": ids}, target, ctx)
+        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], lm_head, labels)
+        stats["loss"], stats["acc"] = loss.item(), acc.item()
+        return loss, stats
+    k = r["sim_steps"]
+    preds = []  # predicted states of steps 1..i-1, [B, T, d] each
+    total = 0.0
+    q = pos[:, :, None]
+    kp = pos[:, None, :]
+    for i in range(1, k + 1):
+        rows = [states] + preds
+        vis = [kp < q - i + 1] + [kp == q - i + j for j in range(1, i)]
+        m = mod.Memory(torch.cat(rows, 1), torch.cat([pos] * i, 1), torch.cat([valid] * i, 1), vis=torch.cat(vis, 2))
+        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory={mem_name: m})
+        out = net({"ids": ids}, target, ctx)
+        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], lm_head, labels)
+        total = total + (k - i + 1) * loss / k
+        stats[f"loss{i}"], stats[f"acc{i}"] = loss.item(), acc.item()
+        preds.append(out[f"append:{mem_name}"].float())
+    return total, stats
+
+
+OUT = "logits"
+
+
+def lr_at(step, total, r):
+    if step < r["warmup"]:
+        return r["lr"] * (step + 1) / r["warmup"]
+    p = (step - r["warmup"]) / max(1, total - r["warmup"])
+    return 1e-5 + 0.5 * (r["lr"] - 1e-5) * (1 + math.cos(math.pi * min(1.0, p)))
+
+
+def taps_of(mod):
+    taps = set()
+    for src in mod.INPUTS.values():
+        if src[0] == "hidden":
+            taps.update(src[1])
+    taps.update(mod.MEMORIES.values())
+    return sorted(taps)
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m draftc_train train")
+    ap.add_argument("drafter", choices=sorted(RECIPES))
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--max-len", type=int, default=320)
+    ap.add_argument("--records", type=int, default=None, help="use the first N records")
+    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--export-only", action="store_true")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    r = RECIPES[args.drafter]
+    draft = REPO / "models" / f"{args.drafter}.draft"
+    mod = emitted.load(draft)
+    work = REPO / "target/train" / args.drafter
+    work.mkdir(parents=True, exist_ok=True)
+
+    seqs = load_sequences(args.max_len, args.records)
+    n_val = max(8, len(seqs) // 20)
+    train_idx = list(range(len(seqs) - n_val))
+    val_idx = list(range(len(seqs) - n_val, len(seqs)))
+    taps = taps_of(mod)
+    feats = feature_cache(seqs, taps, args.max_len)
+    tgt_tensors = load_file(str(emitted.model_dir() / "model.safetensors"))
+    target, lm_head = make_target(mod, tgt_tensors)
+
+    net = mod.Model()
+    own = dict(net.named_parameters())
+    opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
+    step, log = 0, []
+    ckpt = work / "ckpt.pt"
+    if args.resume and ckpt.exists():
+        st = torch.load(ckpt)
+        net.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, log = st["step"], st["log"]
+        random.setstate(st["py_rng"])
+        torch.set_rng_state(st["torch_rng"])
+        print(f"resumed {args.drafter} at step {step}", flush=True)
+    start_wall = time.time()
+    prior_wall = log[-1]["wall"] if log else 0.0
+
+    def loss_fn(idx, train, frac):
+        ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if mod.KIND == "parallel":
+                L = mod.SYMBOLS.get("l", 1)
+                w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
+                return parallel_loss(mod, net, target, lm_head, ids, valid, resp, hidden, w)
+            return beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, frac, train)
+
+    prog = Progress(args.steps, f"train {args.drafter}", unit="step")
+    prog.update(step)
+    while step < args.steps and not args.export_only:
+        lr = lr_at(step, args.steps, r)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = random.sample(train_idx, r["batch"])
+        net.train()
+        loss, stats = loss_fn(idx, True, step / args.steps)
+        opt.zero_grad()
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), r["clip"]).item()
+        opt.step()
+        step += 1
+        entry = dict(step=step, lr=lr, loss=loss.item(), gnorm=gnorm, wall=prior_wall + time.time() - start_wall, **stats)
+        log.append(entry)
+        prog.update(1, loss=round(loss.item(), 3), **{k: round(v, 3) for k, v in stats.items() if k.startswith("acc")})
+        if step % args.ckpt_every == 0 or step == args.steps:
+            net.eval()
+            with torch.no_grad():
+                vl, vs = loss_fn(val_idx[: r["batch"] * 2], False, step / args.steps)
+            entry["val_loss"] = vl.item()
+            entry.update({f"val_{k}": v for k, v in vs.items()})
+            torch.save(
+                dict(model=net.state_dict(), opt=opt.state_dict(), step=step, log=log,
+                     py_rng=random.getstate(), torch_rng=torch.get_rng_state()),
+                work / "ckpt.tmp",
+            )
+            os.replace(work / "ckpt.tmp", ckpt)
+            plot(work, args.drafter, log)
+    prog.close()
+    export(args, mod, net, own, log, len(seqs), len(train_idx), taps)
+
+
+def plot(work, name, log):
+    series = {"train loss": [(e["step"], e["loss"]) for e in log]}
+    val = [(e["step"], e["val_loss"]) for e in log if "val_loss" in e]
+    if val:
+        series["held-out loss (training split)"] = val
+    line_plot(work / "loss.svg", f"{name}: training loss", series, "step", "loss")
+
+
+def export(args, mod, net, own, log, n_seqs, n_train, taps):
+    out = REPO / "models/weights"
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in net.state_dict().items()}
+    path = out / f"{args.drafter}.safetensors"
+    save_file(tensors, str(path), metadata={"drafter": args.drafter, "steps": str(log[-1]["step"] if log else 0)})
+    plot_path = out / f"{args.drafter}.loss.svg"
+    if log:
+        plot(REPO / "target/train" / args.drafter, args.drafter, log)
+        (plot_path).write_bytes((REPO / "target/train" / args.drafter / "loss.svg").read_bytes())
+    last = log[-1] if log else {}
+    val = [e for e in log if "val_loss" in e]
+    manifest = dict(
+        drafter=args.drafter,
+        description=f"models/{args.drafter}.draft",
+        module_sha256=mod.SOURCE_SHA256,
+        weights=path.name,
+        weights_sha256=emitted.sha256_file(path),
+        dtype="float16",
+        parameters=sum(v.numel() for v in tensors.values()),
+        data=dict(shards="data/train/shards (see data/train/MANIFEST.json)", sequences=n_seqs, train_sequences=n_train,
+                  max_len=args.max_len, target_taps=taps),
+        recipe=RECIPES[args.drafter],
+        steps=last.get("step", 0),
+        wall_s=round(last.get("wall", 0.0), 1),
+        device=f"CPU, {args.threads} threads, torch {torch.__version__}, bf16 autocast",
+        final=dict(train_loss=last.get("loss"), **{k: v for k, v in (val[-1] if val else {}).items() if k.startswith("val_")}),
+        loss_curve=plot_path.name,
+        held_out_tau="see docs/bench/ (draftc bench spec --prompts mt-bench)",
+    )
+    (out / f"{args.drafter}.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {args.drafter}.json", flush=True)
