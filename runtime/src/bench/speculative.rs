@@ -16,7 +16,6 @@ use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 use serde::Serialize;
 
-use super::prompts::prompt;
 use super::Progress;
 use crate::cli::drafter::{make_drafter, DrafterChoice};
 use crate::engine::{generate, generate_speculative, EngineError, Request, Sampling, TargetModel};
@@ -34,6 +33,8 @@ pub struct SpecConfig {
     /// New tokens per sequence.
     pub max_tokens: usize,
     pub dtype: PlanDType,
+    /// Prompt texts; a batch of `b` takes the first `b` (`--prompts`).
+    pub prompts: Vec<String>,
 }
 
 /// One drafter × batch × budget measurement.
@@ -83,6 +84,9 @@ pub fn run_spec<R: Runtime>(
     if cfg.batches.is_empty() || cfg.batches.contains(&0) || cfg.max_tokens == 0 {
         return Err("give batch sizes >= 1 and --max-tokens >= 1".into());
     }
+    if cfg.prompts.is_empty() {
+        return Err("no prompts".into());
+    }
     if cfg.drafters.is_empty() || cfg.budgets.is_empty() || cfg.budgets.contains(&0) {
         return Err("give at least one drafter and budgets >= 1".into());
     }
@@ -90,7 +94,7 @@ pub fn run_spec<R: Runtime>(
     let max_b = *cfg.batches.iter().max().unwrap_or(&1);
     let mut prompts = Vec::with_capacity(max_b);
     for i in 0..max_b {
-        let text = prompt(i).text;
+        let text = &cfg.prompts[i % cfg.prompts.len().max(1)];
         let ids = model
             .tokenizer
             .encode_chat(&[ChatMessage::new("user", text)])

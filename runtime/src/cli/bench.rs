@@ -93,6 +93,12 @@ pub struct SpecArgs {
     /// Prompt lookup: continuations merged into a tree.
     #[arg(long, default_value_t = 1)]
     pub branches: usize,
+    /// Prompts: `builtin` (chat, code, summarisation, math), `mt-bench`
+    /// (held-out MT-Bench first turns, data/eval/mt-bench.jsonl) or a file
+    /// (one per line, or `.jsonl` with a `prompt` field). Batch `b` runs the
+    /// first `b`, so `--batch 16` measures τ over 16 questions.
+    #[arg(long, default_value = "builtin")]
+    pub prompts: String,
 }
 
 /// The drafters `draftc bench spec` runs when none is named.
@@ -247,6 +253,7 @@ fn spec(
         budgets: args.budget.clone(),
         max_tokens: args.max_tokens,
         dtype: dtype(&args.common),
+        prompts: crate::bench::prompts::load_prompts(&args.prompts)?,
     };
     let report = client.spec(model, &cfg, progress)?;
     print!("{}", report.table());
