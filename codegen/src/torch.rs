@@ -77,11 +77,11 @@ fn py_str(s: &str) -> String {
 }
 
 const RESERVED: &[&str] = &[
-    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class",
-    "continue", "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if",
-    "import", "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try",
-    "while", "with", "yield", "F", "P", "nn", "torch", "math", "t", "out", "ctx", "inputs",
-    "target", "self",
+    "False", "None", "True", "and", "as", "assert", "async", "await", "break", "class", "continue",
+    "def", "del", "elif", "else", "except", "finally", "for", "from", "global", "if", "import",
+    "in", "is", "lambda", "nonlocal", "not", "or", "pass", "raise", "return", "try", "while",
+    "with", "yield", "F", "P", "nn", "torch", "math", "t", "out", "ctx", "inputs", "target",
+    "self",
 ];
 
 impl<'a> Emitter<'a> {
@@ -171,8 +171,9 @@ impl<'a> Emitter<'a> {
              # binder's names, so `state_dict()` saves a weights file draftc loads as is.\n",
         );
         self.out.push_str(PRELUDE);
-        self.out
-            .push_str("\n# ---------------------------------------------------------------------------\n");
+        self.out.push_str(
+            "\n# ---------------------------------------------------------------------------\n",
+        );
         let _ = writeln!(self.out, "NAME = {}", py_str(&g.name));
         let _ = writeln!(self.out, "KIND = {}", py_str(kind));
         let syms: Vec<String> = g
@@ -184,7 +185,13 @@ impl<'a> Emitter<'a> {
         let _ = writeln!(
             self.out,
             "TREE = {}",
-            py_str(&g.meta.tree.as_ref().map(|t| t.to_string()).unwrap_or_default())
+            py_str(
+                &g.meta
+                    .tree
+                    .as_ref()
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            )
         );
         let _ = writeln!(self.out, "EPS = {:?}", self.target.eps.get());
         let exports: Vec<String> = self
@@ -198,7 +205,9 @@ impl<'a> Emitter<'a> {
         for &id in &g.inputs {
             let n = g.node(id);
             let src = match &n.op {
-                Op::Input(InputSource::External) => format!("(\"external\", {})", py_str(n.ty.dtype.name())),
+                Op::Input(InputSource::External) => {
+                    format!("(\"external\", {})", py_str(n.ty.dtype.name()))
+                }
                 Op::Input(InputSource::TargetHidden { indices, .. }) => {
                     let idx: Vec<String> = indices.iter().map(|i| i.to_string()).collect();
                     format!("(\"hidden\", [{}])", idx.join(", "))
@@ -216,7 +225,11 @@ impl<'a> Emitter<'a> {
         let _ = writeln!(self.out, "MEMORIES = {{{}}}", mems.join(", "));
         let outs: Vec<String> = g.outputs.iter().map(|o| py_str(&g.node(*o).name)).collect();
         let _ = writeln!(self.out, "OUTPUTS = [{}]", outs.join(", "));
-        let apps: Vec<String> = g.appends.iter().map(|(s, _)| py_str(&s.to_string())).collect();
+        let apps: Vec<String> = g
+            .appends
+            .iter()
+            .map(|(s, _)| py_str(&s.to_string()))
+            .collect();
         let _ = writeln!(self.out, "APPENDS = [{}]", apps.join(", "));
         self.out.push_str("PARAMS = [\n");
         for p in g.params() {
@@ -275,11 +288,19 @@ impl<'a> Emitter<'a> {
             let _ = writeln!(self.out, "{line}");
         }
         for (s, i, v) in &g.emits {
-            let line = format!("        out[{}] = {}", py_str(&format!("{s}[{i}]")), self.v(*v));
+            let line = format!(
+                "        out[{}] = {}",
+                py_str(&format!("{s}[{i}]")),
+                self.v(*v)
+            );
             let _ = writeln!(self.out, "{line}");
         }
         for (s, v) in &g.appends {
-            let line = format!("        out[{}] = {}", py_str(&format!("append:{s}")), self.v(*v));
+            let line = format!(
+                "        out[{}] = {}",
+                py_str(&format!("append:{s}")),
+                self.v(*v)
+            );
             let _ = writeln!(self.out, "{line}");
         }
         self.out.push_str("        return out\n\n\n");
@@ -300,7 +321,8 @@ impl<'a> Emitter<'a> {
             }
             Op::Input(InputSource::TargetHidden { indices, stacked }) => {
                 if *stacked {
-                    let taps: Vec<String> = indices.iter().map(|i| format!("ctx.tap({i})")).collect();
+                    let taps: Vec<String> =
+                        indices.iter().map(|i| format!("ctx.tap({i})")).collect();
                     format!("torch.stack([{}], dim=2)", taps.join(", "))
                 } else {
                     format!("ctx.tap({})", indices[0])
@@ -308,14 +330,29 @@ impl<'a> Emitter<'a> {
             }
             Op::Linear { bias, .. } => {
                 if *bias {
-                    format!("F.linear({}, {}, {})", a(0), self.w(id, "weight"), self.w(id, "bias"))
+                    format!(
+                        "F.linear({}, {}, {})",
+                        a(0),
+                        self.w(id, "weight"),
+                        self.w(id, "bias")
+                    )
                 } else {
                     format!("F.linear({}, {})", a(0), self.w(id, "weight"))
                 }
             }
-            Op::RmsNorm { eps: e } => format!("rms_norm({}, {}, {})", a(0), self.w(id, "weight"), eps(e.get())),
+            Op::RmsNorm { eps: e } => format!(
+                "rms_norm({}, {}, {})",
+                a(0),
+                self.w(id, "weight"),
+                eps(e.get())
+            ),
             Op::GroupRmsNorm { eps: e } => {
-                format!("group_rms_norm({}, {}, {})", a(0), self.w(id, "weight"), eps(e.get()))
+                format!(
+                    "group_rms_norm({}, {}, {})",
+                    a(0),
+                    self.w(id, "weight"),
+                    eps(e.get())
+                )
             }
             Op::Rope { theta } => format!("rope({}, ctx.positions, {:?})", a(0), theta.get()),
             Op::Attention(at) => {
@@ -329,7 +366,9 @@ impl<'a> Emitter<'a> {
                     Some(m) => format!("({} if ctx.train else {mask})", py_mask(m)?),
                     None => mask,
                 };
-                let theta = at.rope.map_or("None".to_string(), |r| format!("{:?}", r.get()));
+                let theta = at
+                    .rope
+                    .map_or("None".to_string(), |r| format!("{:?}", r.get()));
                 match at.axis {
                     Axis::Draft => format!(
                         "attention_draft({}, {{{w}}}, {}, {}, {}, {mask}, {})",
@@ -349,7 +388,10 @@ impl<'a> Emitter<'a> {
                                     .find(|d| &d.name == m)
                                     .map(|d| d.seed)
                                     .ok_or_else(|| format!("memory `{m}` is not declared"))?;
-                                format!(", memory=default_memory(ctx, {}, {seed})", py_str(&m.to_string()))
+                                format!(
+                                    ", memory=default_memory(ctx, {}, {seed})",
+                                    py_str(&m.to_string())
+                                )
                             }
                             None => String::new(),
                         };

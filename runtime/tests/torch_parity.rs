@@ -43,7 +43,14 @@ fn python() -> Option<PathBuf> {
 /// A small target: 4 layers, d 32 (4 heads of 8, 2 KV heads), f 48, v 61.
 fn target() -> TargetConfig {
     let mut t = tiny::tiny_config();
-    for (k, v) in [("n", 4), ("d", 32), ("h", 4), ("hkv", 2), ("f", 48), ("v", 61)] {
+    for (k, v) in [
+        ("n", 4),
+        ("d", 32),
+        ("h", 4),
+        ("hkv", 2),
+        ("f", 48),
+        ("v", 61),
+    ] {
         t.ints.insert(k.into(), v);
     }
     t
@@ -78,7 +85,10 @@ impl Rng {
 type Named = (String, Vec<u64>, Vec<f32>);
 
 fn write(path: &Path, tensors: &[Named]) {
-    let decl: Vec<(String, Vec<u64>)> = tensors.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect();
+    let decl: Vec<(String, Vec<u64>)> = tensors
+        .iter()
+        .map(|(n, s, _)| (n.clone(), s.clone()))
+        .collect();
     let mut w = SafetensorsWriter::create(path, WeightDtype::F32, &decl, &BTreeMap::new()).unwrap();
     for (n, _, d) in tensors {
         w.write_tensor(n, d).unwrap();
@@ -112,16 +122,32 @@ fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
         match (&node.op, node.ty.dtype) {
             (Op::Input(InputSource::External), IrDType::U32) => {
                 let ids: Vec<u32> = (0..t).map(|_| (rng.next() % 61) as u32).collect();
-                dev.insert(node.name.clone(), DeviceTensor::upload_u32(&client, &ids, &[t]).unwrap());
-                dump.push((format!("input:{}", node.name), vec![1, t as u64], ids.iter().map(|&x| x as f32).collect()));
+                dev.insert(
+                    node.name.clone(),
+                    DeviceTensor::upload_u32(&client, &ids, &[t]).unwrap(),
+                );
+                dump.push((
+                    format!("input:{}", node.name),
+                    vec![1, t as u64],
+                    ids.iter().map(|&x| x as f32).collect(),
+                ));
             }
             (Op::Input(InputSource::TargetHidden { indices, .. }), _) => {
                 let k = indices.len();
                 let data: Vec<f32> = (0..t * k * d).map(|_| rng.f()).collect();
-                let shape: Vec<usize> = if k == 1 && node.ty.rank() == 2 { vec![t, d] } else { vec![t, k, d] };
-                dev.insert(node.name.clone(), DeviceTensor::upload_f32(&client, &data, &shape, DType::F32).unwrap());
+                let shape: Vec<usize> = if k == 1 && node.ty.rank() == 2 {
+                    vec![t, d]
+                } else {
+                    vec![t, k, d]
+                };
+                dev.insert(
+                    node.name.clone(),
+                    DeviceTensor::upload_f32(&client, &data, &shape, DType::F32).unwrap(),
+                );
                 for (j, idx) in indices.iter().enumerate() {
-                    let tap: Vec<f32> = (0..t).flat_map(|r| data[(r * k + j) * d..][..d].to_vec()).collect();
+                    let tap: Vec<f32> = (0..t)
+                        .flat_map(|r| data[(r * k + j) * d..][..d].to_vec())
+                        .collect();
                     dump.push((format!("hidden:{idx}"), vec![1, t as u64, d as u64], tap));
                 }
             }
@@ -130,7 +156,11 @@ fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
     }
     for m in &g.memories {
         let data: Vec<f32> = (0..t * d).map(|_| rng.f()).collect();
-        dump.push((format!("memory:{}", m.name), vec![1, t as u64, d as u64], data.clone()));
+        dump.push((
+            format!("memory:{}", m.name),
+            vec![1, t as u64, d as u64],
+            data.clone(),
+        ));
         step.memory.insert(
             m.name.to_string(),
             MemoryRows {
@@ -145,14 +175,28 @@ fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
     outs.extend(g.appends.iter().map(|(s, _)| s.to_string()));
     for out in outs {
         let x = got.get(&out).unwrap();
-        let shape: Vec<u64> = std::iter::once(1).chain(x.shape().iter().map(|&s| s as u64)).collect();
-        let key = if g.outputs.iter().any(|o| g.node(*o).name == out) { out.clone() } else { format!("append:{out}") };
-        dump.push((format!("expect:{key}"), shape, x.download_f32(&client).unwrap()));
+        let shape: Vec<u64> = std::iter::once(1)
+            .chain(x.shape().iter().map(|&s| s as u64))
+            .collect();
+        let key = if g.outputs.iter().any(|o| g.node(*o).name == out) {
+            out.clone()
+        } else {
+            format!("append:{out}")
+        };
+        dump.push((
+            format!("expect:{key}"),
+            shape,
+            x.download_f32(&client).unwrap(),
+        ));
     }
     for s in &specs {
         let (shape, data) = weights.get(&s.name).unwrap();
         let shape: Vec<u64> = shape.iter().map(|&x| x as u64).collect();
-        let key = if llama.params().iter().any(|p| p.name == s.name) { "target" } else { "param" };
+        let key = if llama.params().iter().any(|p| p.name == s.name) {
+            "target"
+        } else {
+            "param"
+        };
         dump.push((format!("{key}:{}", s.name), shape, data.clone()));
     }
     write(&dir.join(format!("{name}.safetensors")), &dump);
@@ -167,7 +211,11 @@ fn run_parity(py: &Path, dir: &Path, names: &[&str]) {
     let mut cmd = Command::new(py);
     cmd.arg(&script).arg(dir).args(names);
     let out = cmd.output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     println!("{text}");
     assert!(out.status.success(), "parity failed:\n{text}");
 }
@@ -199,6 +247,11 @@ fn parity_checker_catches_a_wrong_module() {
     assert_ne!(text, broken, "mutation did not apply");
     std::fs::write(&path, broken).unwrap();
     let script = tiny::repo().join("tools/train/draftc_train/parity.py");
-    let out = Command::new(py).arg(&script).arg(dir.path()).arg("medusa").output().unwrap();
+    let out = Command::new(py)
+        .arg(&script)
+        .arg(dir.path())
+        .arg("medusa")
+        .output()
+        .unwrap();
     assert!(!out.status.success(), "a broken module passed parity");
 }

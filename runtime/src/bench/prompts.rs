@@ -52,8 +52,8 @@ pub fn load_prompts(spec: &str) -> Result<Vec<String>, String> {
     } else {
         std::path::PathBuf::from(spec)
     };
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| format!("--prompts {}: {e}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| format!("--prompts {}: {e}", path.display()))?;
     let jsonl = path.extension().is_some_and(|e| e == "jsonl");
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
@@ -65,7 +65,11 @@ pub fn load_prompts(spec: &str) -> Result<Vec<String>, String> {
             let v: serde_json::Value = serde_json::from_str(line)
                 .map_err(|e| format!("{}:{}: {e}", path.display(), i + 1))?;
             let p = v.get("prompt").and_then(|p| p.as_str()).ok_or_else(|| {
-                format!("{}:{}: expected an object with a string `prompt`", path.display(), i + 1)
+                format!(
+                    "{}:{}: expected an object with a string `prompt`",
+                    path.display(),
+                    i + 1
+                )
             })?;
             out.push(p.to_string());
         } else {
@@ -73,7 +77,10 @@ pub fn load_prompts(spec: &str) -> Result<Vec<String>, String> {
         }
     }
     if out.is_empty() {
-        return Err(format!("--prompts {}: no prompts in the file", path.display()));
+        return Err(format!(
+            "--prompts {}: no prompts in the file",
+            path.display()
+        ));
     }
     Ok(out)
 }
@@ -82,7 +89,9 @@ pub fn load_prompts(spec: &str) -> Result<Vec<String>, String> {
 /// this binary was built from.
 fn mt_bench_path() -> Result<std::path::PathBuf, String> {
     let rel = std::path::Path::new("data/eval/mt-bench.jsonl");
-    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel);
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel);
     [rel.to_path_buf(), built]
         .into_iter()
         .find(|p| p.is_file())

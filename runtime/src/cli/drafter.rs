@@ -251,9 +251,13 @@ fn drafter_weights(
     let mut w = HostWeights::default();
     for s in own {
         let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
-        let data = f
-            .tensor_f32(&s.name, &shape)
-            .map_err(|e| format!("drafter weights {}: tensor `{}`: {e}", path.display(), s.name))?;
+        let data = f.tensor_f32(&s.name, &shape).map_err(|e| {
+            format!(
+                "drafter weights {}: tensor `{}`: {e}",
+                path.display(),
+                s.name
+            )
+        })?;
         let dims = shape.iter().map(|&d| d as usize).collect();
         w.tensors.insert(s.name.clone(), (dims, data));
     }

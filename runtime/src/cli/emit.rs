@@ -48,7 +48,10 @@ pub fn run(args: EmitArgs) -> ExitCode {
         return emit_torch(&args);
     }
     let Some(backend) = Backend::parse(&args.backend) else {
-        eprintln!("error: `--backend {}`: expected cuda, wgsl or torch", args.backend);
+        eprintln!(
+            "error: `--backend {}`: expected cuda, wgsl or torch",
+            args.backend
+        );
         return ExitCode::FAILURE;
     };
     let plan = match build_plan(&args.file, &args.options, !args.no_fuse) {

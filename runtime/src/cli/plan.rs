@@ -83,7 +83,10 @@ pub fn build_plan(file: &Path, options: &PlanOptions, fuse: bool) -> Result<Plan
 /// Compiles a model or drafter `file` against the `--target` preset (with
 /// `--set` overrides) and names the target's exported weights; presets are
 /// refused with a hint.
-pub fn compile_graph(file: &Path, options: &PlanOptions) -> Result<(Graph, TargetWeights), Reported> {
+pub fn compile_graph(
+    file: &Path,
+    options: &PlanOptions,
+) -> Result<(Graph, TargetWeights), Reported> {
     let sets = parse_sets(&options.sets)?;
     let (target, _) = load_target(&options.target, Some(file))?;
     let graph = match compile_file(file, &target, &sets)? {

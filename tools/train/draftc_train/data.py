@@ -1,0 +1,420 @@
+"""Training data: the target's greedy responses to ShareGPT prompts.
+
+    python -m draftc_train data --prompts 1500 --max-new-tokens 192 --batch 16
+
+Loads the converted target (``draftc fetch`` writes it to
+``$DRAFTC_CACHE/smollm2-135m-instruct/float32/``, default cache
+``~/.cache/draftc``) into transformers' ``LlamaForCausalLM``, renders each prompt
+with the ChatML template exactly as the Rust runtime does
+(``<|im_start|>system\\n{default_system}<|im_end|>\\n<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n``),
+encodes it with ``tokenizers`` (plain encode, no special tokens added), and
+decodes greedily until the EOS id (``<|im_end|>``) or ``--max-new-tokens``.
+
+Output: ``data/train/shards/`` (format in draftc_train.shards) and
+``data/train/MANIFEST.json``. The manifest is rewritten after every shard; a
+restart with the same settings skips the shards it lists (checked by sha256),
+so a killed run resumes. ``--prompts`` may be raised on a later run to extend.
+
+``--dtype``: ``bf16`` (default) runs the transformer body with bfloat16 weights
+and the tied LM head in float32 on the float32 embedding (so the argmax is not
+taken over coarse bf16 logits); ``f32`` runs everything in float32;
+``bf16-all`` also runs the head in bf16 (measured, not recommended).
+``--bench`` measures tokens/s and greedy divergence from f32 without writing data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from . import prompts as P
+from .progress import Progress
+from .shards import read_shard, sha256_file, shard_paths, write_shard
+
+MODEL_SUBDIR = Path("smollm2-135m-instruct") / "float32"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_OUT = REPO_ROOT / "data" / "train"
+PER_SHARD = 64
+FORMAT = "draftc-train-shards v1 (see tools/train/draftc_train/shards.py)"
+
+
+def default_model_dir() -> Path:
+    return P.cache_dir() / MODEL_SUBDIR
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- chat template (mirrors runtime/src/model/tokenizer.rs) ----------------
+
+
+def default_system_prompt(tokenizer_config: dict) -> str | None:
+    """The default system text of a ChatML template, extracted like the Rust
+    side: the text between ``'<|im_start|>system\\n`` and the next ``<|im_end|>``,
+    present only when the template inserts it for a non-system first message."""
+    t = tokenizer_config.get("chat_template")
+    if not isinstance(t, str):
+        raise ValueError("tokenizer_config.json has no chat_template")
+    chatml = ("'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'" in t
+              and "'<|im_start|>assistant\n'" in t)
+    if not chatml:
+        raise ValueError("unsupported chat template (only ChatML)")
+    if "messages[0]['role'] != 'system'" not in t:
+        return None
+    tag = "'<|im_start|>system\n"
+    start = t.find(tag)
+    if start < 0:
+        raise ValueError("chat template: default system turn not found")
+    start += len(tag)
+    end = t.find("<|im_end|>", start)
+    if end < 0:
+        raise ValueError("chat template: default system turn is not closed")
+    return t[start:end]
+
+
+def render_chat(prompt: str, default_system: str | None) -> str:
+    out = ""
+    if default_system is not None:
+        out += f"<|im_start|>system\n{default_system}<|im_end|>\n"
+    out += f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    return out
+
+
+# --- model -----------------------------------------------------------------
+
+
+class Target:
+    """The target model, tokenizer and template, loaded from a draftc model dir."""
+
+    def __init__(self, model_dir: Path, dtype: str = "bf16", threads: int = 2):
+        import torch
+        from safetensors.torch import load_file
+        from tokenizers import Tokenizer
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.set_num_threads(threads)
+        self.torch = torch
+        self.dir = Path(model_dir)
+        self.dtype = dtype
+        cfg = json.loads((self.dir / "config.json").read_text())
+        self.config_json = cfg
+        if cfg.get("model_type") != "llama":
+            raise ValueError(f"{self.dir}/config.json: model_type {cfg.get('model_type')!r}, expected llama")
+        # Build the config from the known fields only (draftc writes HF names).
+        known = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps",
+                 "tie_word_embeddings", "max_position_embeddings", "bos_token_id",
+                 "eos_token_id", "hidden_act", "head_dim")
+        self.config = LlamaConfig(**{k: cfg[k] for k in known if k in cfg},
+                                  attention_bias=False, mlp_bias=False, pretraining_tp=1,
+                                  rope_scaling=None, attn_implementation="sdpa")
+        state = load_file(str(self.dir / "model.safetensors"))
+        model = LlamaForCausalLM(self.config)
+        if "lm_head.weight" in state:
+            if not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
+                raise ValueError("lm_head.weight differs from embed_tokens: weights are not tied")
+            del state["lm_head.weight"]
+        if not self.config.tie_word_embeddings:
+            raise ValueError("config.json: tie_word_embeddings is false; SmolLM2 ties lm_head to embed_tokens")
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if m != "lm_head.weight"]
+        if missing or unexpected:
+            raise ValueError(f"state dict mismatch: missing {missing[:5]} unexpected {unexpected[:5]}")
+        model.tie_weights()
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "not tied"
+        self.head_f32 = model.model.embed_tokens.weight.detach().float().clone()
+        if dtype in ("bf16", "bf16-all"):
+            # Keep RoPE's inv_freq in f32 (.to() would round the buffer to bf16).
+            inv_freq = model.model.rotary_emb.inv_freq.clone()
+            model = model.to(torch.bfloat16)
+            model.model.rotary_emb.inv_freq = inv_freq
+        elif dtype != "f32":
+            raise ValueError(f"dtype {dtype!r}: expected bf16, bf16-all or f32")
+        model.eval()
+        self.model = model
+
+        self.tokenizer = Tokenizer.from_file(str(self.dir / "tokenizer.json"))
+        self.tokenizer_config = json.loads((self.dir / "tokenizer_config.json").read_text())
+        self.default_system = default_system_prompt(self.tokenizer_config)
+        im_end = self.tokenizer.token_to_id("<|im_end|>")
+        self.eos_ids = sorted({int(cfg["eos_token_id"]), im_end} - {None})
+        self.pad_id = int(cfg.get("bos_token_id", 0))
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        return self.tokenizer.encode(render_chat(prompt, self.default_system), add_special_tokens=False).ids
+
+    def _logits(self, h):
+        torch = self.torch
+        if self.dtype == "bf16-all":
+            return self.model.lm_head(h).float()
+        return h.float() @ self.head_f32.T
+
+    def greedy(self, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy continuations of the prompts in ``batch`` (left-padded,
+        finished rows dropped from the batch); each ends with an EOS id unless
+        it reached ``max_new_tokens``."""
+        torch = self.torch
+        from transformers import DynamicCache
+
+        B = len(batch)
+        L = max(len(p) for p in batch)
+        ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, L), dtype=torch.long)
+        for i, p in enumerate(batch):
+            ids[i, L - len(p):] = torch.tensor(p)
+            mask[i, L - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out: list[list[int]] = [[] for _ in range(B)]
+        rows = torch.arange(B)
+        eos = torch.tensor(self.eos_ids)
+        with torch.inference_mode():
+            o = self.model.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                 past_key_values=cache, use_cache=True)
+            nxt = self._logits(o.last_hidden_state[:, -1]).argmax(-1)
+            last_pos = pos[:, -1]
+            for step in range(max_new_tokens):
+                for r, t in zip(rows.tolist(), nxt.tolist()):
+                    out[r].append(t)
+                done = torch.isin(nxt, eos)
+                if step == max_new_tokens - 1 or bool(done.all()):
+                    break
+                if bool(done.any()):
+                    keep = (~done).nonzero().squeeze(-1)
+                    cache.batch_select_indices(keep)
+                    rows, nxt, mask, last_pos = rows[keep], nxt[keep], mask[keep], last_pos[keep]
+                mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype)], dim=1)
+                last_pos = last_pos + 1
+                o = self.model.model(input_ids=nxt[:, None], attention_mask=mask,
+                                     position_ids=last_pos[:, None], past_key_values=cache,
+                                     use_cache=True)
+                nxt = self._logits(o.last_hidden_state[:, -1]).argmax(-1)
+        return out
+
+
+# --- generation run --------------------------------------------------------
+
+
+def _run_key(gen: dict, source: dict) -> dict:
+    return {"source_wheel_sha256": source["wheel_sha256"], "selection_rules": source["selection_rules"],
+            "model_safetensors_sha256": gen["model_safetensors_sha256"],
+            "tokenizer_json_sha256": gen["tokenizer_json_sha256"], "dtype": gen["dtype"],
+            "max_new_tokens": gen["max_new_tokens"], "per_shard": PER_SHARD,
+            "default_system": gen["default_system"]}
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", "utf-8")
+    os.replace(tmp, path)
+
+
+def generate(args) -> int:
+    import torch
+    import transformers
+
+    t_start = time.time()
+    mdir = Path(args.model_dir or default_model_dir())
+    if not (mdir / "model.safetensors").is_file():
+        log(f"data: {mdir}/model.safetensors missing: run `draftc fetch` first")
+        return 1
+    target = Target(mdir, args.dtype, args.threads)
+    prompts, stats = P.training_prompts(target.tokenizer)
+    source = P.source_info()
+    n = min(args.prompts, len(prompts))
+    if n < args.prompts:
+        log(f"data: only {len(prompts)} prompts selected; generating {n}")
+    gen = {"model_dir": str(mdir), "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)",
+           "model_safetensors_sha256": sha256_file(mdir / "model.safetensors"),
+           "config_json_sha256": sha256_file(mdir / "config.json"),
+           "tokenizer_json_sha256": sha256_file(mdir / "tokenizer.json"),
+           "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "greedy": True,
+           "eos_ids": target.eos_ids, "default_system": target.default_system,
+           "chat_template": "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt",
+           "torch": torch.__version__, "transformers": transformers.__version__,
+           "threads": args.threads}
+    out = Path(args.out)
+    sdir = out / "shards"
+    sdir.mkdir(parents=True, exist_ok=True)
+    mpath = out / "MANIFEST.json"
+    key = _run_key(gen, source)
+    files: dict[str, str] = {}
+    done_shards: set[int] = set()
+    wall_before = 0.0
+    if mpath.is_file() and not args.overwrite:
+        old = json.loads(mpath.read_text())
+        if old.get("run_key") != key:
+            diff = [k for k in key if old.get("run_key", {}).get(k) != key[k]]
+            log(f"data: {mpath} was made with other settings ({', '.join(diff)}); "
+                "use --overwrite to start again")
+            return 1
+        files = dict(old["shards"]["files"])
+        wall_before = float(old.get("wall_time_s", 0.0))
+        for k in sorted({int(f.split("-")[1].split(".")[0]) for f in files}):
+            tp, ip = shard_paths(sdir, k)
+            if (tp.is_file() and ip.is_file() and files.get(tp.name) == sha256_file(tp)
+                    and files.get(ip.name) == sha256_file(ip)):
+                done_shards.add(k)
+            else:
+                files.pop(tp.name, None)
+                files.pop(ip.name, None)
+    elif args.overwrite:
+        for p in sdir.glob("shard-*"):
+            p.unlink()
+    n_shards = (n + PER_SHARD - 1) // PER_SHARD
+    # A full shard written by an earlier, smaller run may be short: redo it.
+    for k in list(done_shards):
+        _, index = read_shard(sdir, k)
+        want = min(PER_SHARD, n - k * PER_SHARD) if k < n_shards else index.shape[0]
+        if index.shape[0] < want:
+            done_shards.discard(k)
+    todo = [k for k in range(n_shards) if k not in done_shards]
+    total_records = sum(min(PER_SHARD, n - k * PER_SHARD) for k in todo)
+    log(f"data: {n} prompts -> {n_shards} shards; {len(done_shards & set(range(n_shards)))} already written, "
+        f"{total_records} records to generate (dtype {args.dtype}, batch {args.batch}, "
+        f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
+
+    def manifest(status: str, wall: float) -> dict:
+        counts = {"records": 0, "prompt_tokens": 0, "response_tokens": 0, "ended_with_eos": 0,
+                  "hit_max_new_tokens": 0}
+        for k in sorted(done_shards):
+            tokens, index = read_shard(sdir, k)
+            for off, pl, rl, _ in index.tolist():
+                counts["records"] += 1
+                counts["prompt_tokens"] += pl
+                counts["response_tokens"] += rl
+                last = int(tokens[off + pl + rl - 1]) if rl else -1
+                if last in target.eos_ids:
+                    counts["ended_with_eos"] += 1
+                else:
+                    counts["hit_max_new_tokens"] += 1
+        return {
+            "format": FORMAT,
+            "status": status,
+            "how_made": "python -m draftc_train data " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["data"] else sys.argv[1:]),
+            "source": source,
+            "prompt_selection": stats,
+            "eval_overlap": {"eval_set": "data/eval/mt-bench.jsonl (never used for training)",
+                             "sharegpt_first_turns_equal_to_eval": stats.get("eval_equal"),
+                             "sharegpt_first_turns_containing_eval": stats.get("eval_contains"),
+                             "in_training_selection": 0},
+            "generator": gen,
+            "run_key": key,
+            "prompts_requested": n,
+            "counts": counts,
+            "shards": {"dir": "shards", "per_shard": PER_SHARD, "count": len(done_shards),
+                       "files": dict(sorted(files.items()))},
+            "wall_time_s": round(wall, 1),
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+
+    prog = Progress(total_records, "data", unit="rec")
+    new_tokens = 0
+    t_run = time.time()
+    for k in todo:
+        lo, hi = k * PER_SHARD, min(n, (k + 1) * PER_SHARD)
+        items = [(i, target.encode_prompt(prompts[i]["prompt"])) for i in range(lo, hi)]
+        # Group by prompt length to limit padding; restore order afterwards.
+        order = sorted(range(len(items)), key=lambda j: len(items[j][1]))
+        responses: dict[int, list[int]] = {}
+        for b in range(0, len(order), args.batch):
+            chunk = order[b: b + args.batch]
+            outs = target.greedy([items[j][1] for j in chunk], args.max_new_tokens)
+            for j, r in zip(chunk, outs):
+                responses[j] = r
+                new_tokens += len(r)
+            el = time.time() - t_run
+            prog.update(len(chunk), shard=k, tok_s=new_tokens / el if el > 0 else 0.0)
+        recs = [(items[j][1], responses[j], items[j][0]) for j in range(len(items))]
+        files.update(write_shard(sdir, k, recs))
+        done_shards.add(k)
+        _write_json_atomic(mpath, manifest("partial", wall_before + time.time() - t_start))
+    prog.close()
+    # Drop shards beyond n from the record (when a smaller n is requested they stay on disk only
+    # if listed; keep everything listed so a larger earlier run is not lost).
+    m = manifest("complete" if all(k in done_shards for k in range(n_shards)) else "partial",
+                 wall_before + time.time() - t_start)
+    _write_json_atomic(mpath, m)
+    el = time.time() - t_run
+    log(f"data: done; {m['counts']['records']} records, {m['counts']['response_tokens']} response tokens; "
+        f"this run {new_tokens} tokens in {el:.0f}s ({new_tokens / el if el else 0:.1f} tok/s)")
+    return 0
+
+
+# --- benchmark / divergence ------------------------------------------------
+
+
+def bench(args) -> int:
+    """Tokens/s per dtype and batch, and greedy divergence of bf16 from f32."""
+    mdir = Path(args.model_dir or default_model_dir())
+    import torch
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(mdir / "tokenizer.json"))
+    prompts, _ = P.training_prompts(tok)
+    sample = [p["prompt"] for p in prompts[: args.bench_prompts]]
+    results = {}
+    ref = None
+    for dtype in args.bench_dtypes.split(","):
+        t = Target(mdir, dtype, args.threads)
+        enc = [t.encode_prompt(s) for s in sample]
+        # unbatched greedy (the reference form) for divergence
+        t0 = time.time()
+        single = [t.greedy([e], args.max_new_tokens)[0] for e in enc]
+        dt1 = time.time() - t0
+        ntok1 = sum(len(r) for r in single)
+        t0 = time.time()
+        batched = []
+        for b in range(0, len(enc), args.batch):
+            batched += t.greedy(enc[b: b + args.batch], args.max_new_tokens)
+        dtb = time.time() - t0
+        ntokb = sum(len(r) for r in batched)
+        res = {"tok_s_batch1": round(ntok1 / dt1, 1), f"tok_s_batch{args.batch}": round(ntokb / dtb, 1),
+               "tokens": ntok1}
+
+        def div(a, b):
+            same = sum(1 for x, y in zip(a, b) if x == y and x == y)
+            first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            return first if first is not None else (None if len(a) == len(b) else min(len(a), len(b)))
+
+        res["batched_vs_single_first_diff"] = [div(a, b) for a, b in zip(single, batched)]
+        if ref is None:
+            ref = single
+            ref_dtype = dtype
+        else:
+            res[f"vs_{ref_dtype}_first_diff"] = [div(a, b) for a, b in zip(ref, single)]
+            res[f"vs_{ref_dtype}_identical"] = sum(1 for a, b in zip(ref, single) if a == b)
+        results[dtype] = res
+        log(f"bench {dtype}: {json.dumps(res)}")
+        del t
+    print(json.dumps({"prompts": len(sample), "max_new_tokens": args.max_new_tokens,
+                      "threads": args.threads, "results": results}, indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m draftc_train data", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=1500, help="number of training prompts (first N of the shuffled selection)")
+    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--dtype", choices=("bf16", "f32", "bf16-all"), default="bf16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model-dir", type=Path, default=None, help="default: $DRAFTC_CACHE/" + str(MODEL_SUBDIR))
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: data/train")
+    ap.add_argument("--overwrite", action="store_true", help="discard existing shards made with other settings")
+    ap.add_argument("--bench", action="store_true", help="measure tokens/s and bf16-vs-f32 divergence; write nothing")
+    ap.add_argument("--bench-prompts", type=int, default=8)
+    ap.add_argument("--bench-dtypes", default="f32,bf16,bf16-all")
+    args = ap.parse_args(argv)
+    if args.bench:
+        return bench(args)
+    return generate(args)
