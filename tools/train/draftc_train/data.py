@@ -1,6 +1,6 @@
 """Training data: the target's greedy responses to ShareGPT prompts.
 
-    python -m draftc_train data --prompts 1500 --max-new-tokens 192 --batch 16
+    python -m draftc_train data --prompts 1500 --max-new-tokens 128 --batch 16
 
 Loads the converted target (``draftc fetch`` writes it to
 ``$DRAFTC_CACHE/smollm2-135m-instruct/float32/``, default cache
@@ -300,7 +300,8 @@ def generate(args) -> int:
         return {
             "format": FORMAT,
             "status": status,
-            "how_made": "python -m draftc_train data " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["data"] else sys.argv[1:]),
+            "how_made": (f"python -m draftc_train data --prompts {n} --max-new-tokens {args.max_new_tokens} "
+                         f"--batch {args.batch} --dtype {args.dtype} --threads {args.threads}"),
             "source": source,
             "prompt_selection": stats,
             "eval_overlap": {"eval_set": "data/eval/mt-bench.jsonl (never used for training)",
@@ -317,6 +318,9 @@ def generate(args) -> int:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
 
+    if not todo and mpath.is_file() and not args.overwrite:
+        log(f"data: nothing to do; {mpath} is up to date")
+        return 0
     prog = Progress(total_records, "data", unit="rec")
     new_tokens = 0
     t_run = time.time()
@@ -381,8 +385,7 @@ def bench(args) -> int:
         res = {"tok_s_batch1": round(ntok1 / dt1, 1), f"tok_s_batch{args.batch}": round(ntokb / dtb, 1),
                "tokens": ntok1}
 
-        def div(a, b):
-            same = sum(1 for x, y in zip(a, b) if x == y and x == y)
+        def div(a, b):  # index of the first differing token, None when identical
             first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
             return first if first is not None else (None if len(a) == len(b) else min(len(a), len(b)))
 
@@ -404,7 +407,7 @@ def bench(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m draftc_train data", description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=1500, help="number of training prompts (first N of the shuffled selection)")
-    ap.add_argument("--max-new-tokens", type=int, default=192)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--dtype", choices=("bf16", "f32", "bf16-all"), default="bf16")
     ap.add_argument("--threads", type=int, default=2)

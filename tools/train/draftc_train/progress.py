@@ -53,6 +53,7 @@ class Progress:
         self._window: list[tuple[float, int]] = [(self.t0, initial)]
         self._closed = False
         self._line_len = 0
+        self._printed_n: int | None = None
 
     def update(self, n: int = 1, **fields) -> None:
         self.n += n
@@ -98,6 +99,7 @@ class Progress:
 
     def _emit(self, now: float, final: bool = False) -> None:
         self.last_print = now
+        self._printed_n = self.n
         text = self.line(now)
         if self.tty:
             pad = max(0, self._line_len - len(text))
@@ -111,7 +113,8 @@ class Progress:
         if self._closed:
             return
         self._closed = True
-        self._emit(time.monotonic(), final=True)
+        if self.tty or self.n != self._printed_n:
+            self._emit(time.monotonic(), final=True)
 
     def __enter__(self):
         return self
