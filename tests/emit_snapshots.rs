@@ -168,3 +168,29 @@ fn emitted_cuda_compiles_with_nvrtc() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `draftc emit --backend torch`: the PyTorch training module of every
+/// model with weights of its own (self-speculation has none and is
+/// refused), as `snapshots/torch/<model>.snap`. A diff means the graph or
+/// the emitter changed what training computes: review it like code.
+#[test]
+fn torch_module_of_every_trainable_model() {
+    let llama = compile_model("llama");
+    let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(repo().join("snapshots/torch"));
+    settings.set_prepend_module_to_snapshot(false);
+    settings.bind(|| {
+        for name in graph_models() {
+            let graph = compile_model(&name);
+            match draftc_codegen::torch::torch_module(&graph, &target) {
+                Ok(text) => insta::assert_snapshot!(name.clone(), text),
+                Err(e) => assert!(
+                    graph.meta.drafter_kind
+                        == Some(draftc_ir::graph::DrafterKind::SelfSpeculative),
+                    "{name}: {e}"
+                ),
+            }
+        }
+    });
+}

@@ -149,11 +149,6 @@ def sdpa(q, k, v, vis):
     return o * any_key[:, None, :, :].to(o.dtype)
 
 
-def heads(x, n, hd):
-    # [B, T, n*hd] -> [B, n, T, hd]
-    return x.reshape(x.shape[0], x.shape[1], n, hd).transpose(1, 2)
-
-
 def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None):
     """Sequence-axis attention with q/k/v/o projections `w` (a dict of
     weights). Keys come from `kv_src` at the query positions (self or `kv=`),

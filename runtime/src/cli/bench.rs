@@ -112,7 +112,10 @@ pub const DEFAULT_DRAFTERS: [&str; 4] = [
 pub fn run(args: BenchArgs) -> ExitCode {
     let got = match &args.which {
         BenchKind::Decode(a) => with_backend(&a.common, |c, m, p| decode(c, m, p, a)),
-        BenchKind::Spec(a) => with_backend(&a.common, |c, m, p| spec(c, m, p, a)),
+        // Prompts are read before the model is loaded: a bad --prompts fails fast.
+        BenchKind::Spec(a) => crate::bench::prompts::load_prompts(&a.prompts).and_then(|prompts| {
+            with_backend(&a.common, |c, m, p| spec(c, m, p, a, prompts.clone()))
+        }),
     };
     match got {
         Ok(()) => ExitCode::SUCCESS,
@@ -226,6 +229,7 @@ fn spec(
     model: &ConvertedModel,
     progress: &Progress,
     args: &SpecArgs,
+    prompts: Vec<String>,
 ) -> Result<(), String> {
     let names: Vec<String> = if args.drafters.is_empty() {
         DEFAULT_DRAFTERS.iter().map(|s| s.to_string()).collect()
@@ -253,7 +257,7 @@ fn spec(
         budgets: args.budget.clone(),
         max_tokens: args.max_tokens,
         dtype: dtype(&args.common),
-        prompts: crate::bench::prompts::load_prompts(&args.prompts)?,
+        prompts,
     };
     let report = client.spec(model, &cfg, progress)?;
     print!("{}", report.table());

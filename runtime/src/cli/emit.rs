@@ -26,7 +26,6 @@ use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilo
 use draftc_ops::{DType, OpsError};
 
 use super::plan::{build_plan, compile_graph, PlanOptions};
-use super::source::Reported;
 
 #[derive(Args)]
 pub struct EmitArgs {
@@ -44,38 +43,26 @@ pub struct EmitArgs {
 }
 
 pub fn run(args: EmitArgs) -> ExitCode {
-    if args.backend == "torch" {
-        return emit_torch(&args);
-    }
-    let Some(backend) = Backend::parse(&args.backend) else {
-        eprintln!(
-            "error: `--backend {}`: expected cuda, wgsl or torch",
-            args.backend
-        );
-        return ExitCode::FAILURE;
+    let text = if args.backend == "torch" {
+        // The graph (not the plan) as a PyTorch module.
+        let Ok((graph, target)) = compile_graph(&args.file, &args.options) else {
+            return ExitCode::FAILURE;
+        };
+        draftc_codegen::torch::torch_module(&graph, &target).map_err(|e| e.to_string())
+    } else {
+        let Some(backend) = Backend::parse(&args.backend) else {
+            eprintln!(
+                "error: `--backend {}`: expected cuda or wgsl (kernel source) or torch (training module)",
+                args.backend
+            );
+            return ExitCode::FAILURE;
+        };
+        let Ok(plan) = build_plan(&args.file, &args.options, !args.no_fuse) else {
+            return ExitCode::FAILURE;
+        };
+        emit(&plan, backend).map_err(|e| e.to_string())
     };
-    let plan = match build_plan(&args.file, &args.options, !args.no_fuse) {
-        Ok(plan) => plan,
-        Err(Reported) => return ExitCode::FAILURE,
-    };
-    match emit(&plan, backend) {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("error: {}: {e}", args.file.display());
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// `--backend torch`: the graph (not the plan) as a PyTorch module.
-fn emit_torch(args: &EmitArgs) -> ExitCode {
-    let Ok((graph, target)) = compile_graph(&args.file, &args.options) else {
-        return ExitCode::FAILURE;
-    };
-    match draftc_codegen::torch::torch_module(&graph, &target) {
+    match text {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

@@ -30,9 +30,14 @@ impl Resolver for ModelsDir {
     }
 }
 
-pub fn tiny_config() -> TargetConfig {
+/// The default target preset as it ships (SmolLM2-135M).
+pub fn smollm2_config() -> TargetConfig {
     let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
-    let mut cfg = draftc_ir::parse_preset(&src).unwrap();
+    draftc_ir::parse_preset(&src).unwrap()
+}
+
+pub fn tiny_config() -> TargetConfig {
+    let mut cfg = smollm2_config();
     for (k, v) in [
         ("n", 2),
         ("d", 32),
@@ -124,4 +129,22 @@ pub fn reference(t: &mut TargetModel<Wgpu>, b: usize) -> Vec<Vec<u32>> {
     generate(t, &prompts(b), MAX, &Sampling::GREEDY, None, &mut |_, _| {})
         .unwrap()
         .tokens
+}
+
+/// Deterministic pseudo-random numbers for test inputs (an LCG).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+
+    /// Uniform in [-1, 1] on a grid of 1e-4.
+    pub fn f(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
 }
