@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from .data import default_model_dir
+
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -45,7 +47,8 @@ def load(draft, sets=None):
     """Emits `draft` and imports it; returns the Python module (with `Model`,
     `PARAMS`, `INPUTS`, `MEMORIES`, `EXPORTS`, …)."""
     text = emit(draft, sets)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    full = hashlib.sha256(text.encode()).hexdigest()
+    digest = full[:16]
     out = REPO / "target/train/emitted"
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{Path(draft).stem}-{digest}.py"
@@ -55,26 +58,30 @@ def load(draft, sets=None):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
-    mod.SOURCE_SHA256 = hashlib.sha256(text.encode()).hexdigest()
+    mod.SOURCE_SHA256 = full
     mod.SOURCE_PATH = str(path)
     return mod
 
 
 def model_dir():
-    cache = os.environ.get("DRAFTC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "draftc")
-    d = Path(cache) / "smollm2-135m-instruct" / "float32"
+    d = default_model_dir()
     if not (d / "model.safetensors").is_file():
         raise SystemExit(f"{d}/model.safetensors not found: run `draftc fetch` first")
     return d
 
 
+def load_target_tensors():
+    """The converted target's tensors (f32), by name."""
+    return load_file(str(model_dir() / "model.safetensors"))
+
+
 class TargetModel:
     """The target through the module emitted from models/llama.draft."""
 
-    def __init__(self, dtype=torch.float32):
+    def __init__(self, tensors=None):
         self.dir = model_dir()
         self.mod = load(REPO / "models/llama.draft")
-        self.tensors = load_file(str(self.dir / "model.safetensors"))
+        self.tensors = tensors if tensors is not None else load_target_tensors()
         self.net = self.mod.Model()
         missing, unexpected = self.net.load_state_dict(
             {k: v for k, v in self.tensors.items() if k in dict(self.net.named_parameters())}, strict=False
@@ -84,12 +91,6 @@ class TargetModel:
         self.net.requires_grad_(False)
         self.net.eval()
         self.config = json.loads((self.dir / "config.json").read_text())
-        self.n = len([k for k in self.tensors if k.endswith("input_layernorm.weight")])
-        self.weights_sha256 = sha256_file(self.dir / "model.safetensors")
-
-    def drafter_target(self, drafter_mod, dtype=torch.float32):
-        """The `Target` (embed, final norm, LM head) a drafter module reads."""
-        return drafter_mod.Target.from_tensors(self.tensors, drafter_mod.EXPORTS, drafter_mod.EPS, dtype=dtype)
 
     @torch.no_grad()
     def hidden(self, ids, valid, taps):
@@ -99,11 +100,3 @@ class TargetModel:
         ctx = self.mod.Ctx(pos, valid=valid)
         out = self.net({"ids": ids}, None, ctx)
         return {i: out[f"hidden[{i}]"] for i in taps}
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -49,6 +49,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .shards import sha256_file
+
 # --- sources ---------------------------------------------------------------
 
 
@@ -101,14 +103,6 @@ def cache_dir() -> Path:
     if env:
         return Path(env)
     return Path.home() / ".cache" / "draftc"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def log(msg: str) -> None:

@@ -25,6 +25,7 @@ autocast on CPU, checkpoints every --ckpt-every steps (resume with
 """
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -35,13 +36,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from . import emitted, shards
 from .progress import Progress
 from .svg import line_plot
 
 REPO = emitted.REPO
+# The output every learned drafter binds (its next-token logits).
+OUT = "logits"
 
 RECIPES = {
     "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
@@ -62,14 +65,18 @@ def load_sequences(max_len, limit=None):
     return seqs
 
 
-def feature_cache(seqs, taps, max_len):
+def feature_cache(seqs, taps, max_len, tgt_tensors):
     """Target hidden states HS[i], i in `taps`, for every sequence (f16),
     computed once with the emitted target module and kept on disk."""
-    key = f"n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}"
+    h = hashlib.sha256()
+    for x, plen in seqs:
+        h.update(x.numpy().tobytes())
+        h.update(plen.to_bytes(4, "little"))
+    key = f"n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}-{h.hexdigest()[:12]}"
     path = REPO / "target/train/features" / f"{key}.pt"
     if path.exists():
         return torch.load(path)
-    tgt = emitted.TargetModel()
+    tgt = emitted.TargetModel(tgt_tensors)
     out = [dict() for _ in seqs]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     prog = Progress(len(seqs), "target hidden states", unit="seq")
@@ -202,9 +209,6 @@ def beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, step_fra
     return total, stats
 
 
-OUT = "logits"
-
-
 def lr_at(step, total, r):
     if step < r["warmup"]:
         return r["lr"] * (step + 1) / r["warmup"]
@@ -247,12 +251,11 @@ def main(argv):
     train_idx = list(range(len(seqs) - n_val))
     val_idx = list(range(len(seqs) - n_val, len(seqs)))
     taps = taps_of(mod)
-    feats = feature_cache(seqs, taps, args.max_len)
-    tgt_tensors = load_file(str(emitted.model_dir() / "model.safetensors"))
+    tgt_tensors = emitted.load_target_tensors()
+    feats = feature_cache(seqs, taps, args.max_len, tgt_tensors)
     target, lm_head = make_target(mod, tgt_tensors)
 
     net = mod.Model()
-    own = dict(net.named_parameters())
     opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
     step, log = 0, []
     ckpt = work / "ckpt.pt"
@@ -307,7 +310,7 @@ def main(argv):
             os.replace(work / "ckpt.tmp", ckpt)
             plot(work, args.drafter, log)
     prog.close()
-    export(args, mod, net, own, log, len(seqs), len(train_idx), taps)
+    export(args, mod, net, log, len(seqs), len(train_idx), taps)
 
 
 def plot(work, name, log):
@@ -318,7 +321,7 @@ def plot(work, name, log):
     line_plot(work / "loss.svg", f"{name}: training loss", series, "step", "loss")
 
 
-def export(args, mod, net, own, log, n_seqs, n_train, taps):
+def export(args, mod, net, log, n_seqs, n_train, taps):
     out = REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in net.state_dict().items()}
@@ -335,7 +338,7 @@ def export(args, mod, net, own, log, n_seqs, n_train, taps):
         description=f"models/{args.drafter}.draft",
         module_sha256=mod.SOURCE_SHA256,
         weights=path.name,
-        weights_sha256=emitted.sha256_file(path),
+        weights_sha256=shards.sha256_file(path),
         dtype="float16",
         parameters=sum(v.numel() for v in tensors.values()),
         data=dict(shards="data/train/shards (see data/train/MANIFEST.json)", sequences=n_seqs, train_sequences=n_train,
