@@ -279,9 +279,8 @@ def main(argv):
                 return parallel_loss(mod, net, target, lm_head, ids, valid, resp, hidden, w, r.get("rows") if train else None)
             return beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, frac, train)
 
-    prog = Progress(args.steps, f"train {args.drafter}", unit="step")
-    prog.update(step)
-    while step < args.steps and not args.export_only:
+    prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
+    while step < args.steps and prog is not None:
         lr = lr_at(step, args.steps, r)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -309,7 +308,8 @@ def main(argv):
             )
             os.replace(work / "ckpt.tmp", ckpt)
             plot(work, args.drafter, log)
-    prog.close()
+    if prog is not None:
+        prog.close()
     export(args, mod, net, log, len(seqs), len(train_idx), taps)
 
 
@@ -349,7 +349,8 @@ def export(args, mod, net, log, n_seqs, n_train, taps):
         device=f"CPU, {args.threads} threads, torch {torch.__version__}, bf16 autocast",
         final=dict(train_loss=last.get("loss"), **{k: v for k, v in (val[-1] if val else {}).items() if k.startswith("val_")}),
         loss_curve=plot_path.name,
-        held_out_tau="see docs/bench/ (draftc bench spec --prompts mt-bench)",
+        held_out_tau=None,
+        held_out_tau_note="not measured yet: `draftc bench spec --prompts mt-bench`, then `python -m draftc_train record-tau`",
     )
     (out / f"{args.drafter}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {args.drafter}.json", flush=True)

@@ -1,0 +1,51 @@
+"""`python -m draftc_train record-tau SPEC_JSON --command "..."`
+
+Copies what `draftc bench spec` measured for each shipped drafter (τ,
+acceptance by depth, k, tokens/s, speedup, lossless, batch, budget) from its
+JSON report into `models/weights/<drafter>.json` under `held_out_tau`,
+with the command that produced it, so a manifest's τ always names its
+measurement. Only reports run on held-out prompts (`--prompts mt-bench`
+or a file outside the training data) belong here; the command is recorded
+so that a reader can check.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+from .emitted import REPO
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(prog="python -m draftc_train record-tau")
+    ap.add_argument("report", type=Path, help="spec.json written by `draftc bench spec`")
+    ap.add_argument("--command", required=True, help="the draftc command that wrote the report")
+    args = ap.parse_args(argv)
+    if "--prompts" not in args.command:
+        raise SystemExit("the command has no --prompts: τ on the built-in prompts is not a held-out result")
+    report = json.loads(args.report.read_text())
+    done = 0
+    for path in sorted((REPO / "models/weights").glob("*.json")):
+        manifest = json.loads(path.read_text())
+        points = [
+            p for p in report["points"]
+            if Path(p["drafter"]).stem == manifest["drafter"] and p["weights"] != "target"
+        ]
+        if not points:
+            continue
+        manifest["held_out_tau"] = dict(
+            command=args.command,
+            device=report.get("device"),
+            max_tokens=report.get("max_tokens"),
+            points=[
+                {k: p[k] for k in ("batch", "budget", "tau", "k", "kappa", "tokens_per_s",
+                                   "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")}
+                for p in points
+            ],
+        )
+        manifest.pop("held_out_tau_note", None)
+        path.write_text(json.dumps(manifest, indent=2) + "\n")
+        print(f"{path.name}: recorded {len(points)} point(s)")
+        done += 1
+    if not done:
+        raise SystemExit("no shipped drafter appears in the report")
