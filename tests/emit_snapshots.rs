@@ -186,8 +186,7 @@ fn torch_module_of_every_trainable_model() {
             match draftc_codegen::torch::torch_module(&graph, &target) {
                 Ok(text) => insta::assert_snapshot!(name.clone(), text),
                 Err(e) => assert!(
-                    graph.meta.drafter_kind
-                        == Some(draftc_ir::graph::DrafterKind::SelfSpeculative),
+                    graph.meta.drafter_kind == Some(draftc_ir::graph::DrafterKind::SelfSpeculative),
                     "{name}: {e}"
                 ),
             }
