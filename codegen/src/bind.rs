@@ -7,7 +7,9 @@
 //!
 //! Target-owned weights (`target.embed` / `target.norm` / `target.lm_head`,
 //! and everything of a self-speculative drafter) are already named after the
-//! target's tensors by `lower`, through the target model's exports.
+//! target's tensors by `lower`, through the target model's exports. A
+//! drafter with a reduced draft vocabulary reads [`DRAFT_VOCAB_HEAD`]
+//! instead of the whole LM head.
 //!
 //! Limits: dtype conversion is not planned here — the expected dtype is the
 //! plan's compute dtype; an executor that converts on load should pass the
@@ -19,6 +21,16 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::plan::{Plan, PlanDType};
+
+/// The rows of the target's LM head a drafter with a reduced draft
+/// vocabulary (`draft_vocab N`) reads: `[N, d]`, gathered by the runtime
+/// from the target's head in the order of [`DRAFT_VOCAB_IDS`]. Never stored
+/// in a weights file.
+pub const DRAFT_VOCAB_HEAD: &str = "draft_vocab.lm_head";
+
+/// The target token ids of a reduced draft vocabulary, `[N]` integers in a
+/// drafter's weights file: draft id `i` is target id `ids[i]`.
+pub const DRAFT_VOCAB_IDS: &str = "draft_vocab.ids";
 
 /// One tensor the plan needs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -158,6 +158,11 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// The size of the drafter's reduced draft vocabulary, if it has one.
+    fn reduced_vocab(&self) -> Option<i64> {
+        self.g.meta.reduced_vocab(self.target.vocab)
+    }
+
     fn header(&mut self) {
         let g = self.g;
         let kind = g.meta.drafter_kind.map_or("model", |k| k.name());
@@ -194,6 +199,12 @@ impl<'a> Emitter<'a> {
             )
         );
         let _ = writeln!(self.out, "EPS = {:?}", self.target.eps.get());
+        let _ = writeln!(
+            self.out,
+            "DRAFT_VOCAB = {}",
+            self.reduced_vocab()
+                .map_or("None".to_string(), |n| n.to_string())
+        );
         let exports: Vec<String> = self
             .target
             .exports
@@ -254,8 +265,16 @@ impl<'a> Emitter<'a> {
     fn body(&mut self) -> Result<(), TorchError> {
         let g = self.g;
         self.out.push_str(
-            "class Model(Params):\n    def __init__(self):\n        super().__init__()\n        for name, shape, init in PARAMS:\n            self.add(name, shape, INITS[init])\n\n",
+            "class Model(Params):\n    def __init__(self):\n        super().__init__()\n        for name, shape, init in PARAMS:\n            self.add(name, shape, INITS[init])\n",
         );
+        if self.reduced_vocab().is_some() {
+            let _ = writeln!(
+                self.out,
+                "        # The reduced draft vocabulary: draft id i is target id ids[i].\n        self.add_ids({}, DRAFT_VOCAB)",
+                py_str(crate::bind::DRAFT_VOCAB_IDS)
+            );
+        }
+        self.out.push('\n');
         self.out.push_str(
             "    def forward(self, inputs, target, ctx):\n        \"\"\"inputs: graph inputs by name ([B, T] token ids); target: `Target`;\n        ctx: `Ctx`. Returns outputs, emits (`stream[i]`) and appends (`append:NAME`).\"\"\"\n        P = self.get_parameter\n        B, t = ctx.positions.shape\n        out = {}\n",
         );
@@ -422,6 +441,11 @@ impl<'a> Emitter<'a> {
             Op::Embedding { .. } => format!("F.embedding({}, {})", a(0), self.w(id, "weight")),
             Op::TargetEmbed => format!("F.embedding({}, target.embed)", a(0)),
             Op::TargetNorm => format!("rms_norm({}, target.final_norm, target.eps)", a(0)),
+            Op::TargetLmHead if self.reduced_vocab().is_some() => format!(
+                "target.head({}, self.get_buffer({}))",
+                a(0),
+                py_str(crate::bind::DRAFT_VOCAB_IDS)
+            ),
             Op::TargetLmHead => format!("target.head({})", a(0)),
             Op::Reshape { shape } => {
                 let dims: Vec<String> = shape.iter().map(|d| self.dim(d)).collect();

@@ -13,8 +13,7 @@ from torch import nn
 
 class Target:
     """The target model's tensors a drafter reads (`target.embed`,
-    `target.norm`, `target.lm_head`), frozen. `lm_head` may be a reduced
-    vocabulary's rows (see `Target.restrict`)."""
+    `target.norm`, `target.lm_head`), frozen."""
 
     def __init__(self, embed, final_norm, lm_head, eps):
         self.embed = embed
@@ -33,11 +32,12 @@ class Target:
 
         return Target(get("embed"), get("final_norm"), get("lm_head"), eps)
 
-    def head(self, x):
-        """`target.lm_head(x)`. A trainer may override it (return `x`, the
-        features, and apply the head to the rows it scores: paper 000 computes
-        the LM-head loss one position at a time to save memory)."""
-        return F.linear(x, self.lm_head)
+    def head(self, x, rows=None):
+        """`target.lm_head(x)`; over the head's `rows` only for a drafter with
+        a reduced draft vocabulary. A trainer may override it (return `x`,
+        the features, and apply the head to the rows it scores: paper 000
+        computes the LM-head loss one position at a time to save memory)."""
+        return F.linear(x, self.lm_head if rows is None else self.lm_head[rows])
 
 
 class Ctx:
@@ -226,14 +226,25 @@ class Params(nn.Module):
     """Registers parameters under their dotted binder names, so
     `state_dict()` keys are exactly the safetensors names draftc binds."""
 
-    def add(self, name, shape, init):
+    def _owner(self, name):
+        """The submodule that holds dotted `name`, and its last part."""
         parts = name.split(".")
         mod = self
         for p in parts[:-1]:
             if not hasattr(mod, p) or not isinstance(getattr(mod, p), nn.Module):
                 mod.add_module(p, nn.Module())
             mod = getattr(mod, p)
+        return mod, parts[-1]
+
+    def add(self, name, shape, init):
         t = torch.empty(shape)
         init(t)
-        mod.register_parameter(parts[-1], nn.Parameter(t))
+        mod, leaf = self._owner(name)
+        mod.register_parameter(leaf, nn.Parameter(t))
+
+    def add_ids(self, name, n):
+        """A reduced draft vocabulary's target ids (a buffer saved with the
+        weights; training sets it, draftc maps draft ids back through it)."""
+        mod, leaf = self._owner(name)
+        mod.register_buffer(leaf, torch.arange(n, dtype=torch.long))
 

@@ -103,10 +103,24 @@ pub struct Meta {
     /// Self-speculation: the model the drafter is built from and the mask it uses.
     pub base: Option<String>,
     pub base_mask: Option<Mask>,
+    /// `draft_vocab N`: the drafter predicts over a subset of at most `N`
+    /// target tokens (the rows `draft_vocab.ids` of its weights file select
+    /// from the target's LM head). See [`Meta::reduced_vocab`].
+    pub draft_vocab: Option<i64>,
     /// Model files: tensor prefixes that `target.embed`/`target.norm`/`target.lm_head` bind to.
     pub exports: BTreeMap<String, String>,
     /// Integer settings of the file itself (e.g. `w 64`), in source order of keys.
     pub ints: BTreeMap<String, i64>,
+}
+
+impl Meta {
+    /// The size of the reduced draft vocabulary against a target vocabulary
+    /// of `vocab` tokens: `Some(N)` when `draft_vocab N` asks for fewer
+    /// tokens than the target has, `None` when the drafter predicts over
+    /// the whole vocabulary.
+    pub fn reduced_vocab(&self, vocab: i64) -> Option<i64> {
+        self.draft_vocab.filter(|&n| n < vocab)
+    }
 }
 
 /// A memory stream (`memory mem[0] = target.hidden[28]`): rows of width

@@ -33,6 +33,9 @@ fn header(g: &Graph) -> String {
     if let Some(t) = &m.tree {
         let _ = writeln!(out, "tree {t}");
     }
+    if let Some(n) = m.draft_vocab {
+        let _ = writeln!(out, "draft_vocab {n}");
+    }
     if let Some(b) = &m.base {
         let _ = writeln!(out, "base {b}");
     }

@@ -78,13 +78,7 @@ fn drafter(
     dtype: PlanDType,
 ) -> Box<dyn Drafter<Wgpu>> {
     let g = compile(name, &tiny_config());
-    let specs = weight_specs(&g, &t.weights).unwrap();
-    let mut w = HostWeights::random(&specs, 99);
-    for (k, v) in &tw.tensors {
-        if w.tensors.contains_key(k) {
-            w.tensors.insert(k.clone(), v.clone());
-        }
-    }
+    let w = drafter_weights(t, tw, &g, None);
     let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
     model_drafter(&wgpu_client(), &g, t, &w, dtype, shape)
         .unwrap_or_else(|e| panic!("{name} {tree:?}: {e}"))
@@ -139,6 +133,97 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
             }
         }
     }
+}
+
+/// Wraps a drafter and checks that every token it drafts is in `allowed`.
+struct OnlyFrom<'a> {
+    inner: Box<dyn Drafter<Wgpu>>,
+    allowed: &'a [u32],
+    drafted: usize,
+}
+
+impl Drafter<Wgpu> for OnlyFrom<'_> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn length(&self) -> usize {
+        self.inner.length()
+    }
+    fn observe(
+        &mut self,
+        c: &ComputeClient<Wgpu>,
+        out: &draftc_runtime::exec::Outputs<Wgpu>,
+        committed: &[draftc_runtime::engine::Committed],
+    ) -> Result<(), EngineError> {
+        self.inner.observe(c, out, committed)
+    }
+    fn draft(
+        &mut self,
+        target: &mut TargetModel<Wgpu>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        let trees = self.inner.draft(target, seqs, budget)?;
+        for tok in trees.iter().flat_map(|t| t.tokens()) {
+            assert!(
+                self.allowed.contains(&tok),
+                "{} drafted {tok}, outside its draft vocabulary",
+                self.name()
+            );
+            self.drafted += 1;
+        }
+        Ok(trees)
+    }
+    fn reset(&mut self, slot: usize) {
+        self.inner.reset(slot)
+    }
+}
+
+/// A reduced draft vocabulary (`draft_vocab 40` of the tiny target's 97
+/// tokens, in a shuffled order so that unmapped draft ids would show):
+/// every drafter drafts only its tokens, and the output stays the target's.
+#[test]
+fn reduced_draft_vocabulary_is_lossless() {
+    let (mut t, tw) = target(3);
+    let mut rng = Rng(5);
+    let mut ids: Vec<u32> = (0..t.vocab as u32).collect();
+    for i in (1..ids.len()).rev() {
+        ids.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    ids.truncate(40);
+    let cases: &[(&str, &[Option<&str>])] = &[
+        ("specformer", &[None, Some("static(2, 2, 1)")]),
+        ("medusa", &[None]),
+        ("beagle", &[None, Some("chain")]),
+        ("spire", &[None]),
+    ];
+    for &(name, shapes) in cases {
+        let g = compile_with(name, &tiny_config(), &[("draft_vocab", 40)]);
+        assert_eq!(g.meta.reduced_vocab(t.vocab as i64), Some(40));
+        let w = drafter_weights(&t, &tw, &g, Some(&ids));
+        for &shape in shapes {
+            let tree = shape.map(|s| s.parse::<TreeShape>().unwrap());
+            let inner = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, tree).unwrap();
+            let mut d = OnlyFrom {
+                inner,
+                allowed: &ids,
+                drafted: 0,
+            };
+            for b in [1, 3] {
+                check(&mut t, &mut d, b, 4);
+            }
+            assert!(d.drafted > 0, "{name} {shape:?} drafted nothing");
+        }
+    }
+    // Weights without the ids are an error naming the tensor.
+    let g = compile_with("medusa", &tiny_config(), &[("draft_vocab", 40)]);
+    let mut w = drafter_weights(&t, &tw, &g, Some(&ids));
+    w.tensors.remove("draft_vocab.ids");
+    let err = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, None)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("draft_vocab.ids"), "{err}");
 }
 
 /// Sixteen sequences of different lengths in one batch.

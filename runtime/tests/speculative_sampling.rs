@@ -113,16 +113,15 @@ fn chi2_quantile_999(k: usize) -> f64 {
     k * (1.0 - a + z * a.sqrt()).powi(3)
 }
 
-#[test]
-fn second_token_follows_the_target_distribution() {
-    let (mut t, _) = target(SLOTS);
+/// The exact marginal of the second generated token, and its three most
+/// likely values.
+fn second_token_marginal(t: &mut TargetModel<Wgpu>) -> (Vec<f64>, Vec<u32>) {
     let vocab = t.vocab;
-    // Exact marginal of the second token.
-    let p1 = next_token_probs(&mut t, &[PROMPT.to_vec()]).remove(0);
+    let p1 = next_token_probs(t, &[PROMPT.to_vec()]).remove(0);
     let extended: Vec<Vec<u32>> = (0..vocab as u32)
         .map(|x| PROMPT.iter().copied().chain([x]).collect())
         .collect();
-    let p2_given = next_token_probs(&mut t, &extended);
+    let p2_given = next_token_probs(t, &extended);
     let mut p2 = vec![0.0f64; vocab];
     for (x, row) in p2_given.iter().enumerate() {
         for (y, &p) in row.iter().enumerate() {
@@ -131,9 +130,18 @@ fn second_token_follows_the_target_distribution() {
     }
     let mut order: Vec<usize> = (0..vocab).collect();
     order.sort_by(|&a, &b| p2[b].total_cmp(&p2[a]));
-    let likely: Vec<u32> = order.iter().take(3).map(|&i| i as u32).collect();
-    let mut drafter = FixedTree(likely.clone());
+    let likely = order.iter().take(3).map(|&i| i as u32).collect();
+    (p2, likely)
+}
 
+/// Samples 125 × 16 generations with `drafter` and checks the second
+/// token's counts against `p2`; returns the chi-square limit.
+fn assert_second_token_follows(
+    t: &mut TargetModel<Wgpu>,
+    drafter: &mut dyn Drafter<Wgpu>,
+    p2: &[f64],
+) -> f64 {
+    let vocab = t.vocab;
     let calls = 125;
     let requests: Vec<Request> = (0..SLOTS)
         .map(|_| Request {
@@ -149,17 +157,9 @@ fn second_token_follows_the_target_distribution() {
             top_p: 1.0,
             seed: 1000 + seed,
         };
-        let got = generate_speculative(
-            &mut t,
-            &mut drafter,
-            &requests,
-            4,
-            &sampling,
-            6,
-            None,
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let got =
+            generate_speculative(t, drafter, &requests, 4, &sampling, 6, None, &mut |_, _| {})
+                .unwrap();
         for toks in &got.tokens {
             counts[toks[1] as usize] += 1;
         }
@@ -171,24 +171,60 @@ fn second_token_follows_the_target_distribution() {
     let rate = accepted as f64 / rounds as f64;
     assert!(
         (0.1..0.95).contains(&rate),
-        "accepted drafts per round {rate:.2}: the test needs both outcomes"
+        "{}: accepted drafts per round {rate:.2}: the test needs both outcomes",
+        drafter.name()
     );
-    let (chi2, bins) = chi_square(&counts, &p2, 20.0);
+    let (chi2, bins) = chi_square(&counts, p2, 20.0);
     let limit = chi2_quantile_999(bins - 1);
     assert!(bins >= 4, "only {bins} bins");
     assert!(
         chi2 < limit,
-        "chi-square {chi2:.1} >= {limit:.1} ({bins} bins, {n} samples)"
+        "{}: chi-square {chi2:.1} >= {limit:.1} ({bins} bins, {n} samples)",
+        drafter.name()
     );
+    limit
+}
+
+#[test]
+fn second_token_follows_the_target_distribution() {
+    let (mut t, _) = target(SLOTS);
+    let (p2, likely) = second_token_marginal(&mut t);
+    let mut drafter = FixedTree(likely.clone());
+    let limit = assert_second_token_follows(&mut t, &mut drafter, &p2);
     // Control: the drafter's own proposal distribution (what an engine that
     // accepted every first-level draft would emit) is far from p2.
-    let mut drafted = vec![0u64; vocab];
+    let n = 125 * SLOTS;
+    let mut drafted = vec![0u64; t.vocab];
     drafted[likely[0] as usize] = n as u64;
     let (chi2_draft, _) = chi_square(&drafted, &p2, 20.0);
     assert!(
         chi2_draft > 10.0 * limit,
         "control too weak: {chi2_draft:.1}"
     );
+}
+
+/// A drafter with a reduced draft vocabulary (Beagle, `draft_vocab 3`: the
+/// three most likely second tokens, random weights) samples the target's
+/// distribution too: tokens outside its vocabulary are never drafted, and
+/// rejection sampling produces them from the residual.
+#[test]
+fn reduced_vocabulary_drafter_samples_the_target_distribution() {
+    let (mut t, tw) = target(SLOTS);
+    let (p2, likely) = second_token_marginal(&mut t);
+    let g = compile_with("beagle", &tiny_config(), &[("draft_vocab", 3)]);
+    let w = drafter_weights(&t, &tw, &g, Some(&likely));
+    let chain = Some(draftc_runtime::spec::TreeShape::Chain);
+    let client = draftc_ops::testing::wgpu_client();
+    let mut d = draftc_runtime::engine::model_drafter(
+        &client,
+        &g,
+        &t,
+        &w,
+        draftc_codegen::PlanDType::F32,
+        chain,
+    )
+    .unwrap();
+    assert_second_token_follows(&mut t, d.as_mut(), &p2);
 }
 
 #[test]

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use draftc_codegen::bind::WeightSpec;
+use draftc_codegen::bind::{WeightSpec, DRAFT_VOCAB_HEAD, DRAFT_VOCAB_IDS};
 use draftc_codegen::{PlanDType, TargetWeights};
 use draftc_ir::op::{InputSource, Op};
 use draftc_ir::types::DType as IrDType;
@@ -26,7 +26,9 @@ use draftc_ir::TargetConfig;
 use draftc_ops::testing::wgpu_client;
 use draftc_ops::{DType, DeviceTensor};
 use draftc_runtime::engine::weight_specs;
-use draftc_runtime::exec::{CacheStore, Executor, HostWeights, MemoryRows, SeqStep, Step};
+use draftc_runtime::exec::{
+    CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, SeqStep, Step,
+};
 use draftc_runtime::model::convert::ConvertOptions;
 use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use draftc_runtime::model::safetensors_io::{SafetensorsFile, SafetensorsWriter, WeightDtype};
@@ -87,12 +89,50 @@ fn dump_case(
     cfg: &TargetConfig,
     weights: impl FnOnce(&[WeightSpec]) -> HostWeights,
 ) -> PathBuf {
+    dump_case_with(name, name, &[], dir, seed, cfg, weights)
+}
+
+/// [`dump_case`] for drafter `name` compiled with `overrides`, written as
+/// `case`. With a reduced draft vocabulary (`draft_vocab` below the target's
+/// `v`), its ids are a seeded shuffle of the target's tokens.
+fn dump_case_with(
+    case: &str,
+    name: &str,
+    overrides: &[(&str, i64)],
+    dir: &Path,
+    seed: u64,
+    cfg: &TargetConfig,
+    weights: impl FnOnce(&[WeightSpec]) -> HostWeights,
+) -> PathBuf {
     let client = wgpu_client();
     let llama = tiny::compile("llama", cfg);
     let tw = TargetWeights::new(cfg, &llama.meta.exports);
-    let g = tiny::compile(name, cfg);
-    let specs = weight_specs(&g, &tw).unwrap();
-    let weights = weights(&specs);
+    let g = tiny::compile_with(name, cfg, overrides);
+    let mut specs = weight_specs(&g, &tw).unwrap();
+    let head = format!("{}.weight", tw.exports["lm_head"]);
+    let reduced = g.meta.reduced_vocab(tw.vocab);
+    if reduced.is_some() && !specs.iter().any(|s| s.name == head) {
+        // The target head the reduced vocabulary's rows come from.
+        specs.push(WeightSpec {
+            name: head.clone(),
+            shape: vec![tw.vocab, cfg.int("d").unwrap()],
+            dtype: PlanDType::F32,
+        });
+    }
+    let mut weights = weights(&specs);
+    if let Some(n) = reduced {
+        let mut rng = Rng(seed ^ 0x1d5);
+        let mut ids: Vec<u32> = (0..tw.vocab as u32).collect();
+        for i in (1..ids.len()).rev() {
+            ids.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        ids.truncate(n as usize);
+        let head = weights.get(&head).cloned().unwrap();
+        DraftVocab::new(ids, tw.vocab as usize)
+            .unwrap()
+            .bind(&mut weights, &head)
+            .unwrap();
+    }
     let d = cfg.int("d").unwrap() as usize;
     let vocab = cfg.int("v").unwrap() as u64;
     let t = 11usize;
@@ -177,19 +217,29 @@ fn dump_case(
             x.download_f32(&client).unwrap(),
         ));
     }
-    for s in &specs {
-        let (shape, data) = weights.get(&s.name).unwrap();
+    // The derived head rows are not a parameter; the ids are, and the
+    // module gathers its rows from the target's head.
+    let mut names: Vec<String> = specs
+        .iter()
+        .map(|s| s.name.clone())
+        .filter(|n| n != DRAFT_VOCAB_HEAD)
+        .collect();
+    if reduced.is_some() {
+        names.push(DRAFT_VOCAB_IDS.to_string());
+    }
+    for name in names {
+        let (shape, data) = weights.get(&name).unwrap();
         let shape: Vec<u64> = shape.iter().map(|&x| x as u64).collect();
-        let key = if llama.params().iter().any(|p| p.name == s.name) {
+        let key = if llama.params().iter().any(|p| p.name == name) {
             "target"
         } else {
             "param"
         };
-        dump.push((format!("{key}:{}", s.name), shape, data.clone()));
+        dump.push((format!("{key}:{name}"), shape, data.clone()));
     }
-    write(&dir.join(format!("{name}.safetensors")), &dump);
+    write(&dir.join(format!("{case}.safetensors")), &dump);
     let module = draftc_codegen::torch::torch_module(&g, &tw).unwrap();
-    let path = dir.join(format!("{name}.py"));
+    let path = dir.join(format!("{case}.py"));
     std::fs::write(&path, module).unwrap();
     path
 }
@@ -227,7 +277,25 @@ fn emitted_torch_matches_executor_on_random_weights() {
         let seed = 11 + i as u64;
         dump_case(name, dir.path(), seed, &cfg, random(seed));
     }
-    let (ok, text) = parity(&py, dir.path(), LEARNED);
+    // Reduced draft vocabularies (23 of the 61 tokens, shuffled ids).
+    let reduced = ["specformer_vocab", "beagle_vocab", "medusa_vocab"];
+    for (i, case) in reduced.iter().enumerate() {
+        let name = case.trim_end_matches("_vocab");
+        let seed = 31 + i as u64;
+        let path = dump_case_with(
+            case,
+            name,
+            &[("draft_vocab", 23)],
+            dir.path(),
+            seed,
+            &cfg,
+            random(seed),
+        );
+        let module = std::fs::read_to_string(path).unwrap();
+        assert!(module.contains("DRAFT_VOCAB = 23"), "{case}");
+    }
+    let cases: Vec<&str> = LEARNED.iter().copied().chain(reduced).collect();
+    let (ok, text) = parity(&py, dir.path(), &cases);
     println!("{text}");
     assert!(ok, "parity failed:\n{text}");
 }

@@ -156,8 +156,15 @@ impl Lowerer<'_> {
                 });
             }
             Op::TargetLmHead => {
-                let n = self.vocab();
-                let name = format!("{}.weight", self.export(main, "lm_head")?);
+                // A reduced draft vocabulary reads its own rows of the head,
+                // gathered by the runtime (`DRAFT_VOCAB_HEAD`).
+                let (n, name) = match self.graph().meta.reduced_vocab(self.vocab()) {
+                    Some(n) => (n, crate::bind::DRAFT_VOCAB_HEAD.to_string()),
+                    None => (
+                        self.vocab(),
+                        format!("{}.weight", self.export(main, "lm_head")?),
+                    ),
+                };
                 let weight = self.weight_named(name, vec![n, k]);
                 let epi = epi_res(Epi::None);
                 self.lin(Lin {

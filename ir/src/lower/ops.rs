@@ -539,6 +539,11 @@ impl Lowerer<'_> {
                     return Some(self.push(Op::TargetNorm, vec![x], ty, span));
                 }
                 let v = self.config_dim("v", span)?;
+                // A reduced draft vocabulary predicts over its own rows.
+                let v = match self.graph.meta.reduced_vocab(v.as_const()?) {
+                    Some(n) => Dim::constant(n),
+                    None => v,
+                };
                 let mut out = ty;
                 *out.dims.last_mut()? = v;
                 Some(self.push(Op::TargetLmHead, vec![x], out, span))

@@ -155,6 +155,13 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
                 lw.graph.meta.draft_len = Some(v);
             }
             ("l", _, true) => diags.push(bad(s, "a positive draft length")),
+            ("draft_vocab", SettingVal::Int(v), true) if v >= 1 => {
+                lw.graph.meta.draft_vocab = Some(v);
+            }
+            ("draft_vocab", _, true) => diags.push(bad(
+                s,
+                "a positive number of tokens, e.g. `draft_vocab 8192`",
+            )),
             ("tree", _, true) => match tree_spec(lw, s) {
                 Some(t) => lw.graph.meta.tree = Some(t),
                 None => diags.push(bad(
@@ -174,7 +181,7 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
             ("embed" | "final_norm" | "lm_head", _, false) => {
                 diags.push(bad(s, "a tensor name prefix such as `model.embed_tokens`"))
             }
-            ("kind" | "l" | "tree" | "base" | "mask", _, false) => diags.push(
+            ("kind" | "l" | "tree" | "base" | "mask" | "draft_vocab", _, false) => diags.push(
                 Diagnostic::error(s.key.span, format!("`{key}` is a drafter setting"))
                     .with_label("not valid in a model file"),
             ),
@@ -195,6 +202,8 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
     for (k, v) in overrides {
         if k == "l" {
             lw.graph.meta.draft_len = Some(*v);
+        } else if k == "draft_vocab" && drafter {
+            lw.graph.meta.draft_vocab = Some(*v);
         } else {
             lw.file_ints.insert(k.clone(), *v);
             lw.graph.meta.ints.insert(k.clone(), *v);
@@ -204,8 +213,28 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
         lw.file_ints.insert("l".into(), l);
         lw.graph.symbol_values.insert("l".into(), l);
     }
+    if let (true, Some(v)) = (drafter, lw.config.int("v")) {
+        // `vd`: the size of the vocabulary the drafter's `target.lm_head`
+        // predicts over (`v` without `draft_vocab`).
+        let n = lw.graph.meta.reduced_vocab(v).unwrap_or(v);
+        lw.file_ints.insert("vd".into(), n);
+    }
     if drafter {
         let header = file.header.as_ref().map(|h| h.span).unwrap_or_default();
+        if lw.graph.meta.draft_vocab.is_some()
+            && lw.graph.meta.drafter_kind == Some(DrafterKind::SelfSpeculative)
+        {
+            let span = file
+                .settings
+                .iter()
+                .find(|s| s.key.name == "draft_vocab")
+                .map_or(header, |s| s.key.span);
+            diags.push(
+                Diagnostic::error(span, "a self-speculative drafter has no draft vocabulary")
+                    .with_label("it drafts with the target's own LM head")
+                    .with_note("`draft_vocab` is for parallel and autoregressive drafters"),
+            );
+        }
         match lw.graph.meta.drafter_kind {
             None => diags.push(
                 Diagnostic::error(header, "drafter has no `kind`").with_label(

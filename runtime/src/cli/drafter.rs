@@ -24,9 +24,10 @@ use crate::engine::{
     DraftWorker, Drafter, LmDrafter, PromptLookupDrafter, SyncTokenDrafter, TargetModel,
     TokenDrafter,
 };
-use crate::exec::HostWeights;
+use crate::exec::{DraftVocab, HostWeights};
 use crate::model::ConvertedModel;
 use crate::spec::{PromptLookup, TreeShape};
+use draftc_codegen::bind::{WeightSpec, DRAFT_VOCAB_HEAD, DRAFT_VOCAB_IDS};
 
 /// What the command line says about the drafter.
 #[derive(Clone, Debug)]
@@ -83,7 +84,18 @@ pub fn make_drafter<R: Runtime>(
         ));
     }
     let graph = compile_drafter(choice, target)?;
-    let specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
+    let mut specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
+    // A reduced draft vocabulary: its ids come with the drafter's weights,
+    // its head rows from the target's head.
+    let reduced = graph.meta.reduced_vocab(target.vocab as i64);
+    if let Some(n) = reduced {
+        specs.retain(|s| s.name != DRAFT_VOCAB_HEAD);
+        specs.push(WeightSpec {
+            name: DRAFT_VOCAB_IDS.into(),
+            shape: vec![n],
+            dtype: PlanDType::F32,
+        });
+    }
     // Tensors the drafter shares with the target always come from the target.
     let (shared, own): (Vec<_>, Vec<_>) = specs
         .iter()
@@ -92,6 +104,31 @@ pub fn make_drafter<R: Runtime>(
     let source = resolve_weights(&choice.weights, Path::new(&choice.name), own.is_empty())?;
     let mut weights = drafter_weights(&source, &specs, &own, model)?;
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
+    if reduced.is_some() {
+        let vocab = DraftVocab::of(&graph, &weights, target.vocab)
+            .map_err(|e| format!("drafter weights {source}: {e}"))?
+            .ok_or("a reduced draft vocabulary without ids")?;
+        let head = WeightSpec {
+            name: format!(
+                "{}.weight",
+                target
+                    .weights
+                    .exports
+                    .get("lm_head")
+                    .cloned()
+                    .unwrap_or_default()
+            ),
+            shape: vec![
+                target.vocab as i64,
+                target.target_config.int("d").unwrap_or(0),
+            ],
+            dtype: PlanDType::F32,
+        };
+        let rows = HostWeights::from_model(model, std::slice::from_ref(&head))
+            .map_err(|e| e.to_string())?;
+        let head = rows.get(&head.name).ok_or("the target has no LM head")?;
+        vocab.bind(&mut weights, head)?;
+    }
     let drafter = model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
         .map_err(|e| e.to_string())?;
     Ok(BuiltDrafter {

@@ -34,7 +34,8 @@ use super::drafters::{Committed, Drafter, SeqView};
 use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
-    ops_dtype, CacheStore, Executor, HostWeights, MemoryRows, MemoryTail, Outputs, SeqStep, Step,
+    ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
+    SeqStep, Step,
 };
 use crate::spec::{DraftTree, TreeBuilder, TreeShape};
 
@@ -86,6 +87,8 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     shape: TreeShape,
     l: usize,
     streams: Vec<Stream>,
+    /// A reduced draft vocabulary: draft ids map back to target ids.
+    vocab: Option<DraftVocab>,
     /// Per slot: target states already in the memory caches.
     in_cache: Vec<usize>,
     pending: Vec<Pending<R>>,
@@ -142,9 +145,11 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                 )));
             }
         }
+        let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
         let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
         let slots = target.caches.slots();
         Ok(AutoregressiveDrafter {
+            vocab,
             exec,
             caches: CacheStore::new(
                 client,
@@ -371,6 +376,10 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                     .collect()
             } else {
                 top_candidates(&client, logits, wants)?
+            };
+            let cands = match &self.vocab {
+                Some(v) => v.map_candidates(cands),
+                None => cands,
             };
             let mut row = 0;
             let mut next = Predicted {

@@ -29,7 +29,9 @@ use draftc_ops::{DType, DeviceTensor};
 use super::autoregressive_drafter::AutoregressiveDrafter;
 use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{ops_dtype, CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::exec::{
+    ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, SeqStep, Step,
+};
 use crate::spec::tree::Candidate;
 use crate::spec::{DraftTree, PromptLookup, TreeShape};
 
@@ -260,6 +262,8 @@ pub struct ParallelDrafter<R: Runtime> {
     proposals: BTreeMap<usize, Vec<Vec<Candidate>>>,
     /// Rows per pass, so that `[rows, l, vocab]` logits fit one binding.
     max_rows: usize,
+    /// A reduced draft vocabulary: draft ids map back to target ids.
+    vocab: Option<DraftVocab>,
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
@@ -278,6 +282,7 @@ impl<R: Runtime> ParallelDrafter<R> {
                 graph.name
             )));
         }
+        let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
         let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
         let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
         let mut taps = Vec::new();
@@ -310,6 +315,7 @@ impl<R: Runtime> ParallelDrafter<R> {
             taps,
             shape,
             proposals: BTreeMap::new(),
+            vocab,
         })
     }
 }
@@ -456,6 +462,10 @@ impl<R: Runtime> ParallelDrafter<R> {
                 .into_iter()
                 .map(|t| vec![(t, 0.0)])
                 .collect(),
+        };
+        let cands = match &self.vocab {
+            Some(v) => v.map_candidates(cands),
+            None => cands,
         };
         for (i, slot) in owners.iter().enumerate() {
             self.proposals

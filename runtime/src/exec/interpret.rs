@@ -164,7 +164,11 @@ impl Interp<'_> {
             }
             Op::TargetLmHead => {
                 let x = arg(0);
-                let w = self.weight(&self.export("lm_head")?)?;
+                let w = if self.g.meta.reduced_vocab(self.target.vocab).is_some() {
+                    self.weight(draftc_codegen::bind::DRAFT_VOCAB_HEAD)?
+                } else {
+                    self.weight(&self.export("lm_head")?)?
+                };
                 linear(
                     &x.data,
                     w,

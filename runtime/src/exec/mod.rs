@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | `step.rs` | [`Step`], [`SeqStep`], [`MemoryRows`], [`HostTensor`] |
 //! | `weights.rs` | [`HostWeights`]: random, from safetensors, checked against a plan |
+//! | `draft_vocab.rs` | [`DraftVocab`]: a reduced draft vocabulary's ids, head rows and id map |
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
 //! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
@@ -20,12 +21,14 @@
 //! compacts (accepted tree path) through [`CacheStore`].
 
 mod cache;
+mod draft_vocab;
 mod executor;
 mod interpret;
 mod step;
 mod weights;
 
 pub use cache::{CacheStore, HostCaches};
+pub use draft_vocab::DraftVocab;
 pub use executor::{ops_dtype, ExecError, Executor, Outputs, Profile};
 pub use interpret::{interpret, HostOutputs};
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};

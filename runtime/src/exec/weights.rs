@@ -74,7 +74,8 @@ fn name_seed(name: &str) -> u64 {
 }
 
 impl HostWeights {
-    /// Deterministic random weights for `specs`: norm scales `1 ± 0.1`,
+    /// Deterministic random weights for `specs`: a reduced draft
+    /// vocabulary's ids the first `n` tokens, norm scales `1 ± 0.1`,
     /// biases `± 0.02`, layer-sum logits `± 0.5`, matrices uniform in
     /// `± 1/√fan_in` (so activations keep their scale through deep graphs).
     /// Each tensor depends only on `seed` and its name.
@@ -85,7 +86,10 @@ impl HostWeights {
             let n: usize = shape.iter().product();
             let mut rng = SplitMix::new(seed ^ name_seed(&s.name));
             let lname = s.name.to_ascii_lowercase();
-            let data: Vec<f32> = if lname.contains("norm") {
+            let data: Vec<f32> = if s.name == bind::DRAFT_VOCAB_IDS {
+                // A reduced draft vocabulary's ids: the first n tokens.
+                (0..n).map(|i| i as f32).collect()
+            } else if lname.contains("norm") {
                 (0..n).map(|_| 1.0 + 0.1 * rng.symmetric()).collect()
             } else if lname.ends_with("bias") {
                 (0..n).map(|_| 0.02 * rng.symmetric()).collect()

@@ -195,7 +195,8 @@ impl SafetensorsFile {
         Ok(t.shape().iter().map(|&d| d as u64).collect())
     }
 
-    /// A tensor as f32 (from F32, F16 or BF16), checking its shape.
+    /// A tensor as f32 (from F32, F16 or BF16; I64 or I32 when every value
+    /// is an integer f32 holds exactly), checking its shape.
     pub fn tensor_f32(&self, name: &str, expected_shape: &[u64]) -> Result<Vec<f32>> {
         let view = self.view()?;
         let t = view.tensor(name).map_err(|_| self.missing(name))?;
@@ -221,10 +222,33 @@ impl SafetensorsFile {
                 .chunks_exact(2)
                 .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
                 .collect(),
+            // Integer tensors (token ids) whose values f32 holds exactly.
+            Dtype::I64 | Dtype::I32 => {
+                let w = if t.dtype() == Dtype::I64 { 8 } else { 4 };
+                let mut out = Vec::with_capacity(data.len() / w);
+                for b in data.chunks_exact(w) {
+                    let mut x = [0u8; 8];
+                    x[..w].copy_from_slice(b);
+                    let v = if w == 8 {
+                        i64::from_le_bytes(x)
+                    } else {
+                        i32::from_le_bytes([x[0], x[1], x[2], x[3]]) as i64
+                    };
+                    if v.unsigned_abs() > 1 << 24 {
+                        return Err(ModelError::DtypeMismatch {
+                            tensor: name.to_string(),
+                            expected: "integers within ±2^24".into(),
+                            found: format!("{:?} value {v}", t.dtype()),
+                        });
+                    }
+                    out.push(v as f32);
+                }
+                out
+            }
             other => {
                 return Err(ModelError::DtypeMismatch {
                     tensor: name.to_string(),
-                    expected: "F32, F16 or BF16".into(),
+                    expected: "F32, F16, BF16 (or I64/I32 ids)".into(),
                     found: format!("{other:?}"),
                 })
             }

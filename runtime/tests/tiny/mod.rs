@@ -52,8 +52,41 @@ pub fn tiny_config() -> TargetConfig {
 }
 
 pub fn compile(name: &str, cfg: &TargetConfig) -> Graph {
+    compile_with(name, cfg, &[])
+}
+
+/// `models/{name}.draft` with symbol or setting overrides (`l`, `draft_vocab`).
+pub fn compile_with(name: &str, cfg: &TargetConfig, overrides: &[(&str, i64)]) -> Graph {
     let src = std::fs::read_to_string(repo().join("models").join(format!("{name}.draft"))).unwrap();
-    draftc_ir::compile(&src, cfg, &BTreeMap::new(), &ModelsDir).unwrap()
+    let o: BTreeMap<String, i64> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    draftc_ir::compile(&src, cfg, &o, &ModelsDir).unwrap()
+}
+
+/// A drafter's deterministic random weights (seed 99) with the target's
+/// values for the tensors it shares with the target (`tw`), and with a
+/// reduced draft vocabulary `ids` bound (head rows from the target's head)
+/// when the graph has one.
+pub fn drafter_weights(
+    t: &TargetModel<Wgpu>,
+    tw: &HostWeights,
+    g: &Graph,
+    ids: Option<&[u32]>,
+) -> HostWeights {
+    let specs = weight_specs(g, &t.weights).unwrap();
+    let mut w = HostWeights::random(&specs, 99);
+    for (k, v) in &tw.tensors {
+        if w.tensors.contains_key(k) {
+            w.tensors.insert(k.clone(), v.clone());
+        }
+    }
+    if let Some(ids) = ids {
+        let head = format!("{}.weight", t.weights.exports["lm_head"]);
+        draftc_runtime::exec::DraftVocab::new(ids.to_vec(), t.vocab)
+            .unwrap()
+            .bind(&mut w, tw.get(&head).unwrap())
+            .unwrap();
+    }
+    w
 }
 
 pub fn weights(specs: &[draftc_codegen::bind::WeightSpec]) -> HostWeights {

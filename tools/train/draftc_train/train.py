@@ -126,20 +126,67 @@ def make_target(mod, tgt_tensors):
     base = mod.Target.from_tensors(tgt_tensors, mod.EXPORTS, mod.EPS)
 
     class Deferred(mod.Target):
-        def head(self, x):
+        def head(self, x, rows=None):
             return x
 
     return Deferred(base.embed, base.final_norm, base.lm_head, base.eps), base.lm_head
 
 
-def ce_rows(feats, lm_head, labels):
-    logits = F.linear(feats, lm_head.to(feats.dtype)).float()
-    loss = F.cross_entropy(logits, labels)
-    acc = (logits.argmax(-1) == labels).float().mean()
+class Head:
+    """The LM head a drafter predicts through: the target's rows, or the
+    rows of its reduced draft vocabulary `ids` (`draft_vocab N`). Labels
+    outside the subset are never drafted: they carry no loss and count as
+    misses in the accuracy."""
+
+    def __init__(self, lm_head, ids=None):
+        self.ids = ids
+        self.w = lm_head if ids is None else lm_head[ids]
+        self.t2d = None
+        if ids is not None:
+            self.t2d = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
+            self.t2d[ids] = torch.arange(len(ids))
+
+
+def ce_rows(feats, head, labels):
+    logits = F.linear(feats, head.w.to(feats.dtype)).float()
+    if head.t2d is None:
+        loss = F.cross_entropy(logits, labels)
+        acc = (logits.argmax(-1) == labels).float().mean()
+        return loss, acc
+    d = head.t2d[labels]
+    loss = F.cross_entropy(logits, d.clamp(min=0), reduction="none")
+    inside = (d >= 0).float()
+    loss = (loss * inside).sum() / inside.sum().clamp(min=1.0)
+    acc = (logits.argmax(-1) == d).float().mean()
     return loss, acc
 
 
-def parallel_loss(mod, net, target, lm_head, ids, valid, resp, hidden, weights, max_rows=None):
+def draft_vocab(seqs, train_idx, n, vocab):
+    """The `n` most frequent response tokens of the training split (ties to
+    the lower id), sorted; with their coverage of the training split's
+    response tokens."""
+    counts = np.zeros(vocab, dtype=np.int64)
+    for i in train_idx:
+        x, plen = seqs[i]
+        counts += np.bincount(x[plen:].numpy(), minlength=vocab)
+    order = np.argsort(-counts, kind="stable")[:n]
+    ids = np.sort(order)
+    return torch.from_numpy(ids.astype(np.int64)), float(counts[ids].sum() / max(1, counts.sum()))
+
+
+def coverage(seqs, idx, ids, vocab):
+    """Share of the response tokens of sequences `idx` inside `ids`."""
+    inside = torch.zeros(vocab, dtype=torch.bool)
+    inside[ids] = True
+    hit = tot = 0
+    for i in idx:
+        x, plen = seqs[i]
+        tot += len(x) - plen
+        hit += int(inside[x[plen:]].sum())
+    return hit / max(1, tot)
+
+
+def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max_rows=None):
     B, T = ids.shape
     pos = torch.arange(T)[None, :].expand(B, T)
     ctx = mod.Ctx(pos, valid=valid, hidden=hidden)
@@ -161,14 +208,14 @@ def parallel_loss(mod, net, target, lm_head, ids, valid, resp, hidden, weights, 
             # score a random subset of the labelled rows.
             pick = torch.randperm(labels.numel())[:max_rows]
             rows, labels = rows[pick], labels[pick]
-        loss, acc = ce_rows(rows, lm_head, labels)
+        loss, acc = ce_rows(rows, head, labels)
         total = total + w * loss
         stats[f"loss{j}"] = loss.item()
         stats[f"acc{j}"] = acc.item()
     return total, stats
 
 
-def beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, step_frac, train):
+def beagle_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train):
     """Paper 002 §4.2. Early: one pass through the inverse-block train mask
     (random offset). Late: `sim_steps` simulated steps over the drafter's own
     states, query q at step i belonging to the round that starts at q-i+1."""
@@ -188,8 +235,9 @@ def beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, step_fra
     if not late:
         ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=True, block_offset=random.randrange(r["window"]))
         out = net({"ids": ids}, target, ctx)
-        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], lm_head, labels)
-        stats["loss"], stats["acc"] = loss.item(), acc.item()
+        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], head, labels)
+        # Step 1 of the simulation is what the parallel pass trains.
+        stats["loss1"], stats["acc1"] = loss.item(), acc.item()
         return loss, stats
     k = r["sim_steps"]
     preds = []  # predicted states of steps 1..i-1, [B, T, d] each
@@ -202,7 +250,7 @@ def beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, step_fra
         m = mod.Memory(torch.cat(rows, 1), torch.cat([pos] * i, 1), torch.cat([valid] * i, 1), vis=torch.cat(vis, 2))
         ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory={mem_name: m})
         out = net({"ids": ids}, target, ctx)
-        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], lm_head, labels)
+        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], head, labels)
         total = total + (k - i + 1) * loss / k
         stats[f"loss{i}"], stats[f"acc{i}"] = loss.item(), acc.item()
         preds.append(out[f"append:{mem_name}"].float())
@@ -236,6 +284,8 @@ def main(argv):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--draft-vocab", type=int, default=None,
+                    help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -254,14 +304,34 @@ def main(argv):
     tgt_tensors = emitted.load_target_tensors()
     feats = feature_cache(seqs, taps, args.max_len, tgt_tensors)
     target, lm_head = make_target(mod, tgt_tensors)
+    vocab = lm_head.shape[0]
+    n_draft = getattr(mod, "DRAFT_VOCAB", None) or args.draft_vocab
+    if getattr(mod, "DRAFT_VOCAB", None) and args.draft_vocab and args.draft_vocab != mod.DRAFT_VOCAB:
+        raise SystemExit(f"--draft-vocab {args.draft_vocab}: the description sets draft_vocab {mod.DRAFT_VOCAB}")
+    vocab_info = None
+    if n_draft and n_draft < vocab:
+        ids, _ = draft_vocab(seqs, train_idx, n_draft, vocab)
+        head = Head(lm_head, ids)
+        vocab_info = dict(size=len(ids), chosen_by="most frequent response tokens of the training split",
+                          train_coverage=round(coverage(seqs, train_idx, ids, vocab), 4),
+                          held_out_split_coverage=round(coverage(seqs, val_idx, ids, vocab), 4))
+        print(f"draft vocabulary: {vocab_info}", flush=True)
+    else:
+        head = Head(lm_head)
 
     net = mod.Model()
+    if head.ids is not None and getattr(mod, "DRAFT_VOCAB", None):
+        net.get_buffer("draft_vocab.ids").copy_(head.ids)
     opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
     step, log = 0, []
     ckpt = work / "ckpt.pt"
     if args.resume and ckpt.exists():
         st = torch.load(ckpt)
-        net.load_state_dict(st["model"])
+        # The draft vocabulary is chosen from the data, not trained.
+        st["model"].pop("draft_vocab.ids", None)
+        missing, unexpected = net.load_state_dict(st["model"], strict=False)
+        if unexpected or set(missing) - {"draft_vocab.ids"}:
+            raise SystemExit(f"{ckpt}: does not match the module (missing {missing}, unexpected {unexpected})")
         opt.load_state_dict(st["opt"])
         step, log = st["step"], st["log"]
         random.setstate(st["py_rng"])
@@ -276,8 +346,8 @@ def main(argv):
             if mod.KIND == "parallel":
                 L = mod.SYMBOLS.get("l", 1)
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
-                return parallel_loss(mod, net, target, lm_head, ids, valid, resp, hidden, w, r.get("rows") if train else None)
-            return beagle_loss(mod, net, target, lm_head, ids, valid, resp, hidden, r, frac, train)
+                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, r.get("rows") if train else None)
+            return beagle_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train)
 
     prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
     while step < args.steps and prog is not None:
@@ -310,7 +380,7 @@ def main(argv):
             plot(work, args.drafter, log)
     if prog is not None:
         prog.close()
-    export(args, mod, net, log, len(seqs), len(train_idx), taps)
+    export(args, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info)
 
 
 def plot(work, name, log):
@@ -321,10 +391,17 @@ def plot(work, name, log):
     line_plot(work / "loss.svg", f"{name}: training loss", series, "step", "loss")
 
 
-def export(args, mod, net, log, n_seqs, n_train, taps):
+def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info):
     out = REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in net.state_dict().items()}
+    tensors = {
+        k: v.detach().contiguous() if not v.is_floating_point() else v.detach().to(torch.float16).contiguous()
+        for k, v in net.state_dict().items()
+    }
+    if head.ids is not None:
+        # The reduced draft vocabulary ships with the weights (`draft_vocab N`):
+        # the module's `draft_vocab.ids` buffer holds the subset training chose.
+        tensors["draft_vocab.ids"] = head.ids.to(torch.int64).contiguous()
     path = out / f"{args.drafter}.safetensors"
     save_file(tensors, str(path), metadata={"drafter": args.drafter, "steps": str(log[-1]["step"] if log else 0)})
     plot_path = out / f"{args.drafter}.loss.svg"
@@ -340,7 +417,8 @@ def export(args, mod, net, log, n_seqs, n_train, taps):
         weights=path.name,
         weights_sha256=shards.sha256_file(path),
         dtype="float16",
-        parameters=sum(v.numel() for v in tensors.values()),
+        parameters=sum(v.numel() for v in tensors.values() if v.is_floating_point()),
+        draft_vocab=vocab_info,
         data=dict(shards="data/train/shards (see data/train/MANIFEST.json)", sequences=n_seqs, train_sequences=n_train,
                   max_len=args.max_len, target_taps=taps),
         recipe=RECIPES[args.drafter],
