@@ -205,7 +205,8 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
             continue
         if max_rows and labels.numel() > max_rows:
             # The LM head over 49k tokens dominates the step on a CPU:
-            # score a random subset of the labelled rows.
+            # score a random subset of the labelled rows (a reduced draft
+            # vocabulary scores them all).
             pick = torch.randperm(labels.numel())[:max_rows]
             rows, labels = rows[pick], labels[pick]
         loss, acc = ce_rows(rows, head, labels)
@@ -346,7 +347,7 @@ def main(argv):
             if mod.KIND == "parallel":
                 L = mod.SYMBOLS.get("l", 1)
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
-                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, r.get("rows") if train else None)
+                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, r.get("rows") if train and head.ids is None else None)
             return beagle_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train)
 
     prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
