@@ -1,8 +1,9 @@
 //! `draftc bench spec`: speculative decoding against autoregressive
 //! decoding of the same target, on the same backend, in the same process.
 //!
-//! Method per batch size `b` (the first `b` bench prompts, chat template,
-//! the stop token ignored so every sequence produces `max_tokens`):
+//! Method per batch size `b` (the first `b` bench prompts, or the first
+//! `--prompt-count N` in consecutive groups of `b`, chat template, the stop
+//! token ignored so every sequence produces `max_tokens`):
 //! one autoregressive run (the baseline tokens/s and the reference
 //! tokens), then for every drafter × budget a 2-token warm-up (kernel JIT
 //! for the drafter's shapes) and a timed speculative run. Reported per
@@ -18,7 +19,9 @@ use serde::Serialize;
 
 use super::Progress;
 use crate::cli::drafter::{make_drafter, DrafterChoice};
-use crate::engine::{generate, generate_speculative, EngineError, Request, Sampling, TargetModel};
+use crate::engine::{
+    generate, generate_speculative, EngineError, Request, Sampling, SpecStats, TargetModel,
+};
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
 
@@ -35,6 +38,8 @@ pub struct SpecConfig {
     pub dtype: PlanDType,
     /// Prompt texts; a batch of `b` takes the first `b` (`--prompts`).
     pub prompts: Vec<String>,
+    /// Prompts per measurement (at least `b`), run in groups of `b`.
+    pub prompt_count: Option<usize>,
 }
 
 /// One drafter × batch × budget measurement.
@@ -45,6 +50,8 @@ pub struct SpecPoint {
     /// `--drafter-weights` choice (`pruned`, `random:SEED`, a file).
     pub weights: String,
     pub batch: usize,
+    /// Prompts measured (consecutive groups of `batch`).
+    pub prompts: usize,
     pub budget: usize,
     pub tau: f64,
     pub k: f64,
@@ -92,8 +99,10 @@ pub fn run_spec<R: Runtime>(
     }
     let err = |e: EngineError| e.to_string();
     let max_b = *cfg.batches.iter().max().unwrap_or(&1);
-    let mut prompts = Vec::with_capacity(max_b);
-    for i in 0..max_b {
+    let count = |b: usize| cfg.prompt_count.unwrap_or(b).max(b).div_ceil(b) * b;
+    let n_prompts = cfg.batches.iter().map(|&b| count(b)).max().unwrap_or(1);
+    let mut prompts = Vec::with_capacity(n_prompts);
+    for i in 0..n_prompts {
         let text = &cfg.prompts[i % cfg.prompts.len().max(1)];
         let ids = model
             .tokenizer
@@ -108,30 +117,37 @@ pub fn run_spec<R: Runtime>(
     let mut done = 0;
     let mut points = Vec::new();
     for &b in &cfg.batches {
-        let requests: Vec<Request> = prompts[..b]
-            .iter()
-            .map(|p| Request { prompt: p.clone() })
+        // Consecutive groups of `b` prompts; one measurement over all.
+        let groups: Vec<Vec<Request>> = prompts[..count(b)]
+            .chunks(b)
+            .map(|g| g.iter().map(|p| Request { prompt: p.clone() }).collect())
             .collect();
         progress.step(done, total, &format!("batch {b}: autoregressive baseline"));
         generate(
             &mut target,
-            &requests,
+            &groups[0],
             2,
             &Sampling::GREEDY,
             None,
             &mut |_, _| {},
         )
         .map_err(err)?;
-        let base = generate(
-            &mut target,
-            &requests,
-            cfg.max_tokens,
-            &Sampling::GREEDY,
-            None,
-            &mut |_, _| {},
-        )
-        .map_err(err)?;
-        let base_tps = base.stats.decode_tokens_per_s();
+        let (mut base_tokens, mut base_generated, mut base_s) = (Vec::new(), 0, 0.0);
+        for requests in &groups {
+            let base = generate(
+                &mut target,
+                requests,
+                cfg.max_tokens,
+                &Sampling::GREEDY,
+                None,
+                &mut |_, _| {},
+            )
+            .map_err(err)?;
+            base_generated += base.stats.generated_tokens;
+            base_s += base.stats.decode_s;
+            base_tokens.extend(base.tokens);
+        }
+        let base_tps = base_generated as f64 / f64::max(base_s, 1e-9);
         done += 1;
         for choice in &cfg.drafters {
             for &budget in &cfg.budgets {
@@ -146,11 +162,11 @@ pub fn run_spec<R: Runtime>(
                 };
                 let built = make_drafter(client, &choice, model, &target, cfg.dtype)?;
                 let (mut drafter, weights) = (built.drafter, built.weights);
-                let mut run = |max_tokens| {
+                let mut run = |requests: &[Request], max_tokens| {
                     generate_speculative(
                         &mut target,
                         drafter.as_mut(),
-                        &requests,
+                        requests,
                         max_tokens,
                         &Sampling::GREEDY,
                         budget,
@@ -158,14 +174,20 @@ pub fn run_spec<R: Runtime>(
                         &mut |_, _| {},
                     )
                 };
-                run(2).map_err(err)?;
-                let spec = run(cfg.max_tokens).map_err(err)?;
-                let s = &spec.stats;
+                run(&groups[0], 2).map_err(err)?;
+                let mut s = SpecStats::default();
+                let mut tokens = Vec::new();
+                for requests in &groups {
+                    let spec = run(requests, cfg.max_tokens).map_err(err)?;
+                    s.merge(&spec.stats);
+                    tokens.extend(spec.tokens);
+                }
                 let decode = s.decode_s.max(1e-9);
                 points.push(SpecPoint {
                     drafter: drafter.name(),
                     weights,
                     batch: b,
+                    prompts: count(b),
                     budget,
                     tau: s.tau(),
                     k: s.k(),
@@ -179,7 +201,7 @@ pub fn run_spec<R: Runtime>(
                     seq_rounds: s.seq_rounds,
                     acceptance_by_depth: s.acceptance_by_depth(),
                     draft_errors: s.draft_errors,
-                    lossless: spec.tokens == base.tokens,
+                    lossless: tokens == base_tokens,
                 });
                 done += 1;
             }
@@ -200,8 +222,8 @@ impl SpecReport {
     pub fn table(&self) -> String {
         let mut s = format!(
             "## speculative vs autoregressive decoding — {}, {}, {} new tokens per sequence\n\n\
-             | drafter | weights | batch | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | lossless |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | drafter | weights | batch | prompts | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | lossless |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.device, self.dtype, self.max_tokens
         );
         for p in &self.points {
@@ -212,10 +234,11 @@ impl SpecReport {
                 .map(|a| format!("{a:.2}"))
                 .collect();
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {} |\n",
                 p.drafter,
                 p.weights,
                 p.batch,
+                p.prompts,
                 p.budget,
                 p.tau,
                 p.k,

@@ -99,6 +99,12 @@ pub struct SpecArgs {
     /// first `b`, so `--batch 16` measures τ over 16 questions.
     #[arg(long, default_value = "builtin")]
     pub prompts: String,
+    /// Prompts per measurement: a batch of `b` runs the first N prompts in
+    /// consecutive groups of `b` (default: `b`, one group), so `--batch 1
+    /// --prompt-count 16` measures τ and speedup at batch 1 over 16
+    /// questions.
+    #[arg(long)]
+    pub prompt_count: Option<usize>,
 }
 
 /// The drafters `draftc bench spec` runs when none is named.
@@ -258,6 +264,7 @@ fn spec(
         max_tokens: args.max_tokens,
         dtype: dtype(&args.common),
         prompts,
+        prompt_count: args.prompt_count,
     };
     let report = client.spec(model, &cfg, progress)?;
     print!("{}", report.table());

@@ -79,6 +79,37 @@ impl SpecStats {
         self.generated_tokens as f64 / self.decode_s.max(1e-9)
     }
 
+    /// Adds the counters and times of another run (of other sequences).
+    pub fn merge(&mut self, o: &SpecStats) {
+        self.sequences += o.sequences;
+        self.prompt_tokens += o.prompt_tokens;
+        self.generated_tokens += o.generated_tokens;
+        self.seq_rounds += o.seq_rounds;
+        self.target_passes += o.target_passes;
+        self.drafted += o.drafted;
+        self.accepted += o.accepted;
+        self.draft_len = self.draft_len.max(o.draft_len);
+        self.prefill_s += o.prefill_s;
+        self.decode_s += o.decode_s;
+        self.draft_s += o.draft_s;
+        self.verify_s += o.verify_s;
+        self.draft_errors += o.draft_errors;
+        if o.last_draft_error.is_some() {
+            self.last_draft_error.clone_from(&o.last_draft_error);
+        }
+        for (mine, theirs) in [
+            (&mut self.depth_drafted, &o.depth_drafted),
+            (&mut self.depth_accepted, &o.depth_accepted),
+        ] {
+            if mine.len() < theirs.len() {
+                mine.resize(theirs.len(), 0);
+            }
+            for (m, t) in mine.iter_mut().zip(theirs) {
+                *m += t;
+            }
+        }
+    }
+
     /// Acceptance rate per draft position: accepted / drafted at depth `j`.
     pub fn acceptance_by_depth(&self) -> Vec<f64> {
         self.depth_drafted

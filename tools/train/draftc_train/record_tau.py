@@ -38,7 +38,7 @@ def main(argv):
             device=report.get("device"),
             max_tokens=report.get("max_tokens"),
             points=[
-                {k: p[k] for k in ("batch", "budget", "tau", "k", "kappa", "tokens_per_s",
+                {k: p.get(k) for k in ("batch", "prompts", "budget", "tau", "k", "kappa", "tokens_per_s",
                                    "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")}
                 for p in points
             ],
