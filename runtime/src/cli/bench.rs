@@ -72,8 +72,9 @@ pub struct SpecArgs {
     #[command(flatten)]
     pub common: CommonArgs,
     /// Drafters (repeatable): `prompt-lookup` or a description file.
-    /// Default: prompt-lookup, models/magicdec.draft, models/specformer.draft,
-    /// models/beagle.draft.
+    /// Default: prompt-lookup, models/magicdec.draft, and each of
+    /// models/{specformer,beagle,medusa,spire}.draft whose trained weights ship
+    /// (all of them with `--drafter-weights random:SEED` or `pruned`).
     #[arg(long = "drafter")]
     pub drafters: Vec<String>,
     /// Weights of model drafters: `shipped` (the trained weights beside each
@@ -107,13 +108,31 @@ pub struct SpecArgs {
     pub prompt_count: Option<usize>,
 }
 
-/// The drafters `draftc bench spec` runs when none is named.
-pub const DEFAULT_DRAFTERS: [&str; 4] = [
-    "prompt-lookup",
-    "models/magicdec.draft",
+/// The drafters `draftc bench spec` runs when none is named: those that
+/// need no trained weights, then the learned ones of [`LEARNED_DRAFTERS`]
+/// whose weights ship (with `--drafter-weights shipped`, the default; any
+/// other choice runs them all).
+pub const DEFAULT_DRAFTERS: [&str; 2] = ["prompt-lookup", "models/magicdec.draft"];
+
+/// Learned drafters `draftc bench spec` adds by default.
+pub const LEARNED_DRAFTERS: [&str; 4] = [
     "models/specformer.draft",
     "models/beagle.draft",
+    "models/medusa.draft",
+    "models/spire.draft",
 ];
+
+fn default_drafters(weights: &str) -> Vec<String> {
+    let learned = LEARNED_DRAFTERS.iter().filter(|d| {
+        weights != super::drafter::SHIPPED
+            || super::drafter::shipped_weights(std::path::Path::new(d)).is_file()
+    });
+    DEFAULT_DRAFTERS
+        .iter()
+        .chain(learned)
+        .map(|s| s.to_string())
+        .collect()
+}
 
 pub fn run(args: BenchArgs) -> ExitCode {
     let got = match &args.which {
@@ -238,7 +257,7 @@ fn spec(
     prompts: Vec<String>,
 ) -> Result<(), String> {
     let names: Vec<String> = if args.drafters.is_empty() {
-        DEFAULT_DRAFTERS.iter().map(|s| s.to_string()).collect()
+        default_drafters(&args.drafter_weights)
     } else {
         args.drafters.clone()
     };
