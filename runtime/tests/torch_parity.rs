@@ -120,7 +120,16 @@ fn dump_case_with(
         });
     }
     let mut weights = weights(&specs);
-    if let Some(n) = reduced {
+    let shipped = reduced.and_then(|_| {
+        DraftVocab::of(&g, &weights, tw.vocab as usize)
+            .ok()
+            .flatten()
+    });
+    if let Some(v) = shipped {
+        // Shipped weights carry their subset: gather its head rows.
+        let head = weights.get(&head).cloned().unwrap();
+        v.bind(&mut weights, &head).unwrap();
+    } else if let Some(n) = reduced {
         let mut rng = Rng(seed ^ 0x1d5);
         let mut ids: Vec<u32> = (0..tw.vocab as u32).collect();
         for i in (1..ids.len()).rev() {
@@ -345,10 +354,19 @@ fn shipped_weights_match() {
     );
     for name in &shipped {
         dump_case(name, dir.path(), 3, &cfg, |specs| {
-            let (shared, own): (Vec<_>, Vec<_>) = specs
+            let (shared, mut own): (Vec<_>, Vec<_>) = specs
                 .iter()
                 .cloned()
                 .partition(|s| model.weights.shape(&s.name).is_ok());
+            // A reduced vocabulary: the ids ship, the head rows are derived.
+            if let Some(i) = own.iter().position(|s| s.name == DRAFT_VOCAB_HEAD) {
+                let n = own[i].shape[0];
+                own[i] = WeightSpec {
+                    name: DRAFT_VOCAB_IDS.into(),
+                    shape: vec![n],
+                    dtype: PlanDType::F32,
+                };
+            }
             let f = SafetensorsFile::open(&shipped_path(name)).unwrap();
             let mut w = HostWeights::from_model(&model, &shared).unwrap();
             for s in own {

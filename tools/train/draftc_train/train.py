@@ -424,6 +424,7 @@ def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info):
                   max_len=args.max_len, target_taps=taps),
         recipe=RECIPES[args.drafter],
         steps=last.get("step", 0),
+        planned_steps=args.steps,
         wall_s=round(last.get("wall", 0.0), 1),
         device=f"CPU, {args.threads} threads, torch {torch.__version__}, bf16 autocast",
         final=dict(train_loss=last.get("loss"), **{k: v for k, v in (val[-1] if val else {}).items() if k.startswith("val_")}),
