@@ -271,14 +271,19 @@ def generate(args) -> int:
         for p in sdir.glob("shard-*"):
             p.unlink()
     n_shards = (n + PER_SHARD - 1) // PER_SHARD
-    # A full shard written by an earlier, smaller run may be short: redo it.
+    # A shard written by an earlier, smaller run may be short: complete it,
+    # keeping the records it has (regenerating them in another batch could
+    # change a greedy answer through bf16 rounding).
+    kept: dict[int, list] = {}
     for k in list(done_shards):
-        _, index = read_shard(sdir, k)
+        tokens, index = read_shard(sdir, k)
         want = min(PER_SHARD, n - k * PER_SHARD) if k < n_shards else index.shape[0]
         if index.shape[0] < want:
             done_shards.discard(k)
+            kept[k] = [(tokens[off: off + pl].tolist(), tokens[off + pl: off + pl + rl].tolist(), int(i))
+                       for off, pl, rl, i in index.tolist()]
     todo = [k for k in range(n_shards) if k not in done_shards]
-    total_records = sum(min(PER_SHARD, n - k * PER_SHARD) for k in todo)
+    total_records = sum(min(PER_SHARD, n - k * PER_SHARD) - len(kept.get(k, [])) for k in todo)
     log(f"data: {n} prompts -> {n_shards} shards; {len(done_shards & set(range(n_shards)))} already written, "
         f"{total_records} records to generate (dtype {args.dtype}, batch {args.batch}, "
         f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
@@ -326,7 +331,11 @@ def generate(args) -> int:
     t_run = time.time()
     for k in todo:
         lo, hi = k * PER_SHARD, min(n, (k + 1) * PER_SHARD)
-        items = [(i, target.encode_prompt(prompts[i]["prompt"])) for i in range(lo, hi)]
+        have = kept.get(k, [])
+        for p, _, i in have:
+            if p != target.encode_prompt(prompts[i]["prompt"]):
+                raise SystemExit(f"shard {k}: record {i} does not match prompt {i}; use --overwrite")
+        items = [(i, target.encode_prompt(prompts[i]["prompt"])) for i in range(lo + len(have), hi)]
         # Group by prompt length to limit padding; restore order afterwards.
         order = sorted(range(len(items)), key=lambda j: len(items[j][1]))
         responses: dict[int, list[int]] = {}
@@ -338,7 +347,7 @@ def generate(args) -> int:
                 new_tokens += len(r)
             el = time.time() - t_run
             prog.update(len(chunk), shard=k, tok_s=new_tokens / el if el > 0 else 0.0)
-        recs = [(items[j][1], responses[j], items[j][0]) for j in range(len(items))]
+        recs = have + [(items[j][1], responses[j], items[j][0]) for j in range(len(items))]
         files.update(write_shard(sdir, k, recs))
         done_shards.add(k)
         _write_json_atomic(mpath, manifest("partial", wall_before + time.time() - t_start))
