@@ -185,12 +185,7 @@ impl Drafter<Wgpu> for OnlyFrom<'_> {
 #[test]
 fn reduced_draft_vocabulary_is_lossless() {
     let (mut t, tw) = target(3);
-    let mut rng = Rng(5);
-    let mut ids: Vec<u32> = (0..t.vocab as u32).collect();
-    for i in (1..ids.len()).rev() {
-        ids.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-    }
-    ids.truncate(40);
+    let ids = Rng(5).subset(t.vocab, 40);
     let cases: &[(&str, &[Option<&str>])] = &[
         ("specformer", &[None, Some("static(2, 2, 1)")]),
         ("medusa", &[None]),

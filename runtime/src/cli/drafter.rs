@@ -24,10 +24,10 @@ use crate::engine::{
     DraftWorker, Drafter, LmDrafter, PromptLookupDrafter, SyncTokenDrafter, TargetModel,
     TokenDrafter,
 };
-use crate::exec::{DraftVocab, HostWeights};
+use crate::exec::{file_specs, DraftVocab, HostWeights};
 use crate::model::ConvertedModel;
 use crate::spec::{PromptLookup, TreeShape};
-use draftc_codegen::bind::{WeightSpec, DRAFT_VOCAB_HEAD, DRAFT_VOCAB_IDS};
+use draftc_codegen::bind::WeightSpec;
 
 /// What the command line says about the drafter.
 #[derive(Clone, Debug)]
@@ -88,14 +88,7 @@ pub fn make_drafter<R: Runtime>(
     // A reduced draft vocabulary: its ids come with the drafter's weights,
     // its head rows from the target's head.
     let reduced = graph.meta.reduced_vocab(target.vocab as i64);
-    if let Some(n) = reduced {
-        specs.retain(|s| s.name != DRAFT_VOCAB_HEAD);
-        specs.push(WeightSpec {
-            name: DRAFT_VOCAB_IDS.into(),
-            shape: vec![n],
-            dtype: PlanDType::F32,
-        });
-    }
+    file_specs(&mut specs);
     // Tensors the drafter shares with the target always come from the target.
     let (shared, own): (Vec<_>, Vec<_>) = specs
         .iter()

@@ -369,7 +369,7 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 .map(|&i| builders[i].wants())
                 .max()
                 .unwrap_or(1);
-            let cands: Vec<Vec<(u32, f32)>> = if greedy_chain {
+            let mut cands: Vec<Vec<(u32, f32)>> = if greedy_chain {
                 select_tokens(&client, logits, &Sampling::GREEDY, 0)?
                     .into_iter()
                     .map(|t| vec![(t, 0.0)])
@@ -377,10 +377,9 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             } else {
                 top_candidates(&client, logits, wants)?
             };
-            let cands = match &self.vocab {
-                Some(v) => v.map_candidates(cands),
-                None => cands,
-            };
+            if let Some(v) = &self.vocab {
+                v.map_candidates(&mut cands);
+            }
             let mut row = 0;
             let mut next = Predicted {
                 rows: self

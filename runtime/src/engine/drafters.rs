@@ -454,7 +454,7 @@ impl<R: Runtime> ParallelDrafter<R> {
         let picked = DeviceTensor::<R>::empty(c, &[pick_rows.len(), vocab], all.dtype());
         let dst: Vec<u32> = (0..pick_rows.len() as u32).collect();
         draftc_ops::kv::gather_rows(c, &all, &pick_rows, &picked, &dst)?;
-        let cands: Vec<Vec<Candidate>> = match &self.shape {
+        let mut cands: Vec<Vec<Candidate>> = match &self.shape {
             TreeShape::Static(b) => {
                 top_candidates(c, &picked, b.iter().copied().max().unwrap_or(1))?
             }
@@ -463,10 +463,9 @@ impl<R: Runtime> ParallelDrafter<R> {
                 .map(|t| vec![(t, 0.0)])
                 .collect(),
         };
-        let cands = match &self.vocab {
-            Some(v) => v.map_candidates(cands),
-            None => cands,
-        };
+        if let Some(v) = &self.vocab {
+            v.map_candidates(&mut cands);
+        }
         for (i, slot) in owners.iter().enumerate() {
             self.proposals
                 .insert(*slot, cands[i * self.l..(i + 1) * self.l].to_vec());

@@ -10,7 +10,7 @@
 //! drafts are deterministic (a point-mass proposal), so greedy and sampled
 //! outputs are exactly those of the target with any subset.
 
-use draftc_codegen::bind::{DRAFT_VOCAB_HEAD, DRAFT_VOCAB_IDS};
+use draftc_codegen::bind::{WeightSpec, DRAFT_VOCAB_HEAD, DRAFT_VOCAB_IDS};
 use draftc_ir::Graph;
 
 use super::HostWeights;
@@ -44,14 +44,6 @@ impl DraftVocab {
         Ok(DraftVocab { ids })
     }
 
-    /// The first `n` ids, the subset of random and pruned weights (a BPE
-    /// vocabulary numbers its tokens roughly by merge frequency).
-    pub fn first(n: usize) -> DraftVocab {
-        DraftVocab {
-            ids: (0..n as u32).collect(),
-        }
-    }
-
     /// The subset a drafter's weights carry (`draft_vocab.ids`), or `None`
     /// when the drafter predicts over the whole vocabulary of `vocab` tokens.
     pub fn of(graph: &Graph, weights: &HostWeights, vocab: usize) -> Result<Option<Self>, String> {
@@ -80,18 +72,6 @@ impl DraftVocab {
         DraftVocab::new(ids, vocab).map(Some)
     }
 
-    pub fn len(&self) -> usize {
-        self.ids.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.ids.is_empty()
-    }
-
-    pub fn ids(&self) -> &[u32] {
-        &self.ids
-    }
-
     /// The target id of draft id `draft`. An id past the subset (only a
     /// faulty selection could produce one) maps to the subset's first token:
     /// a valid id that verification may reject.
@@ -99,12 +79,11 @@ impl DraftVocab {
         self.ids.get(draft as usize).copied().unwrap_or(self.ids[0])
     }
 
-    /// Candidate lists with draft ids replaced by target ids.
-    pub fn map_candidates(&self, cands: Vec<Vec<(u32, f32)>>) -> Vec<Vec<(u32, f32)>> {
-        cands
-            .into_iter()
-            .map(|c| c.into_iter().map(|(t, s)| (self.to_target(t), s)).collect())
-            .collect()
+    /// Replaces the draft ids of candidate lists by target ids.
+    pub fn map_candidates(&self, cands: &mut [Vec<(u32, f32)>]) {
+        for (t, _) in cands.iter_mut().flatten() {
+            *t = self.to_target(*t);
+        }
     }
 
     /// Puts the subset into `weights`: `draft_vocab.ids` (as f32, exact
@@ -121,6 +100,12 @@ impl DraftVocab {
                 "the target's LM head has shape {shape:?}, expected [v, d]"
             ));
         };
+        if data.len() != v * d {
+            return Err(format!(
+                "the target's LM head holds {} values, not {v} × {d}",
+                data.len()
+            ));
+        }
         let mut rows = Vec::with_capacity(self.ids.len() * d);
         for &id in &self.ids {
             let id = id as usize;
@@ -146,6 +131,16 @@ impl DraftVocab {
     }
 }
 
+/// The tensors a weights file holds for `specs` (a plan's weight table):
+/// a reduced vocabulary's derived head rows (`draft_vocab.lm_head`, `[N, d]`)
+/// become its ids (`draft_vocab.ids`, `[N]`).
+pub fn file_specs(specs: &mut [WeightSpec]) {
+    for s in specs.iter_mut().filter(|s| s.name == DRAFT_VOCAB_HEAD) {
+        s.name = DRAFT_VOCAB_IDS.into();
+        s.shape.truncate(1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,10 +158,9 @@ mod tests {
         assert_eq!(v.to_target(0), 7);
         assert_eq!(v.to_target(2), 5);
         assert_eq!(v.to_target(9), 7);
-        assert_eq!(
-            v.map_candidates(vec![vec![(1, 0.5), (0, 0.1)]]),
-            vec![vec![(2, 0.5), (7, 0.1)]]
-        );
+        let mut c = vec![vec![(1, 0.5), (0, 0.1)]];
+        v.map_candidates(&mut c);
+        assert_eq!(c, vec![vec![(2, 0.5), (7, 0.1)]]);
     }
 
     #[test]

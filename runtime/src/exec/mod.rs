@@ -28,7 +28,7 @@ mod step;
 mod weights;
 
 pub use cache::{CacheStore, HostCaches};
-pub use draft_vocab::DraftVocab;
+pub use draft_vocab::{file_specs, DraftVocab};
 pub use executor::{ops_dtype, ExecError, Executor, Outputs, Profile};
 pub use interpret::{interpret, HostOutputs};
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};

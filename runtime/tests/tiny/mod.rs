@@ -176,6 +176,16 @@ impl Rng {
         self.0 >> 33
     }
 
+    /// `k` distinct ids of `0..n` in shuffled order (Fisher–Yates).
+    pub fn subset(&mut self, n: usize, k: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..n as u32).collect();
+        for i in (1..n).rev() {
+            ids.swap(i, (self.next() % (i as u64 + 1)) as usize);
+        }
+        ids.truncate(k);
+        ids
+    }
+
     /// Uniform in [-1, 1] on a grid of 1e-4.
     pub fn f(&mut self) -> f32 {
         (self.next() % 20001) as f32 / 10000.0 - 1.0
