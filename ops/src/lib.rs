@@ -64,6 +64,7 @@ pub mod embedding;
 pub mod group_rms_norm;
 pub mod layer_sum;
 pub mod linear;
+pub mod linear_plane;
 pub mod probe;
 pub mod rms_norm;
 pub mod rope;

@@ -51,10 +51,10 @@ pub const BLOCK: usize = 8;
 /// columns (the x loads, not the weights, limited m > 1 on lavapipe).
 pub const COLS: usize = 8;
 
-const EPI_NONE: u32 = 0;
-const EPI_BIAS: u32 = 1;
-const EPI_RESIDUAL: u32 = 2;
-const EPI_SWIGLU: u32 = 3;
+pub(crate) const EPI_NONE: u32 = 0;
+pub(crate) const EPI_BIAS: u32 = 1;
+pub(crate) const EPI_RESIDUAL: u32 = 2;
+pub(crate) const EPI_SWIGLU: u32 = 3;
 
 /// What is applied to `x` as it is loaded.
 #[derive(Debug, Clone, Copy)]
@@ -265,6 +265,110 @@ pub fn linear_with_binding_limit<R: Runtime>(
     max_binding_bytes: usize,
 ) -> Result<()> {
     const OP: &str = "linear";
+    let a = check_args(
+        client,
+        x,
+        weight,
+        prologue,
+        epilogue,
+        out,
+        max_binding_bytes,
+    )?;
+    let Checked {
+        dtype,
+        k,
+        m,
+        n,
+        gamma,
+        groups,
+        d,
+        eps,
+        norm,
+        extra,
+        up,
+        code,
+        row_bytes,
+        max_cols,
+    } = a;
+    let dummy = x;
+    let nv = vector_width(client, d);
+    let mb = rows_per_block(m);
+    let mut c0 = 0;
+    while c0 < n {
+        let cols = (n - c0).min(max_cols);
+        let w_chunk = weight_chunk(weight, c0, cols, row_bytes)?;
+        let up_chunk = match up {
+            Some(u) => weight_chunk(u, c0, cols, row_bytes)?,
+            None => dummy.clone(),
+        };
+        let count = cube_count(OP, cols.div_ceil(BLOCK * COLS))?;
+        // SAFETY: every index the kernel forms is in bounds for the shapes
+        // validated above (rows clamped to m - 1, columns guarded by
+        // `n_cols`, optional inputs only read when their comptime flag is set).
+        crate::dispatch_float!(dtype, OP, F => {
+            unsafe {
+                linear_kernel::launch_unchecked::<F, R>(
+                    client,
+                    count,
+                    CubeDim::new_1d(BLOCK as u32),
+                    nv,
+                    x.array_arg(),
+                    w_chunk.array_arg(),
+                    up_chunk.array_arg(),
+                    gamma.array_arg(),
+                    extra.array_arg(),
+                    out.array_arg(),
+                    m,
+                    k / nv,
+                    cols,
+                    c0,
+                    n,
+                    groups,
+                    d / nv,
+                    d,
+                    eps,
+                    mb,
+                    norm,
+                    code,
+                )
+            }
+        })?;
+        c0 += cols;
+    }
+    finish(client, OP)
+}
+
+/// The validated arguments of a linear launch (shared by both layouts).
+pub(crate) struct Checked<'a, R: Runtime> {
+    pub dtype: crate::tensor::DType,
+    pub k: usize,
+    pub m: usize,
+    pub n: usize,
+    pub gamma: &'a DeviceTensor<R>,
+    pub groups: usize,
+    pub d: usize,
+    pub eps: f32,
+    pub norm: bool,
+    pub extra: &'a DeviceTensor<R>,
+    pub up: Option<&'a DeviceTensor<R>>,
+    pub code: u32,
+    pub row_bytes: usize,
+    /// Most output columns one weight binding holds.
+    pub max_cols: usize,
+}
+
+/// Validates `linear`'s arguments; unused optional inputs are bound to `x`
+/// (never read: comptime flags).
+pub(crate) fn check_args<'a, R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &'a DeviceTensor<R>,
+    weight: &'a DeviceTensor<R>,
+    prologue: Prologue<'a, R>,
+    epilogue: Epilogue<'a, R>,
+    out: &DeviceTensor<R>,
+    max_binding_bytes: usize,
+) -> Result<Checked<'a, R>> {
+    const OP: &str = "linear";
     expect_float(client, OP, "x", x)?;
     expect_nonempty(OP, "x", x)?;
     expect_nonempty(OP, "weight", weight)?;
@@ -345,56 +449,27 @@ pub fn linear_with_binding_limit<R: Runtime>(
             reason: format!("in = {k} is too wide: 256 weight rows exceed one binding"),
         });
     }
-    let nv = vector_width(client, d);
-    let mb = rows_per_block(m);
-    let mut c0 = 0;
-    while c0 < n {
-        let cols = (n - c0).min(max_cols);
-        let w_chunk = weight_chunk(weight, c0, cols, row_bytes)?;
-        let up_chunk = match up {
-            Some(u) => weight_chunk(u, c0, cols, row_bytes)?,
-            None => dummy.clone(),
-        };
-        let count = cube_count(OP, cols.div_ceil(BLOCK * COLS))?;
-        // SAFETY: every index the kernel forms is in bounds for the shapes
-        // validated above (rows clamped to m - 1, columns guarded by
-        // `n_cols`, optional inputs only read when their comptime flag is set).
-        crate::dispatch_float!(dtype, OP, F => {
-            unsafe {
-                linear_kernel::launch_unchecked::<F, R>(
-                    client,
-                    count,
-                    CubeDim::new_1d(BLOCK as u32),
-                    nv,
-                    x.array_arg(),
-                    w_chunk.array_arg(),
-                    up_chunk.array_arg(),
-                    gamma.array_arg(),
-                    extra.array_arg(),
-                    out.array_arg(),
-                    m,
-                    k / nv,
-                    cols,
-                    c0,
-                    n,
-                    groups,
-                    d / nv,
-                    d,
-                    eps,
-                    mb,
-                    norm,
-                    code,
-                )
-            }
-        })?;
-        c0 += cols;
-    }
-    finish(client, OP)
+    Ok(Checked {
+        dtype,
+        k,
+        m,
+        n,
+        gamma,
+        groups,
+        d,
+        eps,
+        norm,
+        extra,
+        up,
+        code,
+        row_bytes,
+        max_cols,
+    })
 }
 
 /// Rows `c0..c0+cols` of a `[out, in]` weight as a tensor over a sub-range of
 /// the same allocation (no copy).
-fn weight_chunk<R: Runtime>(
+pub(crate) fn weight_chunk<R: Runtime>(
     w: &DeviceTensor<R>,
     c0: usize,
     cols: usize,

@@ -1,9 +1,12 @@
 //! Linear (skinny GEMM) with every prologue/epilogue against the reference
-//! on wgpu, f32 and f16, ragged sizes, the weight-chunk split, and errors.
+//! on wgpu, f32 and f16, ragged sizes, the weight-chunk split, and errors;
+//! both layouts: the lavapipe-shaped `linear` and the GPU-shaped
+//! `linear_planes` (plane ops run on lavapipe with 8-lane planes).
 
 use draftc_ops::linear::{
     linear, linear_with_binding_limit, reference as lref, Epilogue, Prologue,
 };
+use draftc_ops::linear_plane::{linear_planes, linear_planes_with_binding_limit, PlaneShape};
 use draftc_ops::testing::{
     assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
@@ -53,6 +56,28 @@ fn check(
     dtype: DType,
     seed: u64,
     limit: usize,
+) -> Result<(), TestCaseError> {
+    check_as(m, d, n, p, e, dtype, seed, limit, None)
+}
+
+/// The lane count of the test device's planes (8 on lavapipe).
+fn plane() -> u32 {
+    let client = test_client();
+    client.properties().hardware.plane_size_max
+}
+
+/// [`check`] with the plane layout `(planes, ksplit, cols)` when given.
+#[allow(clippy::too_many_arguments)]
+fn check_as(
+    m: usize,
+    d: usize,
+    n: usize,
+    p: Pro,
+    e: Epi,
+    dtype: DType,
+    seed: u64,
+    limit: usize,
+    layout: Option<(u32, u32, u32)>,
 ) -> Result<(), TestCaseError> {
     let client = test_client();
     let groups = match p {
@@ -109,11 +134,22 @@ fn check(
             lref::Epilogue::SwiGlu { up: &up },
         ),
     };
-    linear_with_binding_limit(&client, &xt, &wt, kp, ke, &out, limit).unwrap();
+    match layout {
+        None => linear_with_binding_limit(&client, &xt, &wt, kp, ke, &out, limit).unwrap(),
+        Some((planes, ksplit, cols)) => {
+            let shape = PlaneShape {
+                plane: plane(),
+                planes,
+                ksplit,
+                cols,
+            };
+            linear_planes_with_binding_limit(&client, &xt, &wt, kp, ke, &out, shape, limit).unwrap()
+        }
+    }
     let got = out.download_f32(&client).unwrap();
     let want = lref::linear(&x, &w, k, rp, re);
     assert_close(
-        &format!("linear m={m} k={k} n={n} {p:?} {e:?} {dtype}"),
+        &format!("linear m={m} k={k} n={n} {p:?} {e:?} {dtype} {layout:?}"),
         &got,
         &want,
         dtype,
@@ -129,6 +165,99 @@ proptest! {
         // Keep the reference cheap: cap the work.
         let d = d.min(200_000 / (m * n).max(1)).max(1);
         check(m, d, n, p, e, dtype, seed, usize::MAX)?;
+    }
+}
+
+fn plane_layout() -> impl Strategy<Value = (u32, u32, u32)> {
+    (0u32..3, 0u32..3, 1u32..3).prop_map(|(p, s, cols)| {
+        let planes = 1 << p;
+        (planes, 1 << s.min(p), cols)
+    })
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    #[test]
+    fn plane_layout_matches_reference(m in awkward_size(40), d in awkward_size(800), n in awkward_size(300),
+                                      p in pro(), e in epi(), dtype in float_dtype(), seed in any::<u64>(),
+                                      layout in plane_layout()) {
+        let d = d.min(200_000 / (m * n).max(1)).max(1);
+        check_as(m, d, n, p, e, dtype, seed, usize::MAX, Some(layout))?;
+    }
+}
+
+#[test]
+fn plane_layout_smollm_shapes_and_chunks() {
+    // The decode shapes the GPU layout is for: 576 -> 1536 (SwiGLU, RMS
+    // prologue), 1536 -> 576 (residual, split-K over 4 planes), 16 rows.
+    check_as(
+        1,
+        576,
+        1536,
+        Pro::Rms,
+        Epi::SwiGlu,
+        DType::F16,
+        3,
+        usize::MAX,
+        Some((4, 1, 1)),
+    )
+    .unwrap();
+    check_as(
+        16,
+        1536,
+        576,
+        Pro::None,
+        Epi::Residual,
+        DType::F32,
+        4,
+        usize::MAX,
+        Some((4, 4, 1)),
+    )
+    .unwrap();
+    check_as(
+        17,
+        576,
+        40,
+        Pro::Group(2),
+        Epi::Bias,
+        DType::F16,
+        5,
+        usize::MAX,
+        Some((4, 2, 2)),
+    )
+    .unwrap();
+    // Weight chunks bound through handle offsets (see weight_split_into_chunks).
+    check_as(
+        5,
+        12,
+        600,
+        Pro::Rms,
+        Epi::SwiGlu,
+        DType::F32,
+        42,
+        16 << 10,
+        Some((2, 2, 2)),
+    )
+    .unwrap();
+}
+
+#[test]
+fn plane_layout_rejects_bad_shapes() {
+    let client = test_client();
+    let z = |s: &[usize]| DeviceTensor::zeros(&client, s, DType::F32);
+    let (x, w, out) = (z(&[2, 8]), z(&[4, 8]), z(&[2, 4]));
+    for (planes, ksplit, cols) in [(4, 3, 1), (0, 1, 1), (2, 1, 3)] {
+        let shape = PlaneShape {
+            plane: plane(),
+            planes,
+            ksplit,
+            cols,
+        };
+        assert!(matches!(
+            linear_planes(&client, &x, &w, Prologue::None, Epilogue::None, &out, shape),
+            Err(OpsError::InvalidArgument { .. })
+        ));
     }
 }
 

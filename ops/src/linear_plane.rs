@@ -1,0 +1,375 @@
+//! Linear layer for real GPUs (the "planes" variant of [`crate::linear`]):
+//! `y = prologue(x) · Wᵀ (+ epilogue)` with the same prologues (RMS norm,
+//! grouped RMS norm) and epilogues (bias, residual, SwiGLU) and the same
+//! `[out, in]` weight layout.
+//!
+//! Layout (GPU-NOTES.md; llama.cpp's `mul_mat_vec` is the model):
+//! * a cube is `planes` planes (warps) of `plane` lanes: `CubeDim (plane,
+//!   planes)`, so `UNIT_POS_Y` is the plane and `UNIT_POS_X` the lane;
+//! * `ksplit` planes share one group of `cols` output columns and split the
+//!   reduction dimension between them (split-K inside the cube, for narrow
+//!   outputs with a long reduction such as `down_proj`); the other planes of
+//!   the cube own further column groups;
+//! * the lanes of a plane stream consecutive vectors of a weight row
+//!   (`Vector<F, N>`, 16 bytes on CUDA: coalesced, each weight read once per
+//!   step) and keep `mb × cols` accumulators, so for m ≤ 16 every weight
+//!   element is loaded exactly once whatever m is;
+//! * `plane_sum` reduces each accumulator over the lanes, then (ksplit > 1)
+//!   shared memory combines the planes of a column group; lane 0 of the
+//!   group's first plane applies the norm scale and the epilogue.
+//!
+//! The grouped RMS prologue reduces per group (ksplit = 1). Rows beyond 16
+//! are processed in blocks of 16 (each block re-reads the weights: the
+//! m > 16 tensor-core path is not built). The plane size is a launch
+//! parameter ([`PlaneShape::plane`]); it must equal the device's plane
+//! (subgroup) size: 32 on NVIDIA, 8 on lavapipe, where these kernels run in
+//! the tests even though cubecl does not advertise plane ops there.
+
+use cubecl::prelude::*;
+
+use crate::block::lane_sum;
+use crate::error::{OpsError, Result};
+use crate::launch::{cube_count, finish, MAX_BINDING_BYTES};
+use crate::linear::{check_args, weight_chunk, Checked};
+use crate::tensor::DeviceTensor;
+
+/// The launch shape of [`linear_planes`]: what the lowering chooses per
+/// device (`codegen::device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlaneShape {
+    /// Lanes per plane: the device's plane size.
+    pub plane: u32,
+    /// Planes per cube.
+    pub planes: u32,
+    /// Planes that split the reduction of one column group (divides `planes`).
+    pub ksplit: u32,
+    /// Output columns per column group (1 or 2).
+    pub cols: u32,
+}
+
+impl PlaneShape {
+    fn validate(&self) -> Result<()> {
+        let ok = self.plane > 0
+            && self.plane.is_power_of_two()
+            && self.planes > 0
+            && self.ksplit > 0
+            && self.planes.is_multiple_of(self.ksplit)
+            && (1..=2).contains(&self.cols)
+            && self.plane * self.planes <= 1024;
+        if ok {
+            Ok(())
+        } else {
+            Err(OpsError::InvalidArgument {
+                op: "linear",
+                reason: format!("invalid plane launch shape {self:?}"),
+            })
+        }
+    }
+}
+
+/// Rows per register block for `m` rows (at most 16).
+pub fn plane_rows_per_block(m: usize) -> usize {
+    m.next_power_of_two().clamp(1, 16)
+}
+
+#[cube]
+fn zero(a: &mut Array<f32>, #[comptime] n: usize) {
+    #[unroll]
+    for i in 0..n {
+        a[i] = 0.0;
+    }
+}
+
+#[cube(launch_unchecked)]
+pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
+    x: &Array<Vector<F, N>>,
+    w: &Array<Vector<F, N>>,
+    w_up: &Array<Vector<F, N>>,
+    gamma: &Array<Vector<F, N>>,
+    extra: &Array<F>,
+    out: &mut Array<F>,
+    m: usize,
+    in_v: usize,
+    n_cols: usize,
+    col_offset: usize,
+    out_stride: usize,
+    groups: usize,
+    dv: usize,
+    d: usize,
+    eps: f32,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+    #[comptime] planes: usize,
+    #[comptime] ksplit: usize,
+    #[comptime] norm: bool,
+    #[comptime] epilogue: u32,
+) {
+    let swiglu = comptime!(epilogue == crate::linear::EPI_SWIGLU);
+    let lane = UNIT_POS_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let split = plane % ksplit;
+    let group_in_cube = plane / ksplit;
+    let o0 = (CUBE_POS * comptime!(planes / ksplit) + group_in_cube) * cols;
+    let pdim = PLANE_DIM as usize;
+    let step = pdim * ksplit;
+    // Per plane: mb * cols dot products (+ as many for SwiGLU's up) and mb
+    // sums of squares, exchanged when ksplit planes share a column group.
+    let slot = comptime!(mb * cols * 2 + mb);
+    let mut smem = SharedMemory::<f32>::new(comptime!(planes * slot));
+
+    let mut wbase = Array::<usize>::new(cols);
+    #[unroll]
+    for c in 0..cols {
+        wbase[c] = select(o0 + c < n_cols, o0 + c, n_cols - 1) * in_v;
+    }
+
+    let mut row0 = 0usize;
+    while row0 < m {
+        let mut acc = Array::<f32>::new(comptime!(mb * cols));
+        let mut acc_u = Array::<f32>::new(comptime!(mb * cols));
+        zero(&mut acc, comptime!(mb * cols));
+        zero(&mut acc_u, comptime!(mb * cols));
+        let mut xoff = Array::<usize>::new(mb);
+        #[unroll]
+        for r in 0..mb {
+            xoff[r] = select(row0 + r < m, row0 + r, m - 1) * in_v;
+        }
+        for g in 0..groups {
+            let kend = g * dv + dv;
+            let mut part = Array::<f32>::new(comptime!(mb * cols));
+            let mut part_u = Array::<f32>::new(comptime!(mb * cols));
+            let mut sq = Array::<f32>::new(mb);
+            zero(&mut part, comptime!(mb * cols));
+            zero(&mut part_u, comptime!(mb * cols));
+            zero(&mut sq, mb);
+            let mut kv = g * dv + split * pdim + lane;
+            while kv < kend {
+                let mut wv = Array::<Vector<f32, N>>::new(cols);
+                let mut uv = Array::<Vector<f32, N>>::new(cols);
+                #[unroll]
+                for c in 0..cols {
+                    wv[c] = Vector::<f32, N>::cast_from(w[wbase[c] + kv]);
+                    if swiglu {
+                        uv[c] = Vector::<f32, N>::cast_from(w_up[wbase[c] + kv]);
+                    }
+                }
+                let mut gv = Vector::<f32, N>::new(1.0);
+                if norm {
+                    gv = Vector::<f32, N>::cast_from(gamma[kv]);
+                }
+                #[unroll]
+                for r in 0..mb {
+                    let xr = Vector::<f32, N>::cast_from(x[xoff[r] + kv]);
+                    if norm {
+                        sq[r] += lane_sum::<f32, N>(xr * xr);
+                    }
+                    let xv = xr * gv;
+                    #[unroll]
+                    for c in 0..cols {
+                        part[r * cols + c] += lane_sum::<f32, N>(xv * wv[c]);
+                        if swiglu {
+                            part_u[r * cols + c] += lane_sum::<f32, N>(xv * uv[c]);
+                        }
+                    }
+                }
+                kv += step;
+            }
+            // Reduce over the plane's lanes.
+            #[unroll]
+            for i in 0..comptime!(mb * cols) {
+                part[i] = plane_sum(part[i]);
+                if swiglu {
+                    part_u[i] = plane_sum(part_u[i]);
+                }
+            }
+            if norm {
+                #[unroll]
+                for r in 0..mb {
+                    sq[r] = plane_sum(sq[r]);
+                }
+            }
+            // Combine the ksplit planes of this column group.
+            if comptime!(ksplit > 1) {
+                if lane == 0 {
+                    let base = plane * slot;
+                    #[unroll]
+                    for i in 0..comptime!(mb * cols) {
+                        smem[base + i] = part[i];
+                        smem[base + comptime!(mb * cols) + i] = part_u[i];
+                    }
+                    #[unroll]
+                    for r in 0..mb {
+                        smem[base + comptime!(mb * cols * 2) + r] = sq[r];
+                    }
+                }
+                sync_cube();
+                if split == 0 {
+                    #[unroll]
+                    for s in 1..ksplit {
+                        let base = (plane + s) * slot;
+                        #[unroll]
+                        for i in 0..comptime!(mb * cols) {
+                            part[i] += smem[base + i];
+                            part_u[i] += smem[base + comptime!(mb * cols) + i];
+                        }
+                        #[unroll]
+                        for r in 0..mb {
+                            sq[r] += smem[base + comptime!(mb * cols * 2) + r];
+                        }
+                    }
+                }
+                sync_cube();
+            }
+            #[unroll]
+            for r in 0..mb {
+                let mut inv = 1f32;
+                if norm {
+                    inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
+                }
+                #[unroll]
+                for c in 0..cols {
+                    acc[r * cols + c] += part[r * cols + c] * inv;
+                    acc_u[r * cols + c] += part_u[r * cols + c] * inv;
+                }
+            }
+        }
+        if split == 0 && lane == 0 {
+            #[unroll]
+            for r in 0..mb {
+                #[unroll]
+                for c in 0..cols {
+                    let row = row0 + r;
+                    let o = o0 + c;
+                    if o < n_cols && row < m {
+                        let idx = row * out_stride + col_offset + o;
+                        let mut y = acc[r * cols + c];
+                        if comptime!(epilogue == crate::linear::EPI_BIAS) {
+                            y += f32::cast_from(extra[col_offset + o]);
+                        }
+                        if comptime!(epilogue == crate::linear::EPI_RESIDUAL) {
+                            y += f32::cast_from(extra[idx]);
+                        }
+                        if swiglu {
+                            y = y / (1f32 + f32::exp(-y)) * acc_u[r * cols + c];
+                        }
+                        out[idx] = F::cast_from(y);
+                    }
+                }
+            }
+        }
+        row0 += mb;
+    }
+}
+
+/// [`crate::linear::linear`] with the plane layout `shape` (same arguments,
+/// same results up to f32 summation order).
+pub fn linear_planes<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: crate::linear::Prologue<'_, R>,
+    epilogue: crate::linear::Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    shape: PlaneShape,
+) -> Result<()> {
+    linear_planes_with_binding_limit(
+        client,
+        x,
+        weight,
+        prologue,
+        epilogue,
+        out,
+        shape,
+        MAX_BINDING_BYTES,
+    )
+}
+
+/// [`linear_planes`] with an explicit per-binding byte limit for the
+/// weight chunks (tests use a small one to exercise the split).
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_planes_with_binding_limit<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: crate::linear::Prologue<'_, R>,
+    epilogue: crate::linear::Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    shape: PlaneShape,
+    max_binding_bytes: usize,
+) -> Result<()> {
+    const OP: &str = "linear";
+    shape.validate()?;
+    let a: Checked<'_, R> = check_args(
+        client,
+        x,
+        weight,
+        prologue,
+        epilogue,
+        out,
+        max_binding_bytes,
+    )?;
+    // The grouped prologue reduces per group inside one plane.
+    let ksplit = if a.groups > 1 { 1 } else { shape.ksplit };
+    let groups_per_cube = (shape.planes / ksplit) as usize;
+    let cols = shape.cols as usize;
+    let mb = plane_rows_per_block(a.m);
+    let nv = plane_vector_width(client, a.d, a.dtype.size());
+    let mut c0 = 0;
+    while c0 < a.n {
+        let n_cols = (a.n - c0).min(a.max_cols);
+        let w_chunk = weight_chunk(weight, c0, n_cols, a.row_bytes)?;
+        let up_chunk = match a.up {
+            Some(u) => weight_chunk(u, c0, n_cols, a.row_bytes)?,
+            None => x.clone(),
+        };
+        let count = cube_count(OP, n_cols.div_ceil(groups_per_cube * cols))?;
+        // SAFETY: as in `linear`: weight rows clamped to `n_cols - 1`, x rows
+        // to `m - 1`, reduction indices below `groups * dv = k / nv`, stores
+        // guarded by `n_cols` and `m`, shared memory sized for `planes`
+        // slots, optional inputs read only when their comptime flag is set.
+        crate::dispatch_float!(a.dtype, OP, F => {
+            unsafe {
+                linear_plane_kernel::launch_unchecked::<F, R>(
+                    client,
+                    count,
+                    CubeDim::new_2d(shape.plane, shape.planes),
+                    nv,
+                    x.array_arg(),
+                    w_chunk.array_arg(),
+                    up_chunk.array_arg(),
+                    a.gamma.array_arg(),
+                    a.extra.array_arg(),
+                    out.array_arg(),
+                    a.m,
+                    a.k / nv,
+                    n_cols,
+                    c0,
+                    a.n,
+                    a.groups,
+                    a.d / nv,
+                    a.d,
+                    a.eps,
+                    mb,
+                    cols,
+                    shape.planes as usize,
+                    ksplit as usize,
+                    a.norm,
+                    a.code,
+                )
+            }
+        })?;
+        c0 += n_cols;
+    }
+    finish(client, OP)
+}
+
+/// The widest vector of at most 16 bytes (8 f16 or 4 f32 elements) that
+/// divides the reduction segment `d` and the device allows.
+pub fn plane_vector_width<R: Runtime>(client: &ComputeClient<R>, d: usize, elem: usize) -> usize {
+    let max = client.properties().hardware.max_vector_size;
+    [8usize, 4, 2, 1]
+        .into_iter()
+        .find(|&w| w * elem <= 16 && w <= max && d.is_multiple_of(w))
+        .unwrap_or(1)
+}
