@@ -234,6 +234,14 @@ impl<'a> Emitter<'a> {
             .map(|m| format!("{}: {}", py_str(&m.name.to_string()), m.seed))
             .collect();
         let _ = writeln!(self.out, "MEMORIES = {{{}}}", mems.join(", "));
+        // Streams seeded through the target's final norm.
+        let normed: Vec<String> = g
+            .memories
+            .iter()
+            .filter(|m| m.normed)
+            .map(|m| py_str(&m.name.to_string()))
+            .collect();
+        let _ = writeln!(self.out, "MEMORIES_NORMED = [{}]", normed.join(", "));
         let outs: Vec<String> = g.outputs.iter().map(|o| py_str(&g.node(*o).name)).collect();
         let _ = writeln!(self.out, "OUTPUTS = [{}]", outs.join(", "));
         let apps: Vec<String> = g
@@ -401,15 +409,16 @@ impl<'a> Emitter<'a> {
                         let kv = if at.cross { a(1) } else { a(0) };
                         let memory = match &at.memory {
                             Some(m) => {
-                                let seed = g
+                                let decl = g
                                     .memories
                                     .iter()
                                     .find(|d| &d.name == m)
-                                    .map(|d| d.seed)
                                     .ok_or_else(|| format!("memory `{m}` is not declared"))?;
+                                let norm = if decl.normed { ", target" } else { "" };
                                 format!(
-                                    ", memory=default_memory(ctx, {}, {seed})",
-                                    py_str(&m.to_string())
+                                    ", memory=default_memory(ctx, {}, {}{norm})",
+                                    py_str(&m.to_string()),
+                                    decl.seed
                                 )
                             }
                             None => String::new(),

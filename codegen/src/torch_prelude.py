@@ -210,16 +210,21 @@ def attention_draft(x, w, h, hkv, hd, mask, chunk):
     return torch.cat(outs, dim=0).reshape(B, T, L, -1)
 
 
-def default_memory(ctx, name, seed):
+def default_memory(ctx, name, seed, norm=None):
     """The rows a memory attention reads: `ctx.memory[name]` as given, else
     the target state the stream is seeded with at every position of the
-    pass (teacher forcing), each query seeing only strictly earlier rows
-    (a row at the query's own position never exists when drafting)."""
+    pass (teacher forcing), through the target's final norm when the stream
+    is declared `target.norm(target.hidden[i])` (`norm` is then the
+    `Target`), each query seeing only strictly earlier rows (a row at the
+    query's own position never exists when drafting)."""
     m = ctx.memory.get(name)
     if m is not None:
         return m
     pos = ctx.positions
-    return Memory(ctx.tap(seed), pos, ctx.valid, vis=pos[:, None, :] < pos[:, :, None])
+    rows = ctx.tap(seed)
+    if norm is not None:
+        rows = rms_norm(rows, norm.final_norm, norm.eps)
+    return Memory(rows, pos, ctx.valid, vis=pos[:, None, :] < pos[:, :, None])
 
 
 class Params(nn.Module):

@@ -124,12 +124,15 @@ impl Meta {
 }
 
 /// A memory stream (`memory mem[0] = target.hidden[28]`): rows of width
-/// `width` per position; committed positions hold target hidden state `seed`.
+/// `width` per position; committed positions hold target hidden state `seed`,
+/// or with `normed` its image under the target's final RMS norm
+/// (`memory m = target.norm(target.hidden[n])`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MemoryDecl {
     pub name: StateName,
     pub width: Dim,
     pub seed: i64,
+    pub normed: bool,
 }
 
 /// Source spans of nodes, parallel to `Graph::nodes`. Provenance, not

@@ -58,7 +58,12 @@ fn header(g: &Graph) -> String {
 pub fn body(g: &Graph) -> String {
     let mut out = String::new();
     for mem in &g.memories {
-        let _ = writeln!(out, "memory {} = target.hidden[{}]", mem.name, mem.seed);
+        let seed = format!("target.hidden[{}]", mem.seed);
+        if mem.normed {
+            let _ = writeln!(out, "memory {} = target.norm({seed})", mem.name);
+        } else {
+            let _ = writeln!(out, "memory {} = {seed}", mem.name);
+        }
     }
     for id in g.ids() {
         let node = g.node(id);

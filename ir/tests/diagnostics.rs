@@ -324,3 +324,24 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
         "{got:?}"
     );
 }
+
+#[test]
+fn memory_seed_through_the_final_norm() {
+    let head = "drafter t\nkind autoregressive\nl 2\n";
+    let body = "input ids : [t] u32\ne = target.embed(ids)\ny = attention(e, heads=h, kv_heads=hkv, memory=m, mask=cross_diagonal) @a\n\
+                append m = y\noutput o = target.lm_head(y)\n";
+    let ok = format!("{head}memory m = target.norm(target.hidden[n])\n{body}");
+    let g = common::compile(&ok, &common::tiny()).unwrap();
+    assert!(g.memories[0].normed, "{:?}", g.memories);
+    let raw = format!("{head}memory m = target.hidden[n]\n{body}");
+    assert!(!common::compile(&raw, &common::tiny()).unwrap().memories[0].normed);
+    // Only the target's hidden states, optionally through its final norm.
+    let bad = format!("{head}memory m = target.norm(target.embed(ids))\n{body}");
+    let got = errors(&bad);
+    assert!(
+        got[0].starts_with("4:24 ")
+            && got[0]
+                .contains("expected `target.hidden[INDEX]` or `target.norm(target.hidden[INDEX])`"),
+        "{got:?}"
+    );
+}

@@ -664,6 +664,20 @@ impl Lowerer<'_> {
         let Some(state) = self.state_name(name, index) else {
             return;
         };
+        // `target.norm(target.hidden[i])`: the seed through the final norm.
+        let (init, normed) = match &init.kind {
+            ExprKind::Call {
+                callee,
+                args,
+                weights: None,
+            } if matches!(&callee.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "norm")
+                && args.len() == 1
+                && args[0].name.is_none() =>
+            {
+                (&args[0].value, true)
+            }
+            _ => (init, false),
+        };
         let seed = match &init.kind {
             ExprKind::Index { base, indices }
                 if matches!(&base.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "hidden")
@@ -686,8 +700,11 @@ impl Lowerer<'_> {
             }
             _ => {
                 self.error(
-                    Diagnostic::error(init.span, "expected `target.hidden[INDEX]`")
-                        .with_label("memory streams start from a target hidden state"),
+                    Diagnostic::error(
+                        init.span,
+                        "expected `target.hidden[INDEX]` or `target.norm(target.hidden[INDEX])`",
+                    )
+                    .with_label("memory streams start from a target hidden state"),
                 );
                 return;
             }
@@ -706,6 +723,7 @@ impl Lowerer<'_> {
             name: state,
             width,
             seed,
+            normed,
         });
     }
 

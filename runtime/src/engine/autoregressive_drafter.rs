@@ -44,11 +44,13 @@ use crate::spec::{DraftTree, TreeBuilder, TreeShape};
 const DRAFT_ROWS: usize = 512;
 
 /// A memory stream: its name as the graph prints it and the target tap
-/// that holds its committed rows.
+/// that holds its committed rows (through the target's final norm when
+/// `normed`).
 #[derive(Clone, Debug)]
 struct Stream {
     name: String,
     tap: i64,
+    normed: bool,
 }
 
 /// Committed target states not yet appended to the drafter's caches.
@@ -89,6 +91,8 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     streams: Vec<Stream>,
     /// A reduced draft vocabulary: draft ids map back to target ids.
     vocab: Option<DraftVocab>,
+    /// The target's final norm (weight, eps) for streams seeded through it.
+    final_norm: Option<(DeviceTensor<R>, f32)>,
     /// Per slot: target states already in the memory caches.
     in_cache: Vec<usize>,
     pending: Vec<Pending<R>>,
@@ -135,6 +139,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             .map(|m| Stream {
                 name: m.name.to_string(),
                 tap: m.seed,
+                normed: m.normed,
             })
             .collect();
         for s in &streams {
@@ -146,6 +151,24 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             }
         }
         let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
+        let final_norm = if streams.iter().any(|s| s.normed) {
+            let name = target
+                .weights
+                .exports
+                .get("final_norm")
+                .map(|p| format!("{p}.weight"))
+                .unwrap_or_default();
+            let w = target.exec.weight(&name).ok_or_else(|| {
+                EngineError::Invalid(format!(
+                    "autoregressive drafter `{}` seeds a memory through `target.norm`, but the \
+                     target binds no final norm weight `{name}`",
+                    graph.name
+                ))
+            })?;
+            Some((w.clone(), target.weights.eps.get() as f32))
+        } else {
+            None
+        };
         let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
         let slots = target.caches.slots();
         Ok(AutoregressiveDrafter {
@@ -162,6 +185,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             in_cache: vec![0; slots],
             pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
             streams,
+            final_norm,
         })
     }
 
@@ -217,6 +241,14 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 let dst = DeviceTensor::<R>::empty(c, &[x.rows.len(), d], src.dtype());
                 let to: Vec<u32> = (0..x.rows.len() as u32).collect();
                 draftc_ops::kv::gather_rows(c, &src, &x.rows, &dst, &to)?;
+                let dst = match (&self.final_norm, s.normed) {
+                    (Some((w, eps)), true) => {
+                        let normed = DeviceTensor::<R>::empty(c, dst.shape(), dst.dtype());
+                        draftc_ops::rms_norm::rms_norm(c, &dst, w, *eps, &normed)?;
+                        normed
+                    }
+                    _ => dst,
+                };
                 p.parts[i].push(dst);
             }
             p.positions.extend_from_slice(&x.positions);

@@ -238,6 +238,11 @@ impl<R: Runtime> Executor<R> {
         &self.client
     }
 
+    /// A weight this executor bound, by binder name (`model.norm.weight`).
+    pub fn weight(&self, name: &str) -> Option<&DeviceTensor<R>> {
+        self.weights.get(name)
+    }
+
     pub fn graph(&self) -> &Graph {
         &self.graph
     }

@@ -49,7 +49,7 @@ OUT = "logits"
 RECIPES = {
     "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
     "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384),
-    "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.2),
+    "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0),
     "spire": dict(lr=3e-4, wd=0.0, warmup=50, clip=1.0, batch=8, sim_steps=3, late_frac=0.3),
 }
 
@@ -76,6 +76,11 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     path = REPO / "target/train/features" / f"{key}.pt"
     if path.exists():
         return torch.load(path)
+    # A cache of the same sequences with more taps serves too.
+    for other in sorted(path.parent.glob(f"n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")):
+        have = {int(t) for t in other.name.split("-taps")[1].split("-")[0].split("_")}
+        if set(taps) <= have:
+            return [{t: f[t] for t in taps} for f in torch.load(other)]
     tgt = emitted.TargetModel(tgt_tensors)
     out = [dict() for _ in seqs]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
@@ -229,6 +234,11 @@ def beagle_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, 
         states = states + torch.randn_like(states) * r["noise"] * states.std()
         hidden = dict(hidden)
         hidden[seed] = states
+    if mem_name in getattr(mod, "MEMORIES_NORMED", []):
+        # `memory m = target.norm(target.hidden[i])`: the module norms the
+        # tap itself in a teacher-forced pass; the simulation's rows are
+        # given, so norm them here.
+        states = mod.rms_norm(states, target.final_norm, target.eps)
     lab_ok = resp[:, 1:]
     labels = ids[:, 1:][lab_ok]
     late = step_frac >= 1.0 - r["late_frac"]
