@@ -5,8 +5,8 @@
 //! A diff here means the kernels, the plan's kernel choices or cubecl
 //! changed: review it like code.
 
-use draftc_codegen::{Plan, PlanConfig, PlanDType, TargetWeights};
-use draftc_ops::source::Backend;
+use draftc_codegen::{DeviceProfile, Plan, PlanConfig, PlanDType, TargetWeights};
+use draftc_ops::source::{Backend, KernelSpec};
 use draftc_runtime::cli::emit::{emit, unique_kernels};
 use draftc_tests::{compile_model, graph_models, repo, smollm2};
 
@@ -22,6 +22,7 @@ fn plan(name: &str) -> Plan {
         context: 0,
         dtype: PlanDType::F32,
         fuse: true,
+        ..Default::default()
     };
     draftc_codegen::plan(&compile_model(name), &target, &config)
         .unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -43,6 +44,66 @@ fn kernel_source_of_every_model() {
             }
         }
     });
+}
+
+/// SmolLM2's decode step (t = 1, f16) planned for a GPU profile.
+fn gpu_decode_plan(device: DeviceProfile) -> Plan {
+    let llama = compile_model("llama");
+    let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
+    let config = PlanConfig {
+        tokens: 1,
+        batch: 1,
+        context: 0,
+        dtype: PlanDType::F16,
+        fuse: true,
+        device,
+    };
+    draftc_codegen::plan(&llama, &target, &config).expect("plans")
+}
+
+/// The GPU kernel family: SmolLM2's decode step planned for an H100
+/// (`snapshots/plans/llama.decode.cuda.snap`: which layout each linear
+/// gets) and the source of its GPU-layout kernels, CUDA for the H100 and
+/// WGSL for a Vulkan / Metal GPU (`snapshots/sources/llama.decode.gpu.*`).
+/// The other kernels are the lavapipe family's, snapshotted above.
+#[test]
+fn gpu_kernel_family_of_the_decode_step() {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_prepend_module_to_snapshot(false);
+    let cuda = gpu_decode_plan(DeviceProfile::cuda_h100());
+    settings.set_snapshot_path(repo().join("snapshots/plans"));
+    settings.bind(|| insta::assert_snapshot!("llama.decode.cuda", cuda.to_string()));
+    settings.set_snapshot_path(repo().join("snapshots/sources"));
+    for (backend, plan) in [
+        (Backend::Cuda, cuda.clone()),
+        (Backend::Wgsl, gpu_decode_plan(DeviceProfile::wgpu_gpu())),
+    ] {
+        let mut text = String::new();
+        for k in unique_kernels(&plan).expect("maps") {
+            if matches!(k.spec, KernelSpec::LinearPlanes { .. }) {
+                let ids: Vec<String> = k
+                    .launches
+                    .iter()
+                    .map(|&i| plan.launches[i].id.to_string())
+                    .collect();
+                text += &format!("// {} — launches {}\n", k.spec, ids.join(", "));
+                text += &draftc_ops::source::source(&k.spec, backend).expect("emits");
+                text += "\n";
+            }
+        }
+        assert!(text.contains("linear_plane_kernel"), "{backend}");
+        settings.bind(|| insta::assert_snapshot!(format!("llama.decode.gpu.{backend}"), text));
+    }
+    // Every linear of the GPU plan has a plane layout; lavapipe keeps none.
+    let linears = |p: &Plan| {
+        p.launches
+            .iter()
+            .filter(|l| l.kernel.to_string().contains(" planes("))
+            .count()
+    };
+    // q, k, v, o, gate·up and down per layer, and the LM head.
+    assert_eq!(linears(&cuda), 30 * 6 + 1);
+    assert_eq!(linears(&plan("llama")), 0);
 }
 
 #[test]
@@ -136,6 +197,16 @@ fn emitted_cuda_compiles_with_nvrtc() {
     let dir = std::env::temp_dir().join(format!("draftc-nvrtc-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut files = Vec::new();
+    // The GPU kernel family (plane layouts, 16-byte f16 vectors).
+    for (i, device) in [DeviceProfile::cuda_h100(), DeviceProfile::wgpu_gpu()]
+        .into_iter()
+        .enumerate()
+    {
+        let path = dir.join(format!("llama.decode.gpu{i}.cu"));
+        let text = emit(&gpu_decode_plan(device), Backend::Cuda).expect("emits");
+        std::fs::write(&path, text).expect("write");
+        files.push(path);
+    }
     for name in graph_models() {
         for dtype in [PlanDType::F32, PlanDType::F16] {
             let llama = compile_model("llama");
@@ -146,6 +217,7 @@ fn emitted_cuda_compiles_with_nvrtc() {
                 context: 0,
                 dtype,
                 fuse: true,
+                ..Default::default()
             };
             let plan = draftc_codegen::plan(&compile_model(&name), &target, &config)
                 .unwrap_or_else(|e| panic!("{name}: {e}"));

@@ -12,6 +12,8 @@ use std::fmt;
 
 use draftc_ir::op::{Mask, F64};
 
+use crate::device::LinearLayout;
+
 /// What a linear applies to `x` while loading it (`ops::linear::Prologue`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Prologue {
@@ -73,6 +75,9 @@ pub enum Kernel {
         prologue: Prologue,
         epilogue: Epilogue,
         into_cache: bool,
+        /// The kernel layout for the plan's device (`ops::linear` for
+        /// lanes, `ops::linear_plane` for planes).
+        layout: LinearLayout,
     },
     /// `ops::rms_norm::rms_norm` over rows of `d`.
     RmsNorm { rows: i64, d: i64, eps: F64 },
@@ -337,6 +342,7 @@ impl fmt::Display for Kernel {
                 prologue,
                 epilogue,
                 into_cache,
+                layout,
             } => {
                 write!(f, "linear m={m} k={k} n={n}")?;
                 if *prologue != Prologue::None {
@@ -347,6 +353,9 @@ impl fmt::Display for Kernel {
                 }
                 if *into_cache {
                     write!(f, " out=cache")?;
+                }
+                if *layout != LinearLayout::Lanes {
+                    write!(f, " {layout}")?;
                 }
                 Ok(())
             }

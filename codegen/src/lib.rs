@@ -13,6 +13,7 @@
 pub mod bind;
 pub mod canonicalize;
 pub mod check;
+pub mod device;
 pub mod error;
 pub mod fuse;
 pub mod kernel;
@@ -22,6 +23,7 @@ pub mod plan;
 pub mod schedule;
 pub mod torch;
 
+pub use device::{DeviceClass, DeviceProfile, LinearLayout};
 pub use error::CodegenError;
 pub use fuse::{FusedGroup, GroupKind};
 pub use kernel::Kernel;

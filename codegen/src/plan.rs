@@ -12,6 +12,7 @@ use std::fmt;
 
 use draftc_ir::ValueId;
 
+use crate::device::DeviceProfile;
 use crate::fuse::FusedGroup;
 use crate::kernel::{Cost, Kernel};
 
@@ -56,6 +57,8 @@ pub struct PlanConfig {
     pub dtype: PlanDType,
     /// Apply `fuse` (false: every op lowered on its own, `--no-fuse`).
     pub fuse: bool,
+    /// The device whose kernel variants the plan picks.
+    pub device: DeviceProfile,
 }
 
 impl Default for PlanConfig {
@@ -66,6 +69,7 @@ impl Default for PlanConfig {
             context: 0,
             dtype: PlanDType::F32,
             fuse: true,
+            device: DeviceProfile::default(),
         }
     }
 }
@@ -245,18 +249,35 @@ impl fmt::Display for Plan {
             .collect();
         writeln!(
             f,
-            "plan {} — {}, batch {}, context {}, {}, {}",
+            "plan {} — {}, batch {}, context {}, {}, {}, {}",
             self.name,
             syms.join(", "),
             c.batch,
             c.context,
             c.dtype.name(),
-            if c.fuse { "fused" } else { "unfused" }
+            if c.fuse { "fused" } else { "unfused" },
+            c.device
         )?;
         writeln!(f)?;
+        let kernel_of = |l: &Launch| {
+            let kernel = l.kernel.to_string();
+            if l.part.is_empty() {
+                kernel
+            } else {
+                format!("{} {kernel}", l.part)
+            }
+        };
+        // GPU layouts lengthen linear launches; the column grows with them.
+        let width = self
+            .launches
+            .iter()
+            .map(|l| kernel_of(l).chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(66);
         writeln!(
             f,
-            "{:>4}  {:<66} {:>14} {:>12}  nodes → outputs",
+            "{:>4}  {:<width$} {:>14} {:>12}  nodes → outputs",
             "#", "kernel", "FLOPs", "bytes"
         )?;
         for l in &self.launches {
@@ -269,13 +290,10 @@ impl fmt::Display for Plan {
                     format!("{} {}{:?}", b, buf.name, buf.shape)
                 })
                 .collect();
-            let mut kernel = l.kernel.to_string();
-            if !l.part.is_empty() {
-                kernel = format!("{} {kernel}", l.part);
-            }
+            let kernel = kernel_of(l);
             writeln!(
                 f,
-                "{:>4}  {:<66} {:>14} {:>12}  {} → {}{}",
+                "{:>4}  {:<width$} {:>14} {:>12}  {} → {}{}",
                 l.id.0,
                 kernel,
                 thousands(l.cost.flops),

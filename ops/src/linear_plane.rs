@@ -367,7 +367,11 @@ pub fn linear_planes_with_binding_limit<R: Runtime>(
 /// The widest vector of at most 16 bytes (8 f16 or 4 f32 elements) that
 /// divides the reduction segment `d` and the device allows.
 pub fn plane_vector_width<R: Runtime>(client: &ComputeClient<R>, d: usize, elem: usize) -> usize {
-    let max = client.properties().hardware.max_vector_size;
+    plane_vector_width_for(d, elem, client.properties().hardware.max_vector_size)
+}
+
+/// [`plane_vector_width`] for a device allowing vectors of `max` elements.
+pub fn plane_vector_width_for(d: usize, elem: usize, max: usize) -> usize {
     [8usize, 4, 2, 1]
         .into_iter()
         .find(|&w| w * elem <= 16 && w <= max && d.is_multiple_of(w))

@@ -1,9 +1,13 @@
 //! Getting a compute client without panicking: wgpu (Vulkan, Metal, DX12;
 //! Mesa's lavapipe on a machine without a GPU) and, with the `cuda`
 //! feature, CUDA. A missing adapter becomes an error that says how to get one.
+//! [`profile`] describes a client's device for the lowering
+//! ([`DeviceProfile`]: which kernel layouts it gets).
 
+use cubecl::features::Plane;
 use cubecl::prelude::*;
 use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use draftc_codegen::{DeviceClass, DeviceProfile};
 
 /// How to get a device, printed with every "no device" error.
 pub const NO_DEVICE_HELP: &str =
@@ -82,4 +86,49 @@ pub fn cuda_client() -> Result<ComputeClient<cubecl::cuda::CudaRuntime>, String>
     got.map_err(|_| {
         "no CUDA device: install the NVIDIA driver and CUDA runtime, or use --backend wgpu".into()
     })
+}
+
+/// The profile of `client`'s device, from its properties. cubecl-wgpu
+/// withholds plane operations on CPU adapters (lavapipe), so a wgpu device
+/// without them is treated as an emulator: it gets the lane layouts, which
+/// are also the right fallback for a GPU without subgroups.
+pub fn profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfile {
+    let props = client.properties();
+    let hw = &props.hardware;
+    let name = R::name(client);
+    let plane_ops = props.features.plane.contains(Plane::Ops);
+    let class = if name.starts_with("wgpu") && !plane_ops {
+        DeviceClass::Emulator
+    } else {
+        DeviceClass::Gpu
+    };
+    DeviceProfile {
+        name: match class {
+            DeviceClass::Emulator => "lavapipe".to_string(),
+            DeviceClass::Gpu if name.starts_with("cuda") => "cuda".to_string(),
+            DeviceClass::Gpu => "wgpu-gpu".to_string(),
+        },
+        class,
+        plane_size: if hw.plane_size_min == hw.plane_size_max {
+            hw.plane_size_max
+        } else {
+            0
+        },
+        plane_ops,
+        cmma: !props.features.matmul.cmma.is_empty(),
+        shared_memory: hw.max_shared_memory_size,
+        max_vector: hw.max_vector_size.min(16),
+        sms: hw.num_streaming_multiprocessors,
+    }
+}
+
+/// `client`'s profile as a GPU with usable planes: runs the GPU kernel
+/// layouts on lavapipe (whose 8-lane planes work although cubecl does not
+/// advertise them), for tests and `--device-layout gpu`.
+pub fn gpu_layout_profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfile {
+    let mut p = profile(client);
+    p.class = DeviceClass::Gpu;
+    p.plane_ops = true;
+    p.name = format!("{} (GPU layouts)", p.name);
+    p
 }

@@ -40,6 +40,15 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so printing into a closed pipe (`draftc plan F |
+    // head`) would panic; the default action ends the process quietly, as
+    // Unix tools do.
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to its default before any
+    // thread is started has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match cli.command {
         Command::Check(args) => cli::check::run(args),

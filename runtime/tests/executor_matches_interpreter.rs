@@ -18,6 +18,7 @@ use draftc_ir::{Resolver, TargetConfig};
 use draftc_ops::attention::TREE_ROOT;
 use draftc_ops::testing::{assert_close_tol, wgpu_client};
 use draftc_ops::{DType, DeviceTensor};
+use draftc_runtime::device::gpu_layout_profile;
 use draftc_runtime::exec::{
     interpret, CacheStore, Executor, HostCaches, HostTensor, HostWeights, MemoryRows, MemoryTail,
     SeqStep, Step,
@@ -59,6 +60,8 @@ struct Config {
     rows: Vec<(usize, usize)>,
     fuse: bool,
     seed: u64,
+    /// Lower for a GPU profile: the plane layouts run on lavapipe.
+    gpu: bool,
 }
 
 fn config() -> impl Strategy<Value = Config> {
@@ -86,6 +89,7 @@ fn config() -> impl Strategy<Value = Config> {
                 rows,
                 fuse,
                 seed,
+                gpu: false,
             },
         )
 }
@@ -122,6 +126,7 @@ fn weight_table(g: &Graph, tw: &TargetWeights) -> Vec<draftc_codegen::bind::Weig
         context: 0,
         dtype: PlanDType::F32,
         fuse: false,
+        ..Default::default()
     };
     let plan = draftc_codegen::plan(g, tw, &cfg).unwrap();
     draftc_codegen::pipeline::weights(&plan).unwrap()
@@ -219,6 +224,30 @@ fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
     let capacity = 64;
     let mut exec = Executor::<Wgpu>::new(&client, &g, &tw, &weights, PlanDType::F32, c.fuse)
         .map_err(|e| TestCaseError::fail(format!("{name}: {e}")))?;
+    if c.gpu {
+        exec.set_device(gpu_layout_profile(&client));
+        let plan = exec
+            .plan(1)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let planes = plan.launches.iter().any(|l| {
+            matches!(
+                l.kernel,
+                draftc_codegen::Kernel::Linear {
+                    layout: draftc_codegen::LinearLayout::Planes { .. },
+                    ..
+                }
+            )
+        });
+        let linears = plan
+            .launches
+            .iter()
+            .any(|l| matches!(l.kernel, draftc_codegen::Kernel::Linear { .. }));
+        prop_assert!(
+            planes || !linears,
+            "{name}: no plane layout in {}",
+            exec.device()
+        );
+    }
     let mut dev_caches = CacheStore::<Wgpu>::new(&client, batch, capacity, DType::F32);
     let mut host_caches = HostCaches::new(batch);
     let mut dev_target = CacheStore::<Wgpu>::new(&client, batch, capacity, DType::F32);
@@ -228,6 +257,9 @@ fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
         // Fill the target's caches with a target prefill first.
         let mut texec =
             Executor::<Wgpu>::new(&client, &llama, &tw, &weights, PlanDType::F32, c.fuse).unwrap();
+        if c.gpu {
+            texec.set_device(gpu_layout_profile(&client));
+        }
         let mut step = Step {
             seqs: (0..batch).map(|s| SeqStep::chain(s, 0, 3)).collect(),
             ..Step::default()
@@ -362,6 +394,19 @@ proptest! {
         let all = models();
         prop_assert!(all.len() >= 6, "{all:?}");
         for name in &all {
+            check_model(name, &c)?;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The GPU kernel layouts (plane linears) give the interpreter's
+    /// results for every model, run on lavapipe's 8-lane planes.
+    #[test]
+    fn executor_with_gpu_layouts_equals_interpreter(c in config().prop_map(|c| Config { gpu: true, ..c })) {
+        for name in &models() {
             check_model(name, &c)?;
         }
     }

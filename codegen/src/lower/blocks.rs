@@ -321,6 +321,14 @@ impl Lowerer<'_> {
                 Epilogue::SwiGlu
             }
         };
+        let groups = match prologue {
+            Prologue::GroupRmsNorm { groups, .. } => groups,
+            _ => 1,
+        };
+        let layout =
+            self.cfg
+                .device
+                .linear_layout(l.k, l.n, groups, self.cfg.dtype.size() as usize);
         let kernel = Kernel::Linear {
             m: l.m,
             k: l.k,
@@ -328,6 +336,7 @@ impl Lowerer<'_> {
             prologue,
             epilogue,
             into_cache: l.into_cache,
+            layout,
         };
         self.launch(kernel, l.part, l.nodes, inputs, vec![l.out], weights, alias);
     }

@@ -87,5 +87,6 @@ pub fn small(fuse: bool) -> PlanConfig {
         context: 0,
         dtype: draftc_codegen::PlanDType::F32,
         fuse,
+        ..Default::default()
     }
 }

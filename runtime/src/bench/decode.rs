@@ -132,6 +132,7 @@ pub fn run_decode<R: Runtime>(
                 context: mean_context.round() as i64,
                 dtype: cfg.dtype,
                 fuse: true,
+                device: target.exec.device().clone(),
             },
         )
         .map_err(crate::exec::ExecError::from)?;

@@ -20,8 +20,9 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{Kernel, LaunchId, Plan, PlanDType};
+use draftc_codegen::{Kernel, LaunchId, LinearLayout, Plan, PlanDType};
 use draftc_ir::op::Mask;
+use draftc_ops::linear_plane::PlaneShape;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
 use draftc_ops::{DType, OpsError};
 
@@ -101,12 +102,16 @@ pub struct UniqueKernel {
 pub fn unique_kernels(plan: &Plan) -> Result<Vec<UniqueKernel>, EmitError> {
     let mut out: Vec<UniqueKernel> = Vec::new();
     for (i, launch) in plan.launches.iter().enumerate() {
-        let spec =
-            kernel_spec(&launch.kernel, plan.config.dtype).map_err(|reason| EmitError::Launch {
-                launch: launch.id,
-                kernel: launch.kernel.to_string(),
-                reason,
-            })?;
+        let spec = kernel_spec(
+            &launch.kernel,
+            plan.config.dtype,
+            plan.config.device.max_vector,
+        )
+        .map_err(|reason| EmitError::Launch {
+            launch: launch.id,
+            kernel: launch.kernel.to_string(),
+            reason,
+        })?;
         match out.iter_mut().find(|u| u.spec == spec) {
             Some(u) => u.launches.push(i),
             None => out.push(UniqueKernel {
@@ -172,7 +177,11 @@ pub fn emit(plan: &Plan, backend: Backend) -> Result<String, EmitError> {
 
 /// The `draftc-ops` kernel instance a launch of `kernel` runs at `dtype`
 /// (the choices the ops launch function makes for these sizes).
-pub fn kernel_spec(kernel: &Kernel, dtype: PlanDType) -> Result<KernelSpec, String> {
+pub fn kernel_spec(
+    kernel: &Kernel,
+    dtype: PlanDType,
+    max_vector: usize,
+) -> Result<KernelSpec, String> {
     let dt = match dtype {
         PlanDType::F32 => DType::F32,
         PlanDType::F16 => DType::F16,
@@ -189,18 +198,19 @@ pub fn kernel_spec(kernel: &Kernel, dtype: PlanDType) -> Result<KernelSpec, Stri
             k,
             prologue,
             epilogue,
+            layout,
             ..
         } => {
             let (m, k) = (size("m", m)?, size("k", k)?);
-            let (norm, d) = match prologue {
-                Prologue::None => (false, k),
-                Prologue::RmsNorm { .. } => (true, k),
+            let (norm, d, groups) = match prologue {
+                Prologue::None => (false, k, 1),
+                Prologue::RmsNorm { .. } => (true, k, 1),
                 Prologue::GroupRmsNorm { groups, .. } => {
                     let groups = size("groups", groups)?;
                     if k % groups != 0 {
                         return Err(format!("k = {k} is not a multiple of {groups} groups"));
                     }
-                    (true, k / groups)
+                    (true, k / groups, groups)
                 }
             };
             let epilogue = match epilogue {
@@ -209,7 +219,23 @@ pub fn kernel_spec(kernel: &Kernel, dtype: PlanDType) -> Result<KernelSpec, Stri
                 Epilogue::Residual => LinearEpilogue::Residual,
                 Epilogue::SwiGlu => LinearEpilogue::SwiGlu,
             };
-            KernelSpec::linear(dt, m, d, norm, epilogue)
+            match layout {
+                LinearLayout::Lanes => KernelSpec::linear(dt, m, d, norm, epilogue),
+                LinearLayout::Planes {
+                    plane,
+                    planes,
+                    ksplit,
+                    cols,
+                } => {
+                    let shape = PlaneShape {
+                        plane,
+                        planes,
+                        ksplit,
+                        cols,
+                    };
+                    KernelSpec::linear_planes(dt, m, d, groups, norm, epilogue, shape, max_vector)
+                }
+            }
         }
         Kernel::RmsNorm { d, .. } | Kernel::GroupRmsNorm { d, .. } => {
             KernelSpec::rms_norm(dt, size("d", d)?)
@@ -303,8 +329,9 @@ mod tests {
             },
             epilogue: Epilogue::None,
             into_cache: false,
+            layout: LinearLayout::Lanes,
         };
-        let spec = kernel_spec(&k, PlanDType::F16).unwrap();
+        let spec = kernel_spec(&k, PlanDType::F16, 4).unwrap();
         assert_eq!(
             spec,
             KernelSpec::Linear {
@@ -328,7 +355,7 @@ mod tests {
             dst_offset: 1730,
         };
         assert_eq!(
-            kernel_spec(&k, PlanDType::F32).unwrap(),
+            kernel_spec(&k, PlanDType::F32, 4).unwrap(),
             KernelSpec::CopyRows {
                 dtype: DType::F32,
                 vector: 2,
@@ -361,7 +388,7 @@ mod tests {
             },
         ];
         for k in bad {
-            assert!(kernel_spec(&k, PlanDType::F32).is_err(), "{k}");
+            assert!(kernel_spec(&k, PlanDType::F32, 4).is_err(), "{k}");
         }
     }
 }

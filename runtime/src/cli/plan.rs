@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Args;
-use draftc_codegen::{Plan, PlanConfig, PlanDType, TargetWeights};
+use draftc_codegen::{DeviceProfile, Plan, PlanConfig, PlanDType, TargetWeights};
 use draftc_ir::graph::Graph;
 use draftc_ir::{Resolver, TargetConfig};
 
@@ -44,6 +44,15 @@ pub struct PlanOptions {
     /// Compute dtype of `float` values: f32 or f16.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// The device whose kernel variants to plan: lavapipe (the lane
+    /// layouts), cuda (an H100: plane layouts) or wgpu-gpu (a Vulkan / Metal
+    /// GPU: plane layouts).
+    #[arg(
+        long,
+        default_value = "lavapipe",
+        value_name = "cuda|lavapipe|wgpu-gpu"
+    )]
+    pub device: String,
     /// Override an integer setting, e.g. `--set l=8`.
     #[arg(long = "set", value_name = "NAME=VALUE")]
     pub sets: Vec<String>,
@@ -66,6 +75,14 @@ pub fn build_plan(file: &Path, options: &PlanOptions, fuse: bool) -> Result<Plan
         eprintln!("error: `--dtype {}`: expected f32 or f16", options.dtype);
         return Err(Reported);
     };
+    let Some(device) = DeviceProfile::preset(&options.device) else {
+        eprintln!(
+            "error: `--device {}`: expected {}",
+            options.device,
+            DeviceProfile::PRESETS
+        );
+        return Err(Reported);
+    };
     let (graph, target) = compile_graph(file, options)?;
     let config = PlanConfig {
         tokens: options.tokens,
@@ -73,6 +90,7 @@ pub fn build_plan(file: &Path, options: &PlanOptions, fuse: bool) -> Result<Plan
         context: options.context,
         dtype,
         fuse,
+        device,
     };
     draftc_codegen::plan(&graph, &target, &config).map_err(|e| {
         eprintln!("error: {e}");

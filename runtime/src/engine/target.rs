@@ -246,6 +246,8 @@ pub fn weight_specs(
         context: 0,
         dtype: PlanDType::F32,
         fuse: true,
+        // Weights do not depend on the kernel layouts.
+        device: Default::default(),
     };
     let plan = draftc_codegen::plan(graph, tw, &cfg).map_err(ExecError::from)?;
     draftc_codegen::pipeline::weights(&plan).map_err(|e| EngineError::Exec(ExecError::Bind(e)))

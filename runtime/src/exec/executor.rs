@@ -22,11 +22,13 @@ use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
 use draftc_codegen::{
     BufferClass, BufferId, CodegenError, Kernel, Plan, PlanConfig, PlanDType, TargetWeights,
 };
+use draftc_codegen::{DeviceProfile, LinearLayout};
 use draftc_ir::graph::{Graph, ValueId};
 use draftc_ir::op::{Mask as IrMask, Op};
 use draftc_ir::types::DType as IrDType;
 use draftc_ops::attention::{AttnDims, AttnMeta, Mask, SeqBatch, TREE_ROOT};
 use draftc_ops::elementwise::BinaryOp;
+use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
 
 use super::cache::CacheStore;
@@ -107,6 +109,8 @@ pub struct Executor<R: Runtime> {
     fuse: bool,
     weights: BTreeMap<String, DeviceTensor<R>>,
     plans: HashMap<usize, Plan>,
+    /// The device the plans are lowered for (kernel layouts).
+    device: DeviceProfile,
     /// Per-launch wall times when profiling (`DRAFTC_PROFILE=1`).
     profile: Option<Profile>,
 }
@@ -199,12 +203,14 @@ impl<R: Runtime> Executor<R> {
         dtype: PlanDType,
         fuse: bool,
     ) -> Result<Self, ExecError> {
+        let device = crate::device::profile(client);
         let cfg = PlanConfig {
             tokens: 1,
             batch: 1,
             context: 0,
             dtype,
             fuse,
+            device: device.clone(),
         };
         let trace = draftc_codegen::trace(graph, target, &cfg)?;
         let table = draftc_codegen::pipeline::weights(&trace.plan).map_err(ExecError::Bind)?;
@@ -228,6 +234,7 @@ impl<R: Runtime> Executor<R> {
             fuse,
             weights: dev,
             plans,
+            device,
             profile: std::env::var_os("DRAFTC_PROFILE")
                 .is_some_and(|v| v == "1")
                 .then(Profile::default),
@@ -236,6 +243,21 @@ impl<R: Runtime> Executor<R> {
 
     pub fn client(&self) -> &ComputeClient<R> {
         &self.client
+    }
+
+    /// The device profile the plans are lowered for.
+    pub fn device(&self) -> &DeviceProfile {
+        &self.device
+    }
+
+    /// Lowers later passes for `device` (plans are rebuilt; weights are
+    /// layout-independent): e.g. [`crate::device::gpu_layout_profile`] runs
+    /// the GPU kernel layouts on lavapipe.
+    pub fn set_device(&mut self, device: DeviceProfile) {
+        if device != self.device {
+            self.device = device;
+            self.plans.clear();
+        }
     }
 
     /// A weight this executor bound, by binder name (`model.norm.weight`).
@@ -278,6 +300,7 @@ impl<R: Runtime> Executor<R> {
                 context: 0,
                 dtype: self.dtype,
                 fuse: self.fuse,
+                device: self.device.clone(),
             };
             let plan = draftc_codegen::trace(&self.graph, &self.target, &cfg)?.plan;
             self.plans.insert(rows, plan);
@@ -568,6 +591,7 @@ impl<R: Runtime> Run<'_, R> {
                 n,
                 prologue,
                 epilogue,
+                layout,
                 ..
             } => {
                 let (k, n) = (k as usize, n as usize);
@@ -636,7 +660,23 @@ impl<R: Runtime> Run<'_, R> {
                         linear::Epilogue::SwiGlu { up: &extra }
                     }
                 };
-                linear::linear(c, &x, &w, pro, epi, &out)?;
+                match layout {
+                    LinearLayout::Lanes => linear::linear(c, &x, &w, pro, epi, &out)?,
+                    LinearLayout::Planes {
+                        plane,
+                        planes,
+                        ksplit,
+                        cols,
+                    } => {
+                        let shape = PlaneShape {
+                            plane,
+                            planes,
+                            ksplit,
+                            cols,
+                        };
+                        linear_planes(c, &x, &w, pro, epi, &out, shape)?
+                    }
+                }
             }
             Kernel::RmsNorm { d, eps, .. } => {
                 let d = d as usize;

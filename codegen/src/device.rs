@@ -1,0 +1,233 @@
+//! Device profiles: what the lowering must know about the device a plan runs
+//! on to pick each kernel's variant and launch shape. A profile is plain
+//! data (no device is opened here): the runtime fills one from its compute
+//! client's properties, and `draftc plan --device NAME` uses a preset.
+//!
+//! Two families of kernel layouts exist (issue 15, GPU-NOTES.md):
+//! * **lanes**, shaped for Mesa's lavapipe, where a SIMD lane is a unit and
+//!   time follows the number of vector loads (`ops::linear`);
+//! * **planes**, shaped for GPUs: a plane (warp) per output column group,
+//!   lanes streaming consecutive 16-byte vectors (`ops::linear_plane`).
+//!
+//! A CPU emulator always gets the lanes family (its numbers must not get
+//! worse); a GPU whose planes cubecl can use gets the planes family. A GPU
+//! without usable plane operations falls back to lanes.
+
+use std::fmt;
+
+/// Whether the device emulates a GPU on CPU cores or is one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceClass {
+    /// A CPU implementation of the API (Mesa lavapipe).
+    Emulator,
+    /// A real GPU (CUDA, or wgpu on Vulkan / Metal / DX12).
+    Gpu,
+}
+
+/// The facts the lowering uses about one device.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct DeviceProfile {
+    /// A short name shown in plans (`lavapipe`, `cuda`, `wgpu-gpu`, or the
+    /// runtime's name).
+    pub name: String,
+    pub class: DeviceClass,
+    /// Lanes per plane (warp / subgroup) when fixed; 0 when it varies.
+    pub plane_size: u32,
+    /// Plane operations (`plane_sum`, shuffles) are available.
+    pub plane_ops: bool,
+    /// Cooperative matrix-multiply (tensor cores) is available.
+    pub cmma: bool,
+    /// Shared memory per cube, bytes.
+    pub shared_memory: usize,
+    /// Widest vector (elements) a kernel may load: 4 on wgpu, any on CUDA
+    /// (kept at 16 here).
+    pub max_vector: usize,
+    /// Streaming multiprocessors, when the runtime reports them.
+    pub sms: Option<u32>,
+}
+
+/// Planes per cube of the GPU linear layout (128 threads with 32 lanes).
+const PLANES: u32 = 4;
+
+impl DeviceProfile {
+    /// Mesa's lavapipe (Vulkan on CPU cores): planes of 8 run but cubecl
+    /// does not advertise them, no tensor cores.
+    pub fn lavapipe() -> DeviceProfile {
+        DeviceProfile {
+            name: "lavapipe".into(),
+            class: DeviceClass::Emulator,
+            plane_size: 8,
+            plane_ops: false,
+            cmma: false,
+            shared_memory: 32 << 10,
+            max_vector: 4,
+            sms: None,
+        }
+    }
+
+    /// An NVIDIA H100 through cubecl-cuda (the card GPU-NOTES.md measured).
+    pub fn cuda_h100() -> DeviceProfile {
+        DeviceProfile {
+            name: "cuda".into(),
+            class: DeviceClass::Gpu,
+            plane_size: 32,
+            plane_ops: true,
+            cmma: true,
+            shared_memory: 227 << 10,
+            max_vector: 16,
+            sms: Some(132),
+        }
+    }
+
+    /// A GPU through wgpu (Vulkan, Metal, DX12) with 32-lane subgroups.
+    pub fn wgpu_gpu() -> DeviceProfile {
+        DeviceProfile {
+            name: "wgpu-gpu".into(),
+            class: DeviceClass::Gpu,
+            plane_size: 32,
+            plane_ops: true,
+            cmma: false,
+            shared_memory: 32 << 10,
+            max_vector: 4,
+            sms: None,
+        }
+    }
+
+    /// The preset `--device NAME` names.
+    pub fn preset(name: &str) -> Option<DeviceProfile> {
+        match name {
+            "lavapipe" => Some(DeviceProfile::lavapipe()),
+            "cuda" => Some(DeviceProfile::cuda_h100()),
+            "wgpu-gpu" => Some(DeviceProfile::wgpu_gpu()),
+            _ => None,
+        }
+    }
+
+    /// The names [`DeviceProfile::preset`] accepts.
+    pub const PRESETS: &'static str = "cuda, lavapipe or wgpu-gpu";
+
+    /// Whether GPU (plane) layouts apply: a GPU with usable planes of a
+    /// known size.
+    pub fn uses_planes(&self) -> bool {
+        self.class == DeviceClass::Gpu
+            && self.plane_ops
+            && matches!(self.plane_size, 4 | 8 | 16 | 32 | 64 | 128)
+    }
+
+    /// The layout of a linear launch: `m` rows, reduction `k` (in `groups`
+    /// norm groups), `n` outputs, `elem` bytes per element.
+    pub fn linear_layout(&self, k: i64, n: i64, groups: i64, elem: usize) -> LinearLayout {
+        if !self.uses_planes() {
+            return LinearLayout::Lanes;
+        }
+        // 16-byte vectors along the reduction of one norm group.
+        let seg = (k / groups.max(1)).max(1);
+        let width = [16 / elem.max(1), 4, 2, 1]
+            .into_iter()
+            .find(|&w| w >= 1 && w <= self.max_vector && seg % w as i64 == 0)
+            .unwrap_or(1) as i64;
+        let vectors = k / width;
+        // Split the reduction between planes while each lane keeps at least
+        // two vector loads per pass (the grouped prologue reduces per group
+        // inside one plane).
+        let mut ksplit = 1u32;
+        if groups <= 1 {
+            while ksplit < PLANES && vectors >= 2 * self.plane_size as i64 * (2 * ksplit) as i64 {
+                ksplit *= 2;
+            }
+        }
+        // Two columns per plane for very wide outputs (the LM head): half the
+        // cubes, and each x vector serves two weight rows.
+        let cols = if n >= 16_384 { 2 } else { 1 };
+        LinearLayout::Planes {
+            plane: self.plane_size,
+            planes: PLANES,
+            ksplit,
+            cols,
+        }
+    }
+}
+
+impl Default for DeviceProfile {
+    /// Plans default to lavapipe, the device every test and CI run has.
+    fn default() -> DeviceProfile {
+        DeviceProfile::lavapipe()
+    }
+}
+
+/// The kernel layout a linear launch uses (`ops::linear` or
+/// `ops::linear_plane` with this shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LinearLayout {
+    /// Lavapipe-shaped: units own 8 adjacent columns (`ops::linear`).
+    Lanes,
+    /// GPU-shaped (`ops::linear_plane::PlaneShape`): `planes` planes of
+    /// `plane` lanes per cube, `ksplit` planes per column group, `cols`
+    /// columns per group.
+    Planes {
+        plane: u32,
+        planes: u32,
+        ksplit: u32,
+        cols: u32,
+    },
+}
+
+impl fmt::Display for LinearLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinearLayout::Lanes => write!(f, "lanes"),
+            LinearLayout::Planes {
+                plane,
+                planes,
+                ksplit,
+                cols,
+            } => write!(f, "planes({planes}x{plane}, ksplit={ksplit}, cols={cols})"),
+        }
+    }
+}
+
+impl fmt::Display for DeviceProfile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn emulators_keep_the_lane_layout() {
+        let lp = DeviceProfile::lavapipe();
+        assert_eq!(lp.linear_layout(576, 1536, 1, 4), LinearLayout::Lanes);
+        // A GPU without plane operations falls back too.
+        let mut gpu = DeviceProfile::wgpu_gpu();
+        gpu.plane_ops = false;
+        assert_eq!(gpu.linear_layout(576, 1536, 1, 2), LinearLayout::Lanes);
+    }
+
+    #[test]
+    fn gpu_layouts_split_long_reductions_and_pair_wide_outputs() {
+        let h = DeviceProfile::cuda_h100();
+        let layout = |k, n, g, e| match h.linear_layout(k, n, g, e) {
+            LinearLayout::Planes { ksplit, cols, .. } => (ksplit, cols),
+            LinearLayout::Lanes => panic!("lanes on a GPU"),
+        };
+        // 576 f16 = 72 vectors: one plane per column.
+        assert_eq!(layout(576, 1536, 1, 2), (1, 1));
+        // down_proj 1536 -> 576: 192 f16 vectors, 384 f32 vectors.
+        assert_eq!(layout(1536, 576, 1, 2), (2, 1));
+        assert_eq!(layout(1536, 576, 1, 4), (4, 1));
+        // The LM head pairs columns; grouped prologues never split.
+        assert_eq!(layout(576, 49_152, 1, 2), (1, 2));
+        assert_eq!(layout(2304, 576, 4, 4), (1, 1));
+    }
+
+    #[test]
+    fn presets_parse() {
+        for name in ["cuda", "lavapipe", "wgpu-gpu"] {
+            assert_eq!(DeviceProfile::preset(name).unwrap().name, name);
+        }
+        assert!(DeviceProfile::preset("tpu").is_none());
+    }
+}
