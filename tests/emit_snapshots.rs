@@ -80,7 +80,10 @@ fn gpu_kernel_family_of_the_decode_step() {
     ] {
         let mut text = String::new();
         for k in unique_kernels(&plan).expect("maps") {
-            if matches!(k.spec, KernelSpec::LinearPlanes { .. }) {
+            if matches!(
+                k.spec,
+                KernelSpec::LinearPlanes { .. } | KernelSpec::AttentionPlanes { .. }
+            ) {
                 let ids: Vec<String> = k
                     .launches
                     .iter()
@@ -91,18 +94,25 @@ fn gpu_kernel_family_of_the_decode_step() {
                 text += "\n";
             }
         }
+        // The split merge runs when a context spans several key chunks.
+        let dtype = draftc_ops::DType::F16;
+        let combine = KernelSpec::AttentionCombine { dtype, vector: 2 };
+        text += &format!("// {combine} — after split attention launches\n");
+        text += &draftc_ops::source::source(&combine, backend).expect("emits");
         assert!(text.contains("linear_plane_kernel"), "{backend}");
+        assert!(text.contains("decode_attention"), "{backend}");
         settings.bind(|| insta::assert_snapshot!(format!("llama.decode.gpu.{backend}"), text));
     }
-    // Every linear of the GPU plan has a plane layout; lavapipe keeps none.
+    // Every linear and attention of the GPU plan has a plane layout;
+    // lavapipe keeps none.
     let linears = |p: &Plan| {
         p.launches
             .iter()
             .filter(|l| l.kernel.to_string().contains(" planes("))
             .count()
     };
-    // q, k, v, o, gate·up and down per layer, and the LM head.
-    assert_eq!(linears(&cuda), 30 * 6 + 1);
+    // q, k, v, o, gate·up, down and attention per layer, and the LM head.
+    assert_eq!(linears(&cuda), 30 * 7 + 1);
     assert_eq!(linears(&plan("llama")), 0);
 }
 
@@ -204,6 +214,14 @@ fn emitted_cuda_compiles_with_nvrtc() {
     {
         let path = dir.join(format!("llama.decode.gpu{i}.cu"));
         let text = emit(&gpu_decode_plan(device), Backend::Cuda).expect("emits");
+        std::fs::write(&path, text).expect("write");
+        files.push(path);
+    }
+    // The split merge of the GPU attention (not a plan launch of its own).
+    for (dtype, vector) in [(draftc_ops::DType::F16, 2), (draftc_ops::DType::F32, 4)] {
+        let spec = KernelSpec::AttentionCombine { dtype, vector };
+        let path = dir.join(format!("attention_combine.{dtype}.cu"));
+        let text = draftc_ops::source::source(&spec, Backend::Cuda).expect("emits");
         std::fs::write(&path, text).expect("write");
         files.push(path);
     }

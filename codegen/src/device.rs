@@ -148,6 +148,35 @@ impl DeviceProfile {
     }
 }
 
+impl DeviceProfile {
+    /// The layout of an attention launch over the KV cache: the GPU layout
+    /// (a plane per query row, KV head and key split, serving the whole
+    /// query-head group) where the head fits the planes, else lanes.
+    pub fn attention_layout(&self, heads: i64, kv_heads: i64, head_dim: i64) -> AttentionLayout {
+        let plane = self.plane_size as i64;
+        let fits = self.uses_planes()
+            && kv_heads > 0
+            && heads % kv_heads == 0
+            && heads / kv_heads <= 8
+            && head_dim % plane == 0
+            && head_dim / plane <= 8
+            && head_dim <= 128;
+        if fits {
+            AttentionLayout::Planes {
+                plane: self.plane_size,
+                planes: PLANES,
+                chunk: ATTENTION_CHUNK,
+            }
+        } else {
+            AttentionLayout::Lanes
+        }
+    }
+}
+
+/// Keys per split of the GPU attention layout (flash-decoding): contexts
+/// longer than this are spread over several cubes and merged.
+const ATTENTION_CHUNK: u32 = 256;
+
 impl Default for DeviceProfile {
     /// Plans default to lavapipe, the device every test and CI run has.
     fn default() -> DeviceProfile {
@@ -170,6 +199,30 @@ pub enum LinearLayout {
         ksplit: u32,
         cols: u32,
     },
+}
+
+/// The kernel layout an attention launch uses (`ops::attention::attention_rows`
+/// or `ops::attention::attention_planes` with this shape).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AttentionLayout {
+    /// One unit per (query row, query head).
+    Lanes,
+    /// `planes` planes of `plane` lanes per (query row, KV head, split of
+    /// `chunk` keys).
+    Planes { plane: u32, planes: u32, chunk: u32 },
+}
+
+impl fmt::Display for AttentionLayout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttentionLayout::Lanes => write!(f, "lanes"),
+            AttentionLayout::Planes {
+                plane,
+                planes,
+                chunk,
+            } => write!(f, "planes({planes}x{plane}, chunk={chunk})"),
+        }
+    }
 }
 
 impl fmt::Display for LinearLayout {
@@ -221,6 +274,22 @@ mod tests {
         // The LM head pairs columns; grouped prologues never split.
         assert_eq!(layout(576, 49_152, 1, 2), (1, 2));
         assert_eq!(layout(2304, 576, 4, 4), (1, 1));
+    }
+
+    #[test]
+    fn attention_planes_need_a_head_that_fits_the_plane() {
+        let h = DeviceProfile::cuda_h100();
+        assert!(matches!(
+            h.attention_layout(9, 3, 64),
+            AttentionLayout::Planes { .. }
+        ));
+        // 48 dims on 32 lanes, 9 heads per KV head: lanes.
+        assert_eq!(h.attention_layout(9, 3, 48), AttentionLayout::Lanes);
+        assert_eq!(h.attention_layout(18, 2, 64), AttentionLayout::Lanes);
+        assert_eq!(
+            DeviceProfile::lavapipe().attention_layout(9, 3, 64),
+            AttentionLayout::Lanes
+        );
     }
 
     #[test]

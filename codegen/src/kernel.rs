@@ -12,7 +12,7 @@ use std::fmt;
 
 use draftc_ir::op::{Mask, F64};
 
-use crate::device::LinearLayout;
+use crate::device::{AttentionLayout, LinearLayout};
 
 /// What a linear applies to `x` while loading it (`ops::linear::Prologue`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,6 +107,8 @@ pub enum Kernel {
         kv_heads: i64,
         head_dim: i64,
         mask: Mask,
+        /// The kernel layout for the plan's device.
+        layout: AttentionLayout,
     },
     /// `ops::attention::draft_dim_attention`: `bt` rows of `l` drafts, full mask,
     /// launched `chunk` rows at a time.
@@ -387,10 +389,17 @@ impl fmt::Display for Kernel {
                 kv_heads,
                 head_dim,
                 mask,
-            } => write!(
-                f,
-                "attention q={q_rows} kv={kv_rows} keys<={keys} h={heads} hkv={kv_heads} hd={head_dim} mask={mask}"
-            ),
+                layout,
+            } => {
+                write!(
+                    f,
+                    "attention q={q_rows} kv={kv_rows} keys<={keys} h={heads} hkv={kv_heads} hd={head_dim} mask={mask}"
+                )?;
+                if *layout != AttentionLayout::Lanes {
+                    write!(f, " {layout}")?;
+                }
+                Ok(())
+            }
             Kernel::DraftDimAttention {
                 bt,
                 l,

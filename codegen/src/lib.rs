@@ -23,7 +23,7 @@ pub mod plan;
 pub mod schedule;
 pub mod torch;
 
-pub use device::{DeviceClass, DeviceProfile, LinearLayout};
+pub use device::{AttentionLayout, DeviceClass, DeviceProfile, LinearLayout};
 pub use error::CodegenError;
 pub use fuse::{FusedGroup, GroupKind};
 pub use kernel::Kernel;

@@ -4,7 +4,8 @@
 //! `Err`, never a launch.
 
 use draftc_ops::attention::{
-    attention, attention_ref, draft_dim_attention, AttnDims, Mask, SeqBatch, TreeTail, TREE_ROOT,
+    attention, attention_planes, attention_ref, draft_dim_attention, AttnDims, AttnMeta,
+    AttnPlaneShape, Mask, SeqBatch, TreeTail, TREE_ROOT,
 };
 use draftc_ops::testing::{assert_close, config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
@@ -20,6 +21,23 @@ fn check(
     batch: &SeqBatch,
     mask: Mask,
     seed: u64,
+) -> Result<(), TestCaseError> {
+    check_as(dtype, dims, batch, mask, seed, None)
+}
+
+/// The test device's plane size (8 on lavapipe).
+fn plane() -> u32 {
+    test_client().properties().hardware.plane_size_max
+}
+
+/// [`check`] with the GPU layout `(planes, chunk)` when given.
+fn check_as(
+    dtype: DType,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    seed: u64,
+    layout: Option<(u32, u32)>,
 ) -> Result<(), TestCaseError> {
     let client = test_client();
     let (tq, tk) = (batch.total_q(), batch.total_k());
@@ -48,11 +66,91 @@ fn check(
     );
     // Poison the output so that a kernel that never ran cannot pass.
     let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
-    attention(&client, &qt, &kt, &vt, dims, batch, mask, &out)
-        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    match layout {
+        None => attention(&client, &qt, &kt, &vt, dims, batch, mask, &out),
+        Some((planes, chunk)) => {
+            let shape = AttnPlaneShape {
+                plane: plane(),
+                planes,
+                chunk,
+            };
+            AttnMeta::new(&client, batch, mask).and_then(|meta| {
+                let rows = 0..meta.total_q();
+                attention_planes(&client, &qt, &kt, &vt, dims, &meta, rows, &out, shape)
+            })
+        }
+    }
+    .map_err(|e| TestCaseError::fail(e.to_string()))?;
     let got = out.download_f32(&client).unwrap();
     let want = attention_ref(&q, &k, &v, dims, batch, mask);
-    assert_close(&format!("{mask:?} {dims:?} {dtype}"), &got, &want, dtype)
+    assert_close(
+        &format!("{mask:?} {dims:?} {dtype} {layout:?}"),
+        &got,
+        &want,
+        dtype,
+    )
+}
+
+/// Dimensions the plane layout takes on 8-lane planes: head_dim a multiple
+/// of the plane size, at most 8 per lane; groups of 1 or 3.
+fn plane_dims_strategy() -> impl Strategy<Value = AttnDims> {
+    (
+        prop_oneof![Just(1usize), Just(3)],
+        prop_oneof![Just(8usize), Just(16), Just(64)],
+        0..2usize,
+    )
+        .prop_map(|(kv_heads, head_dim, g)| AttnDims {
+            heads: kv_heads * [1, 3][g],
+            kv_heads,
+            head_dim,
+        })
+}
+
+fn plane_layout() -> impl Strategy<Value = (u32, u32)> {
+    (
+        prop_oneof![Just(1u32), Just(2), Just(4)],
+        prop_oneof![Just(3u32), Just(16), Just(256)],
+    )
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// The GPU layout (a plane per row, KV head and key split; splits
+    /// merged by the combine kernel) against the reference, every mask.
+    #[test]
+    fn plane_layout_matches_reference(
+        dtype in float_dtype(), dims in plane_dims_strategy(), mask in mask_strategy(),
+        batch in batch_strategy(), seed in 0u64..1000, layout in plane_layout(),
+    ) {
+        check_as(dtype, dims, &batch, mask, seed, Some(layout))?;
+    }
+
+    #[test]
+    fn plane_layout_tree_masks_match_reference(
+        dtype in float_dtype(), dims in plane_dims_strategy(),
+        committed in prop_oneof![Just(0usize), Just(50), 0..40usize],
+        nodes in prop_oneof![Just(1usize), Just(33), 1..20usize],
+        seed in 0u64..1000, layout in plane_layout(), tail in any::<bool>(),
+    ) {
+        let batch = tree_batch(committed, nodes, seed);
+        check_as(dtype, dims, &batch, Mask::Tree, seed, Some(layout))?;
+        if tail {
+            let b = with_tail(batch_from_tree(&batch), seed);
+            check_as(dtype, dims, &b, Mask::Causal, seed, Some(layout))?;
+        }
+    }
+}
+
+/// The tree batch's sequences as plain causal sequences (for a tail test).
+fn batch_from_tree(b: &SeqBatch) -> SeqBatch {
+    SeqBatch {
+        q_pos: b.q_pos.clone(),
+        k_pos: b.k_pos.clone(),
+        q_lens: b.q_lens.clone(),
+        k_lens: b.k_lens.clone(),
+        ..SeqBatch::default()
+    }
 }
 
 fn dims_strategy() -> impl Strategy<Value = AttnDims> {

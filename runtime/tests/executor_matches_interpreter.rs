@@ -247,6 +247,18 @@ fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
             "{name}: no plane layout in {}",
             exec.device()
         );
+        if name == "llama" {
+            let attn = plan.launches.iter().any(|l| {
+                matches!(
+                    l.kernel,
+                    draftc_codegen::Kernel::Attention {
+                        layout: draftc_codegen::AttentionLayout::Planes { .. },
+                        ..
+                    }
+                )
+            });
+            prop_assert!(attn, "llama: attention kept the lane layout");
+        }
     }
     let mut dev_caches = CacheStore::<Wgpu>::new(&client, batch, capacity, DType::F32);
     let mut host_caches = HostCaches::new(batch);
@@ -405,7 +417,11 @@ proptest! {
     /// The GPU kernel layouts (plane linears) give the interpreter's
     /// results for every model, run on lavapipe's 8-lane planes.
     #[test]
-    fn executor_with_gpu_layouts_equals_interpreter(c in config().prop_map(|c| Config { gpu: true, ..c })) {
+    fn executor_with_gpu_layouts_equals_interpreter(
+        // head_dim 8 fills lavapipe's 8-lane planes, so attention takes the
+        // GPU layout too.
+        c in config().prop_map(|c| Config { gpu: true, head_dim: 8, ..c }),
+    ) {
         for name in &models() {
             check_model(name, &c)?;
         }

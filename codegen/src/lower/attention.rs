@@ -196,6 +196,10 @@ impl Lowerer<'_> {
                     kv_heads: a.kv_heads,
                     head_dim: a.head_dim,
                     mask: a.mask,
+                    layout: self
+                        .cfg
+                        .device
+                        .attention_layout(a.heads, a.kv_heads, a.head_dim),
                 }
             }
         };

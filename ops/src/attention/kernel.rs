@@ -27,6 +27,55 @@ use super::mask::code;
 /// `exp(m - m_new)` never sees `inf - inf` under fast math).
 const NEG_BIG: f32 = -1.0e30;
 
+/// Whether key row `j` is visible to query row `row` (position `qp`): the
+/// mask's predicate on positions (`mask.rs`), and with `tree` the ancestor
+/// bit of a tree key (rows from `tree_base` on). Shared by every attention
+/// kernel layout.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn key_visible(
+    j: u32,
+    qp: u32,
+    row: u32,
+    tree_base: u32,
+    k_pos: &Array<u32>,
+    anc: &Array<u32>,
+    words: u32,
+    p0: u32,
+    p1: u32,
+    #[comptime] mask: u32,
+    #[comptime] tree: bool,
+) -> bool {
+    let mut vis = true;
+    if comptime!(mask == code::CAUSAL) {
+        vis = k_pos[j as usize] <= qp;
+    }
+    if comptime!(mask == code::CROSS_DIAGONAL) {
+        vis = k_pos[j as usize] < qp;
+    }
+    if comptime!(mask == code::INVERSE_BLOCK) {
+        // p0 = window k, p1 = offset ε; win(p) = (p + k - 1 - ε) / k.
+        let kw = (k_pos[j as usize] + p0 - 1 - p1) / p0;
+        let qw = (qp + p0 - 1 - p1) / p0;
+        vis = kw < qw;
+    }
+    if comptime!(mask == code::SLIDING_SINK) {
+        // p0 = window w, p1 = sink s.
+        let kp = k_pos[j as usize];
+        vis = kp <= qp && (kp < p1 || qp - kp < p0);
+    }
+    if tree {
+        // Tree keys (the last keys of the sequence): only those whose bit
+        // is set (ancestors of the query node).
+        if j >= tree_base {
+            let node = j - tree_base;
+            let bits = anc[(row * words + node / 32) as usize];
+            vis = vis && ((bits >> (node % 32)) & 1) == 1;
+        }
+    }
+    vis
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
@@ -76,33 +125,7 @@ pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
         let mut m = f32::new(NEG_BIG);
         let mut l = f32::new(0.0);
         for j in k_begin..k_end {
-            let mut vis = true;
-            if comptime!(mask == code::CAUSAL) {
-                vis = k_pos[j as usize] <= qp;
-            }
-            if comptime!(mask == code::CROSS_DIAGONAL) {
-                vis = k_pos[j as usize] < qp;
-            }
-            if comptime!(mask == code::INVERSE_BLOCK) {
-                // p0 = window k, p1 = offset ε; win(p) = (p + k - 1 - ε) / k.
-                let kw = (k_pos[j as usize] + p0 - 1 - p1) / p0;
-                let qw = (qp + p0 - 1 - p1) / p0;
-                vis = kw < qw;
-            }
-            if comptime!(mask == code::SLIDING_SINK) {
-                // p0 = window w, p1 = sink s.
-                let kp = k_pos[j as usize];
-                vis = kp <= qp && (kp < p1 || qp - kp < p0);
-            }
-            if tree {
-                // Tree keys (the last keys of the sequence): only those
-                // whose bit is set (ancestors of the query node).
-                if j >= tree_base {
-                    let node = j - tree_base;
-                    let bits = anc[(row * words + node / 32) as usize];
-                    vis = vis && ((bits >> (node % 32)) & 1) == 1;
-                }
-            }
+            let vis = key_visible(j, qp, row, tree_base, k_pos, anc, words, p0, p1, mask, tree);
             if vis {
                 let k_base = ((j * kv_heads + kvh) * hdv) as usize;
                 let mut dotv = Vector::<f32, N>::new(0.0);

@@ -25,14 +25,16 @@ const CUBE_UNITS: u32 = 64;
 /// Per-row metadata of a [`SeqBatch`] in device memory, for one mask.
 pub struct AttnMeta<R: Runtime> {
     /// `[total_q, 4]`: `(q_pos, k_begin, k_end, tree_base)` per query row.
-    meta: DeviceTensor<R>,
-    k_pos: DeviceTensor<R>,
+    pub(super) meta: DeviceTensor<R>,
+    pub(super) k_pos: DeviceTensor<R>,
     /// Tree ancestor bits `[total_q, words]` (a single zero word otherwise).
-    anc: DeviceTensor<R>,
-    words: usize,
-    total_q: usize,
-    total_k: usize,
-    mask: Mask,
+    pub(super) anc: DeviceTensor<R>,
+    pub(super) words: usize,
+    pub(super) total_q: usize,
+    pub(super) total_k: usize,
+    pub(super) mask: Mask,
+    /// Most keys any query row scans (its sequence's key rows).
+    pub(super) max_keys: usize,
 }
 
 impl<R: Runtime> AttnMeta<R> {
@@ -66,6 +68,7 @@ impl<R: Runtime> AttnMeta<R> {
             total_q: batch.total_q(),
             total_k: batch.total_k(),
             mask,
+            max_keys: batch.k_lens.iter().copied().max().unwrap_or(0),
         })
     }
 
@@ -125,6 +128,7 @@ impl<R: Runtime> AttnMeta<R> {
             total_q: batch.total_q(),
             total_k: key_rows,
             mask,
+            max_keys: batch.k_lens.iter().copied().max().unwrap_or(0),
         })
     }
 
@@ -179,46 +183,14 @@ pub fn attention_rows<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "attention";
-    dims.validate(OP)?;
+    if !check_rows(client, q, k, v, dims, meta, &rows, out)? {
+        return Ok(());
+    }
     let AttnDims {
         heads,
         kv_heads,
         head_dim,
     } = dims;
-    expect_float(client, OP, "q", q)?;
-    expect_shape(OP, "q", q, &[meta.total_q, heads, head_dim])?;
-    expect_shape(OP, "k", k, &[meta.total_k, kv_heads, head_dim])?;
-    expect_shape(OP, "v", v, &[meta.total_k, kv_heads, head_dim])?;
-    expect_shape(OP, "out", out, &[meta.total_q, heads, head_dim])?;
-    for (arg, t) in [("k", k), ("v", v), ("out", out)] {
-        expect_dtype(OP, arg, t, q.dtype())?;
-    }
-    for (arg, t) in [
-        ("q", q),
-        ("k", k),
-        ("v", v),
-        ("out", out),
-        ("meta", &meta.meta),
-        ("anc", &meta.anc),
-    ] {
-        expect_bindable(OP, arg, t)?;
-    }
-    if meta.total_k == 0 {
-        return Err(OpsError::EmptyInput {
-            op: OP,
-            arg: "k",
-            shape: k.shape().to_vec(),
-        });
-    }
-    if rows.start > rows.end || rows.end > meta.total_q {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("row range {rows:?} is not within 0..{}", meta.total_q),
-        });
-    }
-    if rows.is_empty() {
-        return Ok(());
-    }
     let vec = [4usize, 2, 1]
         .into_iter()
         .find(|n| head_dim % n == 0)
@@ -324,4 +296,58 @@ pub fn draft_dim_attention<R: Runtime>(
         start = end;
     }
     Ok(())
+}
+
+/// Validates an attention launch over query rows `rows`; `Ok(false)` when
+/// there is nothing to compute. Shared by every kernel layout.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn check_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &DeviceTensor<R>,
+    k: &DeviceTensor<R>,
+    v: &DeviceTensor<R>,
+    dims: AttnDims,
+    meta: &AttnMeta<R>,
+    rows: &Range<usize>,
+    out: &DeviceTensor<R>,
+) -> Result<bool> {
+    const OP: &str = "attention";
+    dims.validate(OP)?;
+    let AttnDims {
+        heads,
+        kv_heads,
+        head_dim,
+    } = dims;
+    expect_float(client, OP, "q", q)?;
+    expect_shape(OP, "q", q, &[meta.total_q, heads, head_dim])?;
+    expect_shape(OP, "k", k, &[meta.total_k, kv_heads, head_dim])?;
+    expect_shape(OP, "v", v, &[meta.total_k, kv_heads, head_dim])?;
+    expect_shape(OP, "out", out, &[meta.total_q, heads, head_dim])?;
+    for (arg, t) in [("k", k), ("v", v), ("out", out)] {
+        expect_dtype(OP, arg, t, q.dtype())?;
+    }
+    for (arg, t) in [
+        ("q", q),
+        ("k", k),
+        ("v", v),
+        ("out", out),
+        ("meta", &meta.meta),
+        ("anc", &meta.anc),
+    ] {
+        expect_bindable(OP, arg, t)?;
+    }
+    if meta.total_k == 0 {
+        return Err(OpsError::EmptyInput {
+            op: OP,
+            arg: "k",
+            shape: k.shape().to_vec(),
+        });
+    }
+    if rows.start > rows.end || rows.end > meta.total_q {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("row range {rows:?} is not within 0..{}", meta.total_q),
+        });
+    }
+    Ok(!rows.is_empty())
 }

@@ -9,6 +9,7 @@
 //! | `reference.rs` | [`attention_ref`], the plain-Rust oracle |
 //! | `kernel.rs` | the `#[cube]` kernel |
 //! | `launch.rs` | safe launch functions: [`attention`], [`draft_dim_attention`], [`AttnMeta`] |
+//! | `decode.rs` | the GPU layout ([`attention_planes`]): a plane per (row, KV head, key split) serving the whole query-head group, flash-decoding splits |
 //!
 //! Layouts (row-major, contiguous): `q`, `out` `[Σ q_lens, heads, head_dim]`;
 //! `k`, `v` `[Σ k_lens, kv_heads, head_dim]`; sequences packed one after the
@@ -19,15 +20,18 @@
 //! Limits: `head_dim <= 256` (per-unit accumulators), positions `< 2^31`,
 //! every buffer within the 128 MiB binding limit.
 
+pub(crate) mod decode;
 mod kernel;
 mod launch;
 mod mask;
 mod reference;
 
+pub use decode::{attention_planes, supports as planes_support, AttnPlaneShape};
 pub use launch::{attention, attention_rows, draft_dim_attention, AttnMeta};
 pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TreeTail, TREE_ROOT};
 pub use reference::attention_ref;
 // For `crate::source` (kernel source text without a device).
+pub(crate) use decode::{attention_combine, decode_attention};
 pub(crate) use kernel::fused_attention;
 
 /// Largest supported head dimension.

@@ -195,6 +195,82 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
                 width_v,
             );
         }
+        KernelSpec::AttentionPlanes {
+            pv, planes, mask, ..
+        } => {
+            use crate::attention::decode_attention as k;
+            b.scope.register_size::<k::N>(n);
+            AddressType::U32.register(&mut b.scope);
+            let q = array_in::<Vector<F, k::N>>(&mut b);
+            let kk = array_in::<Vector<F, k::N>>(&mut b);
+            let v = array_in::<Vector<F, k::N>>(&mut b);
+            let out = array_out::<Vector<F, k::N>>(&mut b);
+            let part_ml = array_out::<f32>(&mut b);
+            let part_acc = array_out::<Vector<f32, k::N>>(&mut b);
+            let meta = array_in::<u32>(&mut b);
+            let k_pos = array_in::<u32>(&mut b);
+            let anc = array_in::<u32>(&mut b);
+            let s: Vec<_> = (0..3).map(|_| scalar::<u32>(&mut b)).collect();
+            let (group, kv_heads, hdv) = (
+                scalar::<u32>(&mut b),
+                scalar::<u32>(&mut b),
+                scalar::<u32>(&mut b),
+            );
+            let scale = scalar::<f32>(&mut b);
+            let t: Vec<_> = (0..5).map(|_| scalar::<u32>(&mut b)).collect();
+            let (code, _, _) = mask.representative().kernel_args();
+            k::expand::<F, k::N>(
+                &mut b.scope,
+                n,
+                q,
+                kk,
+                v,
+                out,
+                part_ml,
+                part_acc,
+                meta,
+                k_pos,
+                anc,
+                s[0].clone(),
+                s[1].clone(),
+                s[2].clone(),
+                group,
+                kv_heads,
+                hdv,
+                scale,
+                t[0].clone(),
+                t[1].clone(),
+                t[2].clone(),
+                t[3].clone(),
+                t[4].clone(),
+                pv,
+                planes,
+                crate::attention::decode::MAX_HEAD_DIM / n,
+                code,
+                mask == MaskKind::Tree,
+            );
+        }
+        KernelSpec::AttentionCombine { .. } => {
+            use crate::attention::attention_combine as k;
+            b.scope.register_size::<k::N>(n);
+            AddressType::U32.register(&mut b.scope);
+            let part_ml = array_in::<f32>(&mut b);
+            let part_acc = array_in::<Vector<f32, k::N>>(&mut b);
+            let out = array_out::<Vector<F, k::N>>(&mut b);
+            let s: Vec<_> = (0..5).map(|_| scalar::<u32>(&mut b)).collect();
+            k::expand::<F, k::N>(
+                &mut b.scope,
+                n,
+                part_ml,
+                part_acc,
+                out,
+                s[0].clone(),
+                s[1].clone(),
+                s[2].clone(),
+                s[3].clone(),
+                s[4].clone(),
+            );
+        }
         KernelSpec::Attention {
             mask, head_dim_cap, ..
         } => {

@@ -164,6 +164,18 @@ pub enum KernelSpec {
         mask: MaskKind,
         head_dim_cap: usize,
     },
+    /// The GPU attention layout's main kernel (`attention::decode`): `pv`
+    /// vectors of `vector` per lane, `planes` planes per cube.
+    AttentionPlanes {
+        dtype: DType,
+        vector: usize,
+        pv: usize,
+        planes: usize,
+        mask: MaskKind,
+    },
+    /// The GPU attention layout's split merge (launched when a context
+    /// spans several key chunks).
+    AttentionCombine { dtype: DType, vector: usize },
     /// [`crate::embedding::embedding_kernel`].
     Embedding { dtype: DType, vector: usize },
     /// [`crate::elementwise::elementwise_kernel`].
@@ -278,6 +290,26 @@ impl KernelSpec {
         }
     }
 
+    /// The GPU attention layout for `head_dim` on planes of `plane` lanes
+    /// with `planes` planes per cube (as `attention_planes` picks it).
+    pub fn attention_planes(
+        dtype: DType,
+        head_dim: usize,
+        plane: usize,
+        planes: usize,
+        mask: MaskKind,
+    ) -> KernelSpec {
+        let per = head_dim / plane.max(1);
+        let vector = vector_width(per.max(1));
+        KernelSpec::AttentionPlanes {
+            dtype,
+            vector,
+            pv: (per / vector).max(1),
+            planes,
+            mask,
+        }
+    }
+
     /// Embedding gather of rows of `d`.
     pub fn embedding(dtype: DType, d: usize) -> KernelSpec {
         KernelSpec::Embedding {
@@ -312,6 +344,8 @@ impl KernelSpec {
             | KernelSpec::Rope { dtype }
             | KernelSpec::CopyRows { dtype, .. }
             | KernelSpec::Attention { dtype, .. }
+            | KernelSpec::AttentionPlanes { dtype, .. }
+            | KernelSpec::AttentionCombine { dtype, .. }
             | KernelSpec::Embedding { dtype, .. }
             | KernelSpec::Elementwise { dtype, .. }
             | KernelSpec::LayerSum { dtype, .. } => dtype,
@@ -327,6 +361,8 @@ impl KernelSpec {
             | KernelSpec::RmsNorm { vector, .. }
             | KernelSpec::CopyRows { vector, .. }
             | KernelSpec::Attention { vector, .. }
+            | KernelSpec::AttentionPlanes { vector, .. }
+            | KernelSpec::AttentionCombine { vector, .. }
             | KernelSpec::Embedding { vector, .. }
             | KernelSpec::Elementwise { vector, .. }
             | KernelSpec::LayerSum { vector, .. } => vector,
@@ -342,6 +378,8 @@ impl KernelSpec {
             KernelSpec::Rope { .. } => "rope_kernel",
             KernelSpec::CopyRows { .. } => "copy_rows",
             KernelSpec::Attention { .. } => "fused_attention",
+            KernelSpec::AttentionPlanes { .. } => "decode_attention",
+            KernelSpec::AttentionCombine { .. } => "attention_combine",
             KernelSpec::Embedding { .. } => "embedding_kernel",
             KernelSpec::Elementwise { .. } => "elementwise_kernel",
             KernelSpec::LayerSum { .. } => "layer_sum_kernel",
@@ -371,6 +409,8 @@ impl KernelSpec {
             KernelSpec::Rope { .. } => rope::BLOCK as u32,
             KernelSpec::CopyRows { .. } => COPY_UNITS,
             KernelSpec::Attention { .. } => ATTENTION_UNITS,
+            KernelSpec::AttentionPlanes { planes, .. } => 32 * *planes as u32,
+            KernelSpec::AttentionCombine { .. } => 128,
             KernelSpec::Embedding { .. } => embedding::BLOCK as u32,
             KernelSpec::Elementwise { .. } => elementwise::BLOCK as u32,
             KernelSpec::LayerSum { .. } => layer_sum::BLOCK as u32,
@@ -477,6 +517,9 @@ impl fmt::Display for KernelSpec {
             KernelSpec::Attention {
                 mask, head_dim_cap, ..
             } => write!(f, " mask={} cap={head_dim_cap}", mask.name()),
+            KernelSpec::AttentionPlanes {
+                pv, planes, mask, ..
+            } => write!(f, " pv={pv} planes={planes} mask={}", mask.name()),
             KernelSpec::Elementwise { op, .. } => write!(f, " op={}", op.name()),
             _ => Ok(()),
         }

@@ -54,6 +54,11 @@ pub struct DecodePoint {
     /// over the host's memory read bandwidth.
     pub fraction_of_device_read: f64,
     pub fraction_of_host_read: f64,
+    /// Kernel launches in one decode step (the plan's count).
+    pub launches_per_step: usize,
+    /// Host time issuing one launch, mean over the run (prefill included;
+    /// `exec::HostTime`): the cost a launch adds before the device sees it.
+    pub host_us_per_launch: f64,
 }
 
 /// The whole report (`decode.json`).
@@ -110,6 +115,7 @@ pub fn run_decode<R: Runtime>(
             .iter()
             .map(|p| Request { prompt: p.clone() })
             .collect();
+        let host0 = target.exec.host_time();
         let run = generate(
             &mut target,
             &requests,
@@ -118,6 +124,7 @@ pub fn run_decode<R: Runtime>(
             None,
             &mut |_, _| {},
         )?;
+        let host = target.exec.host_time().since(&host0);
         let timed = timed_passes(&run.stats.decode_pass_s, cfg.steps)?;
         let seconds = timed.iter().sum::<f64>().max(1e-9);
         let prompt_mean = requests.iter().map(|r| r.prompt.len()).sum::<usize>() as f64 / b as f64;
@@ -155,6 +162,8 @@ pub fn run_decode<R: Runtime>(
             achieved_flops_per_s: flops / step_s,
             fraction_of_device_read: bytes / step_s / roofline.device_read,
             fraction_of_host_read: bytes / step_s / roofline.host_read,
+            launches_per_step: plan.launches.len(),
+            host_us_per_launch: host.us_per_launch(),
         });
     }
     progress.finish();
@@ -190,8 +199,8 @@ impl DecodeReport {
         let mut s = format!(
             "## autoregressive decode — {}, {} ({} MB of weights)\n\
              rooflines: device streaming read {:.2} GB/s, host read {:.1} GB/s, host copy {:.1} GB/s\n\n\
-             | batch | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s |\n\
-             |---|---|---|---|---|---|---|---|---|---|\n",
+             | batch | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s | launches/step | host µs/launch |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.device,
             self.dtype,
             self.weight_bytes / 1_000_000,
@@ -201,7 +210,7 @@ impl DecodeReport {
         );
         for p in &self.points {
             s.push_str(&format!(
-                "| {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} |\n",
+                "| {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} | {} | {:.1} |\n",
                 p.batch,
                 p.tokens_per_s,
                 p.step_ms,
@@ -212,6 +221,8 @@ impl DecodeReport {
                 100.0 * p.fraction_of_device_read,
                 100.0 * p.fraction_of_host_read,
                 p.achieved_flops_per_s / 1e9,
+                p.launches_per_step,
+                p.host_us_per_launch,
             ));
         }
         s

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{Kernel, LaunchId, LinearLayout, Plan, PlanDType};
+use draftc_codegen::{AttentionLayout, Kernel, LaunchId, LinearLayout, Plan, PlanDType};
 use draftc_ir::op::Mask;
 use draftc_ops::linear_plane::PlaneShape;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
@@ -247,7 +247,12 @@ pub fn kernel_spec(
             KernelSpec::rope(dt)
         }
         Kernel::KvAppend { width, .. } => KernelSpec::copy_rows(dt, size("width", width)?),
-        Kernel::Attention { head_dim, mask, .. } => {
+        Kernel::Attention {
+            head_dim,
+            mask,
+            layout,
+            ..
+        } => {
             let kind = match mask {
                 Mask::Causal => MaskKind::Causal,
                 Mask::Full => MaskKind::Full,
@@ -256,7 +261,16 @@ pub fn kernel_spec(
                 Mask::SlidingWindow { .. } => MaskKind::SlidingSink,
                 Mask::Tree => MaskKind::Tree,
             };
-            attention(dt, head_dim, kind)?
+            match layout {
+                AttentionLayout::Lanes => attention(dt, head_dim, kind)?,
+                AttentionLayout::Planes { plane, planes, .. } => KernelSpec::attention_planes(
+                    dt,
+                    size("head_dim", head_dim)?,
+                    plane as usize,
+                    planes as usize,
+                    kind,
+                ),
+            }
         }
         Kernel::DraftDimAttention { head_dim, .. } => attention(dt, head_dim, MaskKind::Full)?,
         Kernel::Embedding { d, .. } => KernelSpec::embedding(dt, size("d", d)?),
@@ -374,6 +388,7 @@ mod tests {
                 kv_heads: 1,
                 head_dim: 512,
                 mask: Mask::Causal,
+                layout: AttentionLayout::Lanes,
             },
             Kernel::Embedding {
                 tokens: 1,

@@ -26,7 +26,7 @@ use draftc_codegen::{DeviceProfile, LinearLayout};
 use draftc_ir::graph::{Graph, ValueId};
 use draftc_ir::op::{Mask as IrMask, Op};
 use draftc_ir::types::DType as IrDType;
-use draftc_ops::attention::{AttnDims, AttnMeta, Mask, SeqBatch, TREE_ROOT};
+use draftc_ops::attention::{AttnDims, Mask};
 use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
@@ -78,7 +78,7 @@ fn list(errors: &[BindError]) -> String {
 
 /// Where the new rows of a pending cache write come from.
 #[derive(Clone, Debug, PartialEq)]
-enum RowSource {
+pub(super) enum RowSource {
     /// One row per step row (self-attention).
     Step,
     /// The new rows of a memory stream.
@@ -111,8 +111,36 @@ pub struct Executor<R: Runtime> {
     plans: HashMap<usize, Plan>,
     /// The device the plans are lowered for (kernel layouts).
     device: DeviceProfile,
+    /// Launches issued and the host time spent issuing them.
+    host: HostTime,
     /// Per-launch wall times when profiling (`DRAFTC_PROFILE=1`).
     profile: Option<Profile>,
+}
+
+/// Host work per launch: launches issued by [`Executor::run`] and the wall
+/// time spent issuing them (argument checks, metadata and scratch
+/// allocations, queueing), measured around each launch call without
+/// waiting for the device, so it excludes kernel time unless the runtime
+/// blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct HostTime {
+    pub launches: u64,
+    pub issue_s: f64,
+}
+
+impl HostTime {
+    /// Mean host microseconds per launch.
+    pub fn us_per_launch(&self) -> f64 {
+        1e6 * self.issue_s / self.launches.max(1) as f64
+    }
+
+    /// The work done since `earlier`.
+    pub fn since(&self, earlier: &HostTime) -> HostTime {
+        HostTime {
+            launches: self.launches - earlier.launches,
+            issue_s: self.issue_s - earlier.issue_s,
+        }
+    }
 }
 
 /// Wall time per kernel family, measured by synchronising the device after
@@ -235,6 +263,7 @@ impl<R: Runtime> Executor<R> {
             weights: dev,
             plans,
             device,
+            host: HostTime::default(),
             profile: std::env::var_os("DRAFTC_PROFILE")
                 .is_some_and(|v| v == "1")
                 .then(Profile::default),
@@ -243,6 +272,11 @@ impl<R: Runtime> Executor<R> {
 
     pub fn client(&self) -> &ComputeClient<R> {
         &self.client
+    }
+
+    /// Launches issued so far and the host time they took.
+    pub fn host_time(&self) -> HostTime {
+        self.host
     }
 
     /// The device profile the plans are lowered for.
@@ -354,6 +388,8 @@ impl<R: Runtime> Executor<R> {
                     )),
                     e => e,
                 })?;
+            self.host.launches += 1;
+            self.host.issue_s += t.elapsed().as_secs_f64();
             if let Some(p) = &mut self.profile {
                 cubecl::future::block_on(self.client.sync())
                     .map_err(|e| ExecError::Internal(format!("device sync: {e:?}")))?;
@@ -370,17 +406,17 @@ impl<R: Runtime> Executor<R> {
 }
 
 /// State of one pass.
-struct Run<'a, R: Runtime> {
-    client: &'a ComputeClient<R>,
-    plan: &'a Plan,
+pub(super) struct Run<'a, R: Runtime> {
+    pub(super) client: &'a ComputeClient<R>,
+    pub(super) plan: &'a Plan,
     graph: &'a Graph,
-    step: &'a Step,
-    dtype: DType,
+    pub(super) step: &'a Step,
+    pub(super) dtype: DType,
     weights: &'a BTreeMap<String, DeviceTensor<R>>,
     bufs: Vec<Option<DeviceTensor<R>>>,
     slot_handles: Vec<cubecl::server::Handle>,
     /// New cache rows not yet appended, by cache half buffer.
-    pending: BTreeMap<BufferId, (DeviceTensor<R>, RowSource)>,
+    pub(super) pending: BTreeMap<BufferId, (DeviceTensor<R>, RowSource)>,
     /// Uploaded memory rows by stream name.
     memory: BTreeMap<String, DeviceTensor<R>>,
 }
@@ -394,7 +430,7 @@ impl<R: Runtime> Run<'_, R> {
         }
     }
 
-    fn is_cache(&self, b: BufferId) -> bool {
+    pub(super) fn is_cache(&self, b: BufferId) -> bool {
         self.plan.buffer(b).class == BufferClass::State
     }
 
@@ -475,7 +511,7 @@ impl<R: Runtime> Run<'_, R> {
     }
 
     /// The tensor of buffer `b` (allocated on first use), in its plan shape.
-    fn tensor(&mut self, b: BufferId) -> Result<DeviceTensor<R>, ExecError> {
+    pub(super) fn tensor(&mut self, b: BufferId) -> Result<DeviceTensor<R>, ExecError> {
         if let Some(t) = &self.bufs[b.index()] {
             return Ok(t.clone());
         }
@@ -504,78 +540,22 @@ impl<R: Runtime> Run<'_, R> {
         Ok(t)
     }
 
-    fn positions_of(&self, src: &RowSource) -> Result<Vec<u32>, ExecError> {
+    pub(super) fn positions_of(&self, src: &RowSource) -> Result<Vec<u32>, ExecError> {
         match src {
             RowSource::Step => Ok(self.step.positions()),
             RowSource::Memory(name) => Ok(self.step.memory[name].positions.clone()),
         }
     }
 
-    fn lens_of(&self, src: &RowSource) -> Vec<usize> {
+    pub(super) fn lens_of(&self, src: &RowSource) -> Vec<usize> {
         match src {
             RowSource::Step => self.step.lens(),
             RowSource::Memory(name) => self.step.memory[name].lens.clone(),
         }
     }
 
-    fn upload_u32(&self, data: &[u32]) -> Result<DeviceTensor<R>, ExecError> {
+    pub(super) fn upload_u32(&self, data: &[u32]) -> Result<DeviceTensor<R>, ExecError> {
         Ok(DeviceTensor::upload_u32(self.client, data, &[data.len()])?)
-    }
-
-    /// Cache half name of a state buffer and whether it lives in the target's store.
-    fn cache_name(&self, b: BufferId) -> (String, bool) {
-        let name = &self.plan.buffer(b).name;
-        match name.strip_prefix("target.") {
-            Some(rest) => (rest.to_string(), true),
-            None => (name.clone(), false),
-        }
-    }
-
-    /// Appends the pending new rows of cache halves `k`, `v` (if any) and
-    /// returns the store-side cache name.
-    fn flush(
-        &mut self,
-        k: BufferId,
-        v: BufferId,
-        caches: &mut CacheStore<R>,
-        target: Option<&mut CacheStore<R>>,
-    ) -> Result<(String, bool), ExecError> {
-        let (k_half, in_target) = self.cache_name(k);
-        let (v_half, _) = self.cache_name(v);
-        let cache = k_half
-            .strip_suffix(".k")
-            .ok_or_else(|| ExecError::Internal(format!("cache half `{k_half}` is not `….k`")))?
-            .to_string();
-        let store = if in_target {
-            target.ok_or_else(|| {
-                ExecError::Unsupported(format!(
-                    "`target.{cache}` read without the target's caches (run this drafter with a target)"
-                ))
-            })?
-        } else {
-            caches
-        };
-        let (Some((kt, src)), Some((vt, _))) = (self.pending.remove(&k), self.pending.remove(&v))
-        else {
-            return Ok((cache, in_target));
-        };
-        let positions = self.positions_of(&src)?;
-        let lens = self.lens_of(&src);
-        let mut rows = Vec::with_capacity(positions.len());
-        let mut at = 0;
-        for (seq, &n) in self.step.seqs.iter().zip(&lens) {
-            rows.extend(store.reserve(&cache, seq.slot, &positions[at..at + n])?);
-            at += n;
-        }
-        let width = kt.shape()[1];
-        let kc = store.half(&k_half, width)?;
-        let vc = store.half(&v_half, width)?;
-        if rows.is_empty() {
-            return Ok((cache, in_target));
-        }
-        draftc_ops::kv::append_rows(self.client, &kt, &rows, &kc)?;
-        draftc_ops::kv::append_rows(self.client, &vt, &rows, &vc)?;
-        Ok((cache, in_target))
     }
 
     fn launch(
@@ -746,8 +726,11 @@ impl<R: Runtime> Run<'_, R> {
                 kv_heads,
                 head_dim,
                 mask,
+                layout,
                 ..
-            } => self.attention(launch, heads, kv_heads, head_dim, mask, caches, target)?,
+            } => self.attention(
+                launch, heads, kv_heads, head_dim, mask, layout, caches, target,
+            )?,
             Kernel::DraftDimAttention {
                 bt,
                 l,
@@ -906,130 +889,6 @@ impl<R: Runtime> Run<'_, R> {
         let b2 = b.reshape(&[b.numel() / width, width])?;
         draftc_ops::kv::gather_rows(self.client, &b2, &rows, &t, &dst)?;
         Ok(t.reshape(&[total])?)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &mut self,
-        launch: &draftc_codegen::Launch,
-        heads: i64,
-        kv_heads: i64,
-        head_dim: i64,
-        mask: IrMask,
-        caches: &mut CacheStore<R>,
-        mut target: Option<&mut CacheStore<R>>,
-    ) -> Result<(), ExecError> {
-        let dims = AttnDims {
-            heads: heads as usize,
-            kv_heads: kv_heads as usize,
-            head_dim: head_dim as usize,
-        };
-        let (qb, kb, vb) = (launch.inputs[0], launch.inputs[1], launch.inputs[2]);
-        let q = self.tensor(qb)?;
-        let rows = q.numel() / (dims.heads * dims.head_dim);
-        let q = q.reshape(&[rows, dims.heads, dims.head_dim])?;
-        let out = self
-            .tensor(launch.outputs[0])?
-            .reshape(&[rows, dims.heads, dims.head_dim])?;
-        let q_lens = self.step.lens();
-        let q_pos = self.step.positions();
-        let mut mask = ops_mask(mask);
-        if !self.is_cache(kb) {
-            // No cache: keys are this pass's rows.
-            let k = self.tensor(kb)?;
-            let v = self.tensor(vb)?;
-            if k.numel() / (dims.kv_heads * dims.head_dim) != rows {
-                return Err(ExecError::Unsupported(
-                    "cross attention with a different number of key rows".into(),
-                ));
-            }
-            let kshape = [rows, dims.kv_heads, dims.head_dim];
-            let batch = SeqBatch {
-                q_lens: q_lens.clone(),
-                k_lens: q_lens,
-                q_pos: q_pos.clone(),
-                k_pos: q_pos,
-                parents: Vec::new(),
-                tail: None,
-            };
-            let meta = AttnMeta::new(self.client, &batch, mask)?;
-            draftc_ops::attention::attention_rows(
-                self.client,
-                &q,
-                &k.reshape(&kshape)?,
-                &v.reshape(&kshape)?,
-                dims,
-                &meta,
-                0..rows,
-                &out,
-            )?;
-            return Ok(());
-        }
-        let (cache, in_target) = self.flush(kb, vb, caches, target.as_deref_mut())?;
-        let store: &mut CacheStore<R> = if in_target {
-            target.ok_or_else(|| ExecError::Internal("target caches vanished".into()))?
-        } else {
-            caches
-        };
-        let (k_half, _) = self.cache_name(kb);
-        let (v_half, _) = self.cache_name(vb);
-        let width = dims.kv_heads * dims.head_dim;
-        let kc = store.half(&k_half, width)?;
-        let vc = store.half(&v_half, width)?;
-        let mut k_lens = Vec::new();
-        let mut k_pos = Vec::new();
-        let mut key_base = Vec::new();
-        let mut parents = Vec::new();
-        let is_memory =
-            cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
-        for seq in &self.step.seqs {
-            k_lens.push(store.len(&cache, seq.slot));
-            k_pos.extend_from_slice(store.positions(&cache, seq.slot));
-            key_base.push(seq.slot * store.capacity());
-            match &seq.parents {
-                Some(p) => parents.extend_from_slice(p),
-                None => parents.extend((0..seq.positions.len() as u32).map(|i| {
-                    if i == 0 {
-                        TREE_ROOT
-                    } else {
-                        i - 1
-                    }
-                })),
-            }
-        }
-        if self.step.is_tree() && mask == Mask::Causal && !is_memory {
-            mask = Mask::Tree;
-        }
-        let batch = SeqBatch {
-            q_lens,
-            k_lens,
-            q_pos,
-            k_pos,
-            parents: if mask == Mask::Tree {
-                parents
-            } else {
-                Vec::new()
-            },
-            tail: if is_memory {
-                self.step.memory_tree_tail()?
-            } else {
-                None
-            },
-        };
-        let meta =
-            AttnMeta::with_key_base(self.client, &batch, mask, &key_base, store.total_rows())?;
-        let kshape = [store.total_rows(), dims.kv_heads, dims.head_dim];
-        draftc_ops::attention::attention_rows(
-            self.client,
-            &q,
-            &kc.reshape(&kshape)?,
-            &vc.reshape(&kshape)?,
-            dims,
-            &meta,
-            0..rows,
-            &out,
-        )?;
-        Ok(())
     }
 
     /// Graph outputs, emitted streams and appended rows by name.

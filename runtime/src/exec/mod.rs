@@ -20,6 +20,7 @@
 //! A pass appends its new rows after them; the engine later truncates or
 //! compacts (accepted tree path) through [`CacheStore`].
 
+mod attention;
 mod cache;
 mod draft_vocab;
 mod executor;
@@ -29,7 +30,7 @@ mod weights;
 
 pub use cache::{CacheStore, HostCaches};
 pub use draft_vocab::{file_specs, DraftVocab};
-pub use executor::{ops_dtype, ExecError, Executor, Outputs, Profile};
+pub use executor::{ops_dtype, ExecError, Executor, HostTime, Outputs, Profile};
 pub use interpret::{interpret, HostOutputs};
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};
 pub use weights::HostWeights;

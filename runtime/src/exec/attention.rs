@@ -1,0 +1,211 @@
+//! The executor's attention launches: appending a pass's new K/V rows to
+//! the [`CacheStore`] (`flush`) and attending over each sequence's cache
+//! range or this pass's own rows, with the kernel layout the plan chose
+//! (the lane kernel, or the GPU plane layout).
+
+use cubecl::prelude::*;
+use draftc_codegen::{AttentionLayout, BufferId};
+use draftc_ir::op::Mask as IrMask;
+use draftc_ops::attention::{
+    attention_planes, attention_rows, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch, TREE_ROOT,
+};
+use draftc_ops::DeviceTensor;
+
+use super::cache::CacheStore;
+use super::executor::{ops_mask, ExecError, Run};
+
+impl<R: Runtime> Run<'_, R> {
+    /// Cache half name of a state buffer and whether it lives in the target's store.
+    fn cache_name(&self, b: BufferId) -> (String, bool) {
+        let name = &self.plan.buffer(b).name;
+        match name.strip_prefix("target.") {
+            Some(rest) => (rest.to_string(), true),
+            None => (name.clone(), false),
+        }
+    }
+
+    /// Appends the pending new rows of cache halves `k`, `v` (if any) and
+    /// returns the store-side cache name.
+    fn flush(
+        &mut self,
+        k: BufferId,
+        v: BufferId,
+        caches: &mut CacheStore<R>,
+        target: Option<&mut CacheStore<R>>,
+    ) -> Result<(String, bool), ExecError> {
+        let (k_half, in_target) = self.cache_name(k);
+        let (v_half, _) = self.cache_name(v);
+        let cache = k_half
+            .strip_suffix(".k")
+            .ok_or_else(|| ExecError::Internal(format!("cache half `{k_half}` is not `….k`")))?
+            .to_string();
+        let store = if in_target {
+            target.ok_or_else(|| {
+                ExecError::Unsupported(format!(
+                    "`target.{cache}` read without the target's caches (run this drafter with a target)"
+                ))
+            })?
+        } else {
+            caches
+        };
+        let (Some((kt, src)), Some((vt, _))) = (self.pending.remove(&k), self.pending.remove(&v))
+        else {
+            return Ok((cache, in_target));
+        };
+        let positions = self.positions_of(&src)?;
+        let lens = self.lens_of(&src);
+        let mut rows = Vec::with_capacity(positions.len());
+        let mut at = 0;
+        for (seq, &n) in self.step.seqs.iter().zip(&lens) {
+            rows.extend(store.reserve(&cache, seq.slot, &positions[at..at + n])?);
+            at += n;
+        }
+        let width = kt.shape()[1];
+        let kc = store.half(&k_half, width)?;
+        let vc = store.half(&v_half, width)?;
+        if rows.is_empty() {
+            return Ok((cache, in_target));
+        }
+        draftc_ops::kv::append_rows(self.client, &kt, &rows, &kc)?;
+        draftc_ops::kv::append_rows(self.client, &vt, &rows, &vc)?;
+        Ok((cache, in_target))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn attention(
+        &mut self,
+        launch: &draftc_codegen::Launch,
+        heads: i64,
+        kv_heads: i64,
+        head_dim: i64,
+        mask: IrMask,
+        layout: AttentionLayout,
+        caches: &mut CacheStore<R>,
+        mut target: Option<&mut CacheStore<R>>,
+    ) -> Result<(), ExecError> {
+        let dims = AttnDims {
+            heads: heads as usize,
+            kv_heads: kv_heads as usize,
+            head_dim: head_dim as usize,
+        };
+        let (qb, kb, vb) = (launch.inputs[0], launch.inputs[1], launch.inputs[2]);
+        let q = self.tensor(qb)?;
+        let rows = q.numel() / (dims.heads * dims.head_dim);
+        let q = q.reshape(&[rows, dims.heads, dims.head_dim])?;
+        let out = self
+            .tensor(launch.outputs[0])?
+            .reshape(&[rows, dims.heads, dims.head_dim])?;
+        let q_lens = self.step.lens();
+        let q_pos = self.step.positions();
+        let mut mask = ops_mask(mask);
+        if !self.is_cache(kb) {
+            // No cache: keys are this pass's rows.
+            let k = self.tensor(kb)?;
+            let v = self.tensor(vb)?;
+            if k.numel() / (dims.kv_heads * dims.head_dim) != rows {
+                return Err(ExecError::Unsupported(
+                    "cross attention with a different number of key rows".into(),
+                ));
+            }
+            let kshape = [rows, dims.kv_heads, dims.head_dim];
+            let batch = SeqBatch {
+                q_lens: q_lens.clone(),
+                k_lens: q_lens,
+                q_pos: q_pos.clone(),
+                k_pos: q_pos,
+                parents: Vec::new(),
+                tail: None,
+            };
+            let meta = AttnMeta::new(self.client, &batch, mask)?;
+            let (k, v) = (k.reshape(&kshape)?, v.reshape(&kshape)?);
+            return launch_attention(self.client, &q, &k, &v, dims, &meta, rows, &out, layout);
+        }
+        let (cache, in_target) = self.flush(kb, vb, caches, target.as_deref_mut())?;
+        let store: &mut CacheStore<R> = if in_target {
+            target.ok_or_else(|| ExecError::Internal("target caches vanished".into()))?
+        } else {
+            caches
+        };
+        let (k_half, _) = self.cache_name(kb);
+        let (v_half, _) = self.cache_name(vb);
+        let width = dims.kv_heads * dims.head_dim;
+        let kc = store.half(&k_half, width)?;
+        let vc = store.half(&v_half, width)?;
+        let mut k_lens = Vec::new();
+        let mut k_pos = Vec::new();
+        let mut key_base = Vec::new();
+        let mut parents = Vec::new();
+        let is_memory =
+            cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
+        for seq in &self.step.seqs {
+            k_lens.push(store.len(&cache, seq.slot));
+            k_pos.extend_from_slice(store.positions(&cache, seq.slot));
+            key_base.push(seq.slot * store.capacity());
+            match &seq.parents {
+                Some(p) => parents.extend_from_slice(p),
+                None => parents.extend((0..seq.positions.len() as u32).map(|i| {
+                    if i == 0 {
+                        TREE_ROOT
+                    } else {
+                        i - 1
+                    }
+                })),
+            }
+        }
+        if self.step.is_tree() && mask == Mask::Causal && !is_memory {
+            mask = Mask::Tree;
+        }
+        let batch = SeqBatch {
+            q_lens,
+            k_lens,
+            q_pos,
+            k_pos,
+            parents: if mask == Mask::Tree {
+                parents
+            } else {
+                Vec::new()
+            },
+            tail: if is_memory {
+                self.step.memory_tree_tail()?
+            } else {
+                None
+            },
+        };
+        let meta =
+            AttnMeta::with_key_base(self.client, &batch, mask, &key_base, store.total_rows())?;
+        let kshape = [store.total_rows(), dims.kv_heads, dims.head_dim];
+        let (k, v) = (kc.reshape(&kshape)?, vc.reshape(&kshape)?);
+        launch_attention(self.client, &q, &k, &v, dims, &meta, rows, &out, layout)
+    }
+}
+
+/// Launches the attention of `meta`'s rows 0..rows in `layout`.
+#[allow(clippy::too_many_arguments)]
+fn launch_attention<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &DeviceTensor<R>,
+    k: &DeviceTensor<R>,
+    v: &DeviceTensor<R>,
+    dims: AttnDims,
+    meta: &AttnMeta<R>,
+    rows: usize,
+    out: &DeviceTensor<R>,
+    layout: AttentionLayout,
+) -> Result<(), ExecError> {
+    match layout {
+        AttentionLayout::Lanes => attention_rows(client, q, k, v, dims, meta, 0..rows, out)?,
+        AttentionLayout::Planes {
+            plane,
+            planes,
+            chunk,
+        } => {
+            let shape = AttnPlaneShape {
+                plane,
+                planes,
+                chunk,
+            };
+            attention_planes(client, q, k, v, dims, meta, 0..rows, out, shape)?
+        }
+    }
+    Ok(())
+}
