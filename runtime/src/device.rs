@@ -132,3 +132,30 @@ pub fn gpu_layout_profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfil
     p.name = format!("{} (GPU layouts)", p.name);
     p
 }
+
+/// The compute dtype `--dtype NAME` asks for on `client`: `f32`, `f16`, or
+/// `auto` (f16 weights and activations with f32 accumulation on a GPU,
+/// where decoding is bandwidth-bound; f32 on lavapipe, where f16 is no
+/// faster and the published numbers are f32).
+pub fn resolve_dtype<R: Runtime>(
+    name: &str,
+    client: &ComputeClient<R>,
+) -> Result<draftc_codegen::PlanDType, String> {
+    use draftc_codegen::PlanDType;
+    if name == "auto" {
+        return Ok(match profile(client).class {
+            DeviceClass::Gpu => PlanDType::F16,
+            DeviceClass::Emulator => PlanDType::F32,
+        });
+    }
+    PlanDType::parse(name).ok_or_else(|| format!("--dtype must be auto, f32 or f16, got `{name}`"))
+}
+
+/// Checks a `--dtype` value before any device is opened.
+pub fn check_dtype(name: &str) -> Result<(), String> {
+    if name == "auto" || draftc_codegen::PlanDType::parse(name).is_some() {
+        Ok(())
+    } else {
+        Err(format!("--dtype must be auto, f32 or f16, got `{name}`"))
+    }
+}

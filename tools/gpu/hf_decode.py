@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """PyTorch/transformers autoregressive decode throughput on the same converted
-weights `draftc bench decode --backend cuda` runs, for comparison (eager
-float32, KV cache, greedy argmax loop; the same batch sizes and timed steps).
+weights `draftc bench decode --backend cuda` runs, for comparison (eager,
+KV cache, greedy argmax loop; the same batch sizes and timed steps).
 
-Usage: python3 tools/gpu/hf_decode.py MODEL_DIR BATCHES STEPS
+Usage: python3 tools/gpu/hf_decode.py MODEL_DIR BATCHES STEPS [f32|f16]
 Prints a markdown table; also the device-to-device copy bandwidth (bytes read
 + written) as the machine's measured memory roofline.
 """
@@ -53,13 +53,14 @@ def decode(model, ids, steps):
 
 def main():
     model_dir, batches, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    dtype = {"f32": torch.float32, "f16": torch.float16}[sys.argv[4] if len(sys.argv) > 4 else "f32"]
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).cuda().eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=dtype).cuda().eval()
     text = tok.apply_chat_template([{"role": "user", "content": PROMPT}], tokenize=False, add_generation_prompt=True)
     ids = tok(text, return_tensors="pt").input_ids.cuda()
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     bw = copy_bandwidth()
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, weights {weight_bytes / 1e6:.1f} MB, "
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, {dtype}, weights {weight_bytes / 1e6:.1f} MB, "
           f"device copy {bw / 1e9:.0f} GB/s (read + write)")
     print("| batch | steps | step ms | tokens/s | weight GB/s | of copy bw |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")

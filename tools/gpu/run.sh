@@ -87,11 +87,17 @@ sanitize)
 bench)
   unpack .gpu1 .gpu2 .gpu3
   model="$stage/model/f32"
-  draftc bench decode --backend cuda --model "$model" --batch 1,4,16,64 --steps 32 \
-    --out "$out" 2>"$out/decode.err" | tee "$out/decode.md"
-  python3 tools/gpu/hf_decode.py "$model" 1,4,16,64 32 2>"$out/hf_decode.err" | tee "$out/hf_decode.md"
-  draftc bench spec --backend cuda --model "$model" --batch 1,4,16 --budget 4,8 --max-tokens 48 \
-    --out "$out" 2>"$out/spec.err" | tee "$out/spec.md"
+  # GPU kernel layouts (plane linears, plane decode attention) in f16 and
+  # f32; the tables include launches per step and host us per launch.
+  for dt in f16 f32; do
+    mkdir -p "$out/$dt"
+    draftc bench decode --backend cuda --dtype $dt --model "$model" --batch 1,4,16,64 --steps 32 \
+      --out "$out/$dt" 2>"$out/$dt/decode.err" | tee "$out/$dt/decode.md"
+    python3 tools/gpu/hf_decode.py "$model" 1,4,16,64 32 $dt 2>"$out/$dt/hf_decode.err" \
+      | tee "$out/$dt/hf_decode.md"
+  done
+  draftc bench spec --backend cuda --prompts mt-bench --prompt-count 16 --model "$model" \
+    --batch 1,16 --budget 3,4 --max-tokens 48 --out "$out" 2>"$out/spec.err" | tee "$out/spec.md"
   ;;
 *)
   echo "usage: run.sh stage|model|tests|bench STAGE" >&2

@@ -44,8 +44,9 @@ pub struct CommonArgs {
     /// Batch sizes (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16, 64])]
     pub batch: Vec<usize>,
-    /// Compute dtype of the plans: f32 or f16.
-    #[arg(long, default_value = "f32")]
+    /// Compute dtype of the plans: f32, f16 (f32 accumulation), or auto
+    /// (f16 on a GPU, f32 on lavapipe).
+    #[arg(long, default_value = "auto")]
     pub dtype: String,
     /// wgpu (Vulkan; lavapipe without a GPU) or cuda (`cuda` feature).
     #[arg(long, default_value = "wgpu")]
@@ -136,10 +137,10 @@ fn default_drafters(weights: &str) -> Vec<String> {
 
 pub fn run(args: BenchArgs) -> ExitCode {
     let got = match &args.which {
-        BenchKind::Decode(a) => with_backend(&a.common, |c, m, p| decode(c, m, p, a)),
+        BenchKind::Decode(a) => with_backend(&a.common, |c, m, p, d| decode(c, m, p, d, a)),
         // Prompts are read before the model is loaded: a bad --prompts fails fast.
         BenchKind::Spec(a) => crate::bench::prompts::load_prompts(&a.prompts).and_then(|prompts| {
-            with_backend(&a.common, |c, m, p| spec(c, m, p, a, prompts.clone()))
+            with_backend(&a.common, |c, m, p, d| spec(c, m, p, d, a, prompts.clone()))
         }),
     };
     match got {
@@ -193,10 +194,9 @@ impl<R: Runtime> AnyClient for Client<R> {
 /// Opens the model and the backend's client, then runs `body`.
 fn with_backend(
     common: &CommonArgs,
-    body: impl Fn(&dyn AnyClient, &ConvertedModel, &Progress) -> Result<(), String>,
+    body: impl Fn(&dyn AnyClient, &ConvertedModel, &Progress, PlanDType) -> Result<(), String>,
 ) -> Result<(), String> {
-    PlanDType::parse(&common.dtype)
-        .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", common.dtype))?;
+    crate::device::check_dtype(&common.dtype)?;
     let backend = Backend::parse(&common.backend)?;
     let dir = match &common.model {
         Some(d) => d.clone(),
@@ -208,6 +208,7 @@ fn with_backend(
         body,
         model: &model,
         progress: &progress,
+        dtype: &common.dtype,
     })
 }
 
@@ -217,32 +218,33 @@ struct Bench<'a, F> {
     body: F,
     model: &'a ConvertedModel,
     progress: &'a Progress,
+    /// `--dtype` as given (resolved on the client: `auto`).
+    dtype: &'a str,
 }
 
 impl<F> OnClient for Bench<'_, F>
 where
-    F: Fn(&dyn AnyClient, &ConvertedModel, &Progress) -> Result<(), String>,
+    F: Fn(&dyn AnyClient, &ConvertedModel, &Progress, PlanDType) -> Result<(), String>,
 {
     type Output = ();
     fn on<R: Runtime>(self, client: &ComputeClient<R>) -> Result<(), String> {
-        (self.body)(&Client(client.clone()), self.model, self.progress)
+        let dtype = crate::device::resolve_dtype(self.dtype, client)?;
+        (self.body)(&Client(client.clone()), self.model, self.progress, dtype)
     }
 }
 
-fn dtype(common: &CommonArgs) -> PlanDType {
-    PlanDType::parse(&common.dtype).unwrap_or(PlanDType::F32)
-}
 
 fn decode(
     client: &dyn AnyClient,
     model: &ConvertedModel,
     progress: &Progress,
+    dtype: PlanDType,
     args: &DecodeArgs,
 ) -> Result<(), String> {
     let cfg = DecodeConfig {
         batches: args.common.batch.clone(),
         steps: args.steps,
-        dtype: dtype(&args.common),
+        dtype,
     };
     let report = client.decode(model, &cfg, progress)?;
     print!("{}", report.table());
@@ -253,6 +255,7 @@ fn spec(
     client: &dyn AnyClient,
     model: &ConvertedModel,
     progress: &Progress,
+    dtype: PlanDType,
     args: &SpecArgs,
     prompts: Vec<String>,
 ) -> Result<(), String> {
@@ -281,7 +284,7 @@ fn spec(
         batches: args.common.batch.clone(),
         budgets: args.budget.clone(),
         max_tokens: args.max_tokens,
-        dtype: dtype(&args.common),
+        dtype,
         prompts,
         prompt_count: args.prompt_count,
     };

@@ -14,7 +14,6 @@ use std::process::ExitCode;
 
 use clap::Args;
 use cubecl::prelude::*;
-use draftc_codegen::PlanDType;
 
 use super::drafter::{make_drafter, DrafterChoice};
 use crate::device::{Backend, OnClient};
@@ -88,8 +87,9 @@ pub struct GenerateArgs {
     /// Keep generating after the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Compute dtype of the plan.
-    #[arg(long, default_value = "f32")]
+    /// Compute dtype of the plan: f32, f16 (f32 accumulation), or auto
+    /// (f16 on a GPU, f32 on lavapipe).
+    #[arg(long, default_value = "auto")]
     pub dtype: String,
     /// wgpu (Vulkan; lavapipe without a GPU) or cuda (a build with the
     /// `cuda` feature).
@@ -141,8 +141,7 @@ pub fn run(args: GenerateArgs) -> ExitCode {
 fn run_inner(args: &GenerateArgs) -> Result<(), String> {
     let prompts = prompts(args)?;
     let backend = Backend::parse(&args.backend)?;
-    PlanDType::parse(&args.dtype)
-        .ok_or_else(|| format!("--dtype must be f32 or f16, got `{}`", args.dtype))?;
+    crate::device::check_dtype(&args.dtype)?;
     let dir = match &args.model {
         Some(d) => d.clone(),
         None => default_model(args.quiet)?,
@@ -184,7 +183,7 @@ fn generate_on<R: Runtime>(
     model: &ConvertedModel,
     ids: &[Vec<u32>],
 ) -> Result<(), String> {
-    let dtype = PlanDType::parse(&args.dtype).unwrap_or(PlanDType::F32);
+    let dtype = crate::device::resolve_dtype(&args.dtype, client)?;
     let capacity = ids.iter().map(Vec::len).max().unwrap_or(0) + args.max_tokens + 1;
     if !args.quiet {
         eprintln!("loading {} …", model.dir.display());
