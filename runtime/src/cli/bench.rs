@@ -233,7 +233,6 @@ where
     }
 }
 
-
 fn decode(
     client: &dyn AnyClient,
     model: &ConvertedModel,

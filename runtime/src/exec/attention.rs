@@ -116,9 +116,15 @@ impl<R: Runtime> Run<'_, R> {
                 parents: Vec::new(),
                 tail: None,
             };
-            let meta = AttnMeta::new(self.client, &batch, mask)?;
+            let key = MetaKey {
+                batch,
+                mask,
+                key_base: None,
+            };
+            let client = self.client;
+            let meta = self.attn_meta(key)?;
             let (k, v) = (k.reshape(&kshape)?, v.reshape(&kshape)?);
-            return launch_attention(self.client, &q, &k, &v, dims, &meta, rows, &out, layout);
+            return launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout);
         }
         let (cache, in_target) = self.flush(kb, vb, caches, target.as_deref_mut())?;
         let store: &mut CacheStore<R> = if in_target {
@@ -171,12 +177,47 @@ impl<R: Runtime> Run<'_, R> {
                 None
             },
         };
-        let meta =
-            AttnMeta::with_key_base(self.client, &batch, mask, &key_base, store.total_rows())?;
         let kshape = [store.total_rows(), dims.kv_heads, dims.head_dim];
+        let key = MetaKey {
+            batch,
+            mask,
+            key_base: Some((key_base, store.total_rows())),
+        };
+        let client = self.client;
+        let meta = self.attn_meta(key)?;
         let (k, v) = (kc.reshape(&kshape)?, vc.reshape(&kshape)?);
-        launch_attention(self.client, &q, &k, &v, dims, &meta, rows, &out, layout)
+        launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout)
     }
+
+    /// The attention metadata of `key`, uploaded once per pass: every layer
+    /// of a pass attends over the same positions, so the layers after the
+    /// first reuse the first one's device buffers instead of uploading
+    /// three more.
+    fn attn_meta(&mut self, key: MetaKey) -> Result<&AttnMeta<R>, ExecError> {
+        let at = match self.attn_metas.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let meta = match &key.key_base {
+                    None => AttnMeta::new(self.client, &key.batch, key.mask)?,
+                    Some((base, rows)) => {
+                        AttnMeta::with_key_base(self.client, &key.batch, key.mask, base, *rows)?
+                    }
+                };
+                self.attn_metas.push((key, meta));
+                self.attn_metas.len() - 1
+            }
+        };
+        Ok(&self.attn_metas[at].1)
+    }
+}
+
+/// What an attention's metadata is built from: the sequences, the mask and
+/// (over a cache) each sequence's first key row and the cache's row count.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct MetaKey {
+    batch: SeqBatch,
+    mask: Mask,
+    key_base: Option<(Vec<usize>, usize)>,
 }
 
 /// Launches the attention of `meta`'s rows 0..rows in `layout`.

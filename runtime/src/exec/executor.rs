@@ -26,7 +26,7 @@ use draftc_codegen::{DeviceProfile, LinearLayout};
 use draftc_ir::graph::{Graph, ValueId};
 use draftc_ir::op::{Mask as IrMask, Op};
 use draftc_ir::types::DType as IrDType;
-use draftc_ops::attention::{AttnDims, Mask};
+use draftc_ops::attention::{AttnDims, AttnMeta, Mask};
 use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
@@ -369,6 +369,7 @@ impl<R: Runtime> Executor<R> {
             slot_handles: Vec::new(),
             pending: BTreeMap::new(),
             memory: BTreeMap::new(),
+            attn_metas: Vec::new(),
         };
         run.slot_handles = plan
             .slots
@@ -419,6 +420,8 @@ pub(super) struct Run<'a, R: Runtime> {
     pub(super) pending: BTreeMap<BufferId, (DeviceTensor<R>, RowSource)>,
     /// Uploaded memory rows by stream name.
     memory: BTreeMap<String, DeviceTensor<R>>,
+    /// Attention metadata already uploaded in this pass.
+    pub(super) attn_metas: Vec<(super::attention::MetaKey, AttnMeta<R>)>,
 }
 
 impl<R: Runtime> Run<'_, R> {
