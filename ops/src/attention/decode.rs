@@ -153,20 +153,23 @@ pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
         j += planes as u32;
     }
 
-    // Merge the planes: per (plane, head) its (m, l) and accumulator.
-    let mut smem_ml = SharedMemory::<f32>::new(comptime!(planes * MAX_GROUP * 2));
-    let mut smem_acc =
-        SharedMemory::<Vector<f32, N>>::new(comptime!(planes * MAX_GROUP * hd_cap_v));
+    // Merge the planes: per (plane, head) a slot of `2 + hd_cap_v` vectors,
+    // m and l broadcast into the first two, then the accumulator. (One
+    // shared array: cubecl-cpp lays several out in hash order, which would
+    // make the emitted source differ between runs.)
+    let sv = comptime!(2 + hd_cap_v);
+    let mut smem =
+        SharedMemory::<Vector<f32, N>>::new(comptime!(planes * MAX_GROUP * (2 + hd_cap_v)));
     if comptime!(planes > 1) {
         for g in 0..group {
-            let slot = (plane as usize) * MAX_GROUP + g as usize;
+            let slot = ((plane as usize) * MAX_GROUP + g as usize) * sv;
             if lane == 0 {
-                smem_ml[slot * 2] = m[g as usize];
-                smem_ml[slot * 2 + 1] = l[g as usize];
+                smem[slot] = Vector::new(m[g as usize]);
+                smem[slot + 1] = Vector::new(l[g as usize]);
             }
             #[unroll]
             for i in 0..pv {
-                smem_acc[slot * hd_cap_v + d0 as usize + i] = acc[(g as usize) * pv + i];
+                smem[slot + 2 + d0 as usize + i] = acc[(g as usize) * pv + i];
             }
         }
     }
@@ -178,18 +181,17 @@ pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
             let mut lt = l[g as usize];
             if comptime!(planes > 1) {
                 for p in 1..planes {
-                    let slot = p * MAX_GROUP + g as usize;
-                    let mp = smem_ml[slot * 2];
+                    let slot = (p * MAX_GROUP + g as usize) * sv;
+                    let mp = smem[slot][0];
                     let m_new = mt.max(mp);
                     let ca = f32::exp(mt - m_new);
                     let cb = f32::exp(mp - m_new);
-                    lt = lt * ca + smem_ml[slot * 2 + 1] * cb;
+                    lt = lt * ca + smem[slot + 1][0] * cb;
                     let ca_v = Vector::<f32, N>::new(ca);
                     let cb_v = Vector::<f32, N>::new(cb);
                     #[unroll]
                     for i in 0..pv {
-                        acc[gb + i] =
-                            acc[gb + i] * ca_v + smem_acc[slot * hd_cap_v + d0 as usize + i] * cb_v;
+                        acc[gb + i] = acc[gb + i] * ca_v + smem[slot + 2 + d0 as usize + i] * cb_v;
                     }
                     mt = m_new;
                 }
