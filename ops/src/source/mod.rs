@@ -20,9 +20,8 @@
 //! is normalised: `_tmp_N` renumbered by first appearance, `struct
 //! __align__` blocks sorted. The result is identical across runs, threads
 //! and processes. A kernel with two shared arrays is not: cubecl-cpp lays
-//! them out (offsets included) in hash order, so every kernel [`KernelSpec`]
-//! names keeps
-//! its shared memory in one array.
+//! them out (offsets included) in hash order, so every kernel a
+//! [`KernelSpec`] names keeps its shared memory in one array.
 //!
 //! Limits: CUDA text uses `cubecl-cpp`'s default `CompilationOptions`
 //! (warp 32, no grid constants / clusters / fast math); the CUDA runtime
