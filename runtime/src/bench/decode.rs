@@ -56,8 +56,10 @@ pub struct DecodePoint {
     pub fraction_of_host_read: f64,
     /// Kernel launches in one decode step (the plan's count).
     pub launches_per_step: usize,
-    /// Host time issuing one launch, mean over the run (prefill included;
-    /// `exec::HostTime`): the cost a launch adds before the device sees it.
+    /// Host time issuing one launch, mean over the timed decode passes
+    /// (`exec::HostTime`): the cost a launch adds before the device sees
+    /// it. On lavapipe, which runs kernels on the submitting CPU threads,
+    /// it includes kernel time.
     pub host_us_per_launch: f64,
 }
 
@@ -115,7 +117,6 @@ pub fn run_decode<R: Runtime>(
             .iter()
             .map(|p| Request { prompt: p.clone() })
             .collect();
-        let host0 = target.exec.host_time();
         let run = generate(
             &mut target,
             &requests,
@@ -124,8 +125,15 @@ pub fn run_decode<R: Runtime>(
             None,
             &mut |_, _| {},
         )?;
-        let host = target.exec.host_time().since(&host0);
         let timed = timed_passes(&run.stats.decode_pass_s, cfg.steps)?;
+        // Host issue time of the same timed passes.
+        let host = run.stats.decode_pass_host[1..=cfg.steps].iter().fold(
+            crate::exec::HostTime::default(),
+            |a, h| crate::exec::HostTime {
+                launches: a.launches + h.launches,
+                issue_s: a.issue_s + h.issue_s,
+            },
+        );
         let seconds = timed.iter().sum::<f64>().max(1e-9);
         let prompt_mean = requests.iter().map(|r| r.prompt.len()).sum::<usize>() as f64 / b as f64;
         // The timed passes read contexts prompt + 1 … prompt + steps.

@@ -31,6 +31,9 @@ pub struct GenStats {
     /// Wall time of every decode pass after the first token, in order
     /// (token selection included); their sum is at most `decode_s`.
     pub decode_pass_s: Vec<f64>,
+    /// The target executor's launches and host issue time in each of those
+    /// passes (`exec::HostTime`).
+    pub decode_pass_host: Vec<crate::exec::HostTime>,
 }
 
 impl GenStats {
@@ -100,6 +103,7 @@ pub fn generate<R: Runtime>(
     let mut step_no = 1u32;
     while !active.is_empty() {
         let pass_start = Instant::now();
+        let host0 = target.exec.host_time();
         let step = Step {
             seqs: active
                 .iter()
@@ -116,6 +120,9 @@ pub fn generate<R: Runtime>(
         let next = select_tokens(target.client(), o.get("logits")?, sampling, step_no)?;
         step_no += 1;
         stats.decode_pass_s.push(pass_start.elapsed().as_secs_f64());
+        stats
+            .decode_pass_host
+            .push(target.exec.host_time().since(&host0));
         let mut still = Vec::with_capacity(active.len());
         for (&i, &tok) in active.iter().zip(&next) {
             out[i].push(tok);
