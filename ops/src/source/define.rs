@@ -22,6 +22,52 @@ fn scalar<T: LaunchArg<CompilationArg = ()>>(b: &mut KernelBuilder) -> <T as Cub
     T::expand(&(), b)
 }
 
+/// Registers the runtime arguments both linear layouts share (buffers `x`,
+/// `w`, `w_up`, `gamma`, `extra`, `out`, then the size scalars and `eps`)
+/// and expands kernel `$k` with them and its comptime arguments.
+macro_rules! expand_linear {
+    ($k:path, $b:ident, $n:ident, $($comptime:expr),+) => {{
+        use $k as k;
+        $b.scope.register_size::<k::N>($n);
+        AddressType::U32.register(&mut $b.scope);
+        let x = array_in::<Vector<F, k::N>>(&mut $b);
+        let w = array_in::<Vector<F, k::N>>(&mut $b);
+        let w_up = array_in::<Vector<F, k::N>>(&mut $b);
+        let gamma = array_in::<Vector<F, k::N>>(&mut $b);
+        let extra = array_in::<F>(&mut $b);
+        let out = array_out::<F>(&mut $b);
+        let m = scalar::<usize>(&mut $b);
+        let in_v = scalar::<usize>(&mut $b);
+        let n_cols = scalar::<usize>(&mut $b);
+        let col_offset = scalar::<usize>(&mut $b);
+        let out_stride = scalar::<usize>(&mut $b);
+        let groups = scalar::<usize>(&mut $b);
+        let dv = scalar::<usize>(&mut $b);
+        let d = scalar::<usize>(&mut $b);
+        let eps = scalar::<f32>(&mut $b);
+        k::expand::<F, k::N>(
+            &mut $b.scope,
+            $n,
+            x,
+            w,
+            w_up,
+            gamma,
+            extra,
+            out,
+            m,
+            in_v,
+            n_cols,
+            col_offset,
+            out_stride,
+            groups,
+            dv,
+            d,
+            eps,
+            $($comptime),+
+        );
+    }};
+}
+
 /// Expands the kernel of `spec` with storage type `F`. Runtime arguments are
 /// registered in declaration order (inputs and outputs as buffers, scalars in
 /// the info block); comptime ones are passed by value.
@@ -35,48 +81,14 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             norm,
             epilogue,
             ..
-        } => {
-            use linear::linear_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let x = array_in::<Vector<F, k::N>>(&mut b);
-            let w = array_in::<Vector<F, k::N>>(&mut b);
-            let w_up = array_in::<Vector<F, k::N>>(&mut b);
-            let gamma = array_in::<Vector<F, k::N>>(&mut b);
-            let extra = array_in::<F>(&mut b);
-            let out = array_out::<F>(&mut b);
-            let m = scalar::<usize>(&mut b);
-            let in_v = scalar::<usize>(&mut b);
-            let n_cols = scalar::<usize>(&mut b);
-            let col_offset = scalar::<usize>(&mut b);
-            let out_stride = scalar::<usize>(&mut b);
-            let groups = scalar::<usize>(&mut b);
-            let dv = scalar::<usize>(&mut b);
-            let d = scalar::<usize>(&mut b);
-            let eps = scalar::<f32>(&mut b);
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                x,
-                w,
-                w_up,
-                gamma,
-                extra,
-                out,
-                m,
-                in_v,
-                n_cols,
-                col_offset,
-                out_stride,
-                groups,
-                dv,
-                d,
-                eps,
-                rows_per_block,
-                norm,
-                epilogue.code(),
-            );
-        }
+        } => expand_linear!(
+            linear::linear_kernel,
+            b,
+            n,
+            rows_per_block,
+            norm,
+            epilogue.code()
+        ),
         KernelSpec::LinearPlanes {
             rows_per_block,
             cols,
@@ -85,51 +97,17 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             norm,
             epilogue,
             ..
-        } => {
-            use crate::linear_plane::linear_plane_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let x = array_in::<Vector<F, k::N>>(&mut b);
-            let w = array_in::<Vector<F, k::N>>(&mut b);
-            let w_up = array_in::<Vector<F, k::N>>(&mut b);
-            let gamma = array_in::<Vector<F, k::N>>(&mut b);
-            let extra = array_in::<F>(&mut b);
-            let out = array_out::<F>(&mut b);
-            let m = scalar::<usize>(&mut b);
-            let in_v = scalar::<usize>(&mut b);
-            let n_cols = scalar::<usize>(&mut b);
-            let col_offset = scalar::<usize>(&mut b);
-            let out_stride = scalar::<usize>(&mut b);
-            let groups = scalar::<usize>(&mut b);
-            let dv = scalar::<usize>(&mut b);
-            let d = scalar::<usize>(&mut b);
-            let eps = scalar::<f32>(&mut b);
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                x,
-                w,
-                w_up,
-                gamma,
-                extra,
-                out,
-                m,
-                in_v,
-                n_cols,
-                col_offset,
-                out_stride,
-                groups,
-                dv,
-                d,
-                eps,
-                rows_per_block,
-                cols,
-                planes,
-                ksplit,
-                norm,
-                epilogue.code(),
-            );
-        }
+        } => expand_linear!(
+            crate::linear_plane::linear_plane_kernel,
+            b,
+            n,
+            rows_per_block,
+            cols,
+            planes,
+            ksplit,
+            norm,
+            epilogue.code()
+        ),
         KernelSpec::RmsNorm { .. } => {
             use rms_norm::rms_norm_kernel as k;
             b.scope.register_size::<k::N>(n);

@@ -20,9 +20,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{AttentionLayout, Kernel, LaunchId, LinearLayout, Plan, PlanDType};
+use draftc_codegen::{AttentionLayout, Kernel, LaunchId, Plan, PlanDType};
 use draftc_ir::op::Mask;
-use draftc_ops::linear_plane::PlaneShape;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
 use draftc_ops::{DType, OpsError};
 
@@ -219,20 +218,9 @@ pub fn kernel_spec(
                 Epilogue::Residual => LinearEpilogue::Residual,
                 Epilogue::SwiGlu => LinearEpilogue::SwiGlu,
             };
-            match layout {
-                LinearLayout::Lanes => KernelSpec::linear(dt, m, d, norm, epilogue),
-                LinearLayout::Planes {
-                    plane,
-                    planes,
-                    ksplit,
-                    cols,
-                } => {
-                    let shape = PlaneShape {
-                        plane,
-                        planes,
-                        ksplit,
-                        cols,
-                    };
+            match crate::exec::plane_shape(layout) {
+                None => KernelSpec::linear(dt, m, d, norm, epilogue),
+                Some(shape) => {
                     KernelSpec::linear_planes(dt, m, d, groups, norm, epilogue, shape, max_vector)
                 }
             }
@@ -329,6 +317,7 @@ fn gcd(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use draftc_codegen::LinearLayout;
     use draftc_ir::op::F64;
 
     #[test]

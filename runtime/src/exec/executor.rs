@@ -199,6 +199,24 @@ pub fn ops_dtype(d: PlanDType) -> DType {
 }
 
 /// The ops mask of an IR mask (same predicates, u32 parameters).
+/// The `ops` launch shape of a plane linear layout; `None` for lanes.
+pub fn plane_shape(layout: LinearLayout) -> Option<PlaneShape> {
+    match layout {
+        LinearLayout::Lanes => None,
+        LinearLayout::Planes {
+            plane,
+            planes,
+            ksplit,
+            cols,
+        } => Some(PlaneShape {
+            plane,
+            planes,
+            ksplit,
+            cols,
+        }),
+    }
+}
+
 pub(crate) fn ops_mask(m: IrMask) -> Mask {
     match m {
         IrMask::Causal => Mask::Causal,
@@ -643,22 +661,9 @@ impl<R: Runtime> Run<'_, R> {
                         linear::Epilogue::SwiGlu { up: &extra }
                     }
                 };
-                match layout {
-                    LinearLayout::Lanes => linear::linear(c, &x, &w, pro, epi, &out)?,
-                    LinearLayout::Planes {
-                        plane,
-                        planes,
-                        ksplit,
-                        cols,
-                    } => {
-                        let shape = PlaneShape {
-                            plane,
-                            planes,
-                            ksplit,
-                            cols,
-                        };
-                        linear_planes(c, &x, &w, pro, epi, &out, shape)?
-                    }
+                match plane_shape(layout) {
+                    None => linear::linear(c, &x, &w, pro, epi, &out)?,
+                    Some(shape) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
                 }
             }
             Kernel::RmsNorm { d, eps, .. } => {

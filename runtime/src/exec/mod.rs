@@ -30,7 +30,7 @@ mod weights;
 
 pub use cache::{CacheStore, HostCaches};
 pub use draft_vocab::{file_specs, DraftVocab};
-pub use executor::{ops_dtype, ExecError, Executor, HostTime, Outputs, Profile};
+pub use executor::{ops_dtype, plane_shape, ExecError, Executor, HostTime, Outputs, Profile};
 pub use interpret::{interpret, HostOutputs};
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};
 pub use weights::HostWeights;
