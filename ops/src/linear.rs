@@ -96,6 +96,60 @@ fn rows_per_block(m: usize) -> usize {
     }
 }
 
+/// One reduction step of both linear layouts: at vector index `kv`, loads
+/// the weight vectors of the `cols` columns (`wbase`: their row offsets;
+/// with `swiglu` the up weights too) and each of the `mb` rows' `x` vector
+/// (`xoff`: row offsets; one load serves every column), and adds the dot
+/// products to `part` / `part_u` (`[r * cols + c]`) and, with `norm`, the
+/// rows' sums of squares to `sq` (1/rms scales the dot products later).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn accumulate<F: Float + CubeElement, N: Size>(
+    x: &Array<Vector<F, N>>,
+    w: &Array<Vector<F, N>>,
+    w_up: &Array<Vector<F, N>>,
+    gamma: &Array<Vector<F, N>>,
+    wbase: &Array<usize>,
+    xoff: &Array<usize>,
+    kv: usize,
+    part: &mut Array<f32>,
+    part_u: &mut Array<f32>,
+    sq: &mut Array<f32>,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+    #[comptime] norm: bool,
+    #[comptime] swiglu: bool,
+) {
+    let mut wv = Array::<Vector<f32, N>>::new(cols);
+    let mut uv = Array::<Vector<f32, N>>::new(cols);
+    #[unroll]
+    for c in 0..cols {
+        wv[c] = Vector::<f32, N>::cast_from(w[wbase[c] + kv]);
+        if swiglu {
+            uv[c] = Vector::<f32, N>::cast_from(w_up[wbase[c] + kv]);
+        }
+    }
+    let mut gv = Vector::<f32, N>::new(1.0);
+    if norm {
+        gv = Vector::<f32, N>::cast_from(gamma[kv]);
+    }
+    #[unroll]
+    for r in 0..mb {
+        let xr = Vector::<f32, N>::cast_from(x[xoff[r] + kv]);
+        if norm {
+            sq[r] += lane_sum::<f32, N>(xr * xr);
+        }
+        let xv = xr * gv;
+        #[unroll]
+        for c in 0..cols {
+            part[r * cols + c] += lane_sum::<f32, N>(xv * wv[c]);
+            if swiglu {
+                part_u[r * cols + c] += lane_sum::<f32, N>(xv * uv[c]);
+            }
+        }
+    }
+}
+
 #[cube(launch_unchecked)]
 pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
@@ -157,37 +211,22 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                 }
             }
             for kv in kbeg..kbeg + dv {
-                let mut wv = Array::<Vector<f32, N>>::new(COLS);
-                let mut uv = Array::<Vector<f32, N>>::new(COLS);
-                #[unroll]
-                for c in 0..COLS {
-                    wv[c] = Vector::<f32, N>::cast_from(w[wbase[c] + kv]);
-                    if swiglu {
-                        uv[c] = Vector::<f32, N>::cast_from(w_up[wbase[c] + kv]);
-                    }
-                }
-                let mut gv = Vector::<f32, N>::new(1.0);
-                if norm {
-                    gv = Vector::<f32, N>::cast_from(gamma[kv]);
-                }
-                #[unroll]
-                for r in 0..mb {
-                    // One load of x per row serves COLS columns.
-                    let xr = Vector::<f32, N>::cast_from(x[xoff[r] + kv]);
-                    if norm {
-                        // Sum of squares in the same pass; 1/rms scales the
-                        // group's dot products at the end.
-                        sq[r] += lane_sum::<f32, N>(xr * xr);
-                    }
-                    let xv = xr * gv;
-                    #[unroll]
-                    for c in 0..COLS {
-                        part[r * COLS + c] += lane_sum::<f32, N>(xv * wv[c]);
-                        if swiglu {
-                            part_u[r * COLS + c] += lane_sum::<f32, N>(xv * uv[c]);
-                        }
-                    }
-                }
+                accumulate::<F, N>(
+                    x,
+                    w,
+                    w_up,
+                    gamma,
+                    &wbase,
+                    &xoff,
+                    kv,
+                    &mut part,
+                    &mut part_u,
+                    &mut sq,
+                    mb,
+                    COLS,
+                    norm,
+                    swiglu,
+                );
             }
             #[unroll]
             for r in 0..mb {
@@ -274,38 +313,16 @@ pub fn linear_with_binding_limit<R: Runtime>(
         out,
         max_binding_bytes,
     )?;
-    let Checked {
-        dtype,
-        k,
-        m,
-        n,
-        gamma,
-        groups,
-        d,
-        eps,
-        norm,
-        extra,
-        up,
-        code,
-        row_bytes,
-        max_cols,
-    } = a;
-    let dummy = x;
-    let nv = vector_width(client, d);
-    let mb = rows_per_block(m);
+    let nv = vector_width(client, a.d);
+    let mb = rows_per_block(a.m);
     let mut c0 = 0;
-    while c0 < n {
-        let cols = (n - c0).min(max_cols);
-        let w_chunk = weight_chunk(weight, c0, cols, row_bytes)?;
-        let up_chunk = match up {
-            Some(u) => weight_chunk(u, c0, cols, row_bytes)?,
-            None => dummy.clone(),
-        };
+    while c0 < a.n {
+        let (cols, w_chunk, up_chunk) = a.chunk(x, weight, c0)?;
         let count = cube_count(OP, cols.div_ceil(BLOCK * COLS))?;
         // SAFETY: every index the kernel forms is in bounds for the shapes
         // validated above (rows clamped to m - 1, columns guarded by
         // `n_cols`, optional inputs only read when their comptime flag is set).
-        crate::dispatch_float!(dtype, OP, F => {
+        crate::dispatch_float!(a.dtype, OP, F => {
             unsafe {
                 linear_kernel::launch_unchecked::<F, R>(
                     client,
@@ -315,21 +332,21 @@ pub fn linear_with_binding_limit<R: Runtime>(
                     x.array_arg(),
                     w_chunk.array_arg(),
                     up_chunk.array_arg(),
-                    gamma.array_arg(),
-                    extra.array_arg(),
+                    a.gamma.array_arg(),
+                    a.extra.array_arg(),
                     out.array_arg(),
-                    m,
-                    k / nv,
+                    a.m,
+                    a.k / nv,
                     cols,
                     c0,
-                    n,
-                    groups,
-                    d / nv,
-                    d,
-                    eps,
+                    a.n,
+                    a.groups,
+                    a.d / nv,
+                    a.d,
+                    a.eps,
                     mb,
-                    norm,
-                    code,
+                    a.norm,
+                    a.code,
                 )
             }
         })?;
@@ -355,6 +372,26 @@ pub(crate) struct Checked<'a, R: Runtime> {
     pub row_bytes: usize,
     /// Most output columns one weight binding holds.
     pub max_cols: usize,
+}
+
+impl<R: Runtime> Checked<'_, R> {
+    /// The weight chunk starting at output column `c0`: its column count and
+    /// the gate (or only) and up weights over it (`x` stands in for a
+    /// missing up weight; the kernel never reads it).
+    pub(crate) fn chunk(
+        &self,
+        x: &DeviceTensor<R>,
+        weight: &DeviceTensor<R>,
+        c0: usize,
+    ) -> Result<(usize, DeviceTensor<R>, DeviceTensor<R>)> {
+        let cols = (self.n - c0).min(self.max_cols);
+        let w = weight_chunk(weight, c0, cols, self.row_bytes)?;
+        let up = match self.up {
+            Some(u) => weight_chunk(u, c0, cols, self.row_bytes)?,
+            None => x.clone(),
+        };
+        Ok((cols, w, up))
+    }
 }
 
 /// Validates `linear`'s arguments; unused optional inputs are bound to `x`
@@ -469,7 +506,7 @@ pub(crate) fn check_args<'a, R: Runtime>(
 
 /// Rows `c0..c0+cols` of a `[out, in]` weight as a tensor over a sub-range of
 /// the same allocation (no copy).
-pub(crate) fn weight_chunk<R: Runtime>(
+fn weight_chunk<R: Runtime>(
     w: &DeviceTensor<R>,
     c0: usize,
     cols: usize,

@@ -27,10 +27,9 @@
 
 use cubecl::prelude::*;
 
-use crate::block::lane_sum;
 use crate::error::{OpsError, Result};
 use crate::launch::{cube_count, finish, MAX_BINDING_BYTES};
-use crate::linear::{check_args, weight_chunk, Checked};
+use crate::linear::{accumulate, check_args, Checked};
 use crate::tensor::DeviceTensor;
 
 /// The launch shape of [`linear_planes`]: what the lowering chooses per
@@ -144,34 +143,22 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
             zero(&mut sq, mb);
             let mut kv = g * dv + split * pdim + lane;
             while kv < kend {
-                let mut wv = Array::<Vector<f32, N>>::new(cols);
-                let mut uv = Array::<Vector<f32, N>>::new(cols);
-                #[unroll]
-                for c in 0..cols {
-                    wv[c] = Vector::<f32, N>::cast_from(w[wbase[c] + kv]);
-                    if swiglu {
-                        uv[c] = Vector::<f32, N>::cast_from(w_up[wbase[c] + kv]);
-                    }
-                }
-                let mut gv = Vector::<f32, N>::new(1.0);
-                if norm {
-                    gv = Vector::<f32, N>::cast_from(gamma[kv]);
-                }
-                #[unroll]
-                for r in 0..mb {
-                    let xr = Vector::<f32, N>::cast_from(x[xoff[r] + kv]);
-                    if norm {
-                        sq[r] += lane_sum::<f32, N>(xr * xr);
-                    }
-                    let xv = xr * gv;
-                    #[unroll]
-                    for c in 0..cols {
-                        part[r * cols + c] += lane_sum::<f32, N>(xv * wv[c]);
-                        if swiglu {
-                            part_u[r * cols + c] += lane_sum::<f32, N>(xv * uv[c]);
-                        }
-                    }
-                }
+                accumulate::<F, N>(
+                    x,
+                    w,
+                    w_up,
+                    gamma,
+                    &wbase,
+                    &xoff,
+                    kv,
+                    &mut part,
+                    &mut part_u,
+                    &mut sq,
+                    mb,
+                    cols,
+                    norm,
+                    swiglu,
+                );
                 kv += step;
             }
             // Reduce over the plane's lanes.
@@ -242,6 +229,8 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
                     let o = o0 + c;
                     if o < n_cols && row < m {
                         let idx = row * out_stride + col_offset + o;
+                        // The lane kernel's epilogue (kept inline in both:
+                        // a shared helper changed lavapipe's generated code).
                         let mut y = acc[r * cols + c];
                         if comptime!(epilogue == crate::linear::EPI_BIAS) {
                             y += f32::cast_from(extra[col_offset + o]);
@@ -317,12 +306,7 @@ pub fn linear_planes_with_binding_limit<R: Runtime>(
     let nv = plane_vector_width(client, a.d, a.dtype.size());
     let mut c0 = 0;
     while c0 < a.n {
-        let n_cols = (a.n - c0).min(a.max_cols);
-        let w_chunk = weight_chunk(weight, c0, n_cols, a.row_bytes)?;
-        let up_chunk = match a.up {
-            Some(u) => weight_chunk(u, c0, n_cols, a.row_bytes)?,
-            None => x.clone(),
-        };
+        let (n_cols, w_chunk, up_chunk) = a.chunk(x, weight, c0)?;
         let count = cube_count(OP, n_cols.div_ceil(groups_per_cube * cols))?;
         // SAFETY: as in `linear`: weight rows clamped to `n_cols - 1`, x rows
         // to `m - 1`, reduction indices below `groups * dv = k / nv`, stores

@@ -329,13 +329,19 @@ pub fn attention_planes<R: Runtime>(
     let count = cube_count(OP, cubes)?;
     let (code, p0, p1) = meta.mask.kernel_args();
     let tree = meta.words > 0;
-    let partials = if splits > 1 {
-        n_rows * heads * splits
+    // Split partials: scratch only when the context spans several chunks;
+    // otherwise the kernel never touches them and the metadata buffer
+    // (at least 16 bytes) is bound in their place, so a decode step
+    // allocates nothing here.
+    let (part_ml, part_acc) = if splits > 1 {
+        let partials = n_rows * heads * splits;
+        (
+            DeviceTensor::<R>::empty(client, &[partials * 2], DType::F32),
+            DeviceTensor::<R>::empty(client, &[partials * head_dim], DType::F32),
+        )
     } else {
-        1
+        (meta.meta.clone(), meta.meta.clone())
     };
-    let part_ml = DeviceTensor::<R>::empty(client, &[partials * 2], DType::F32);
-    let part_acc = DeviceTensor::<R>::empty(client, &[partials * head_dim.max(nv)], DType::F32);
     // SAFETY: `check_rows` validated every buffer's shape against `meta`;
     // rows past `rows` (grid rounding) are masked by `live`; keys stay in
     // `meta`'s per-row ranges; lane slices end at `head_dim` (`supports`);

@@ -188,14 +188,18 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let meta = array_in::<u32>(&mut b);
             let k_pos = array_in::<u32>(&mut b);
             let anc = array_in::<u32>(&mut b);
-            let s: Vec<_> = (0..3).map(|_| scalar::<u32>(&mut b)).collect();
-            let (group, kv_heads, hdv) = (
-                scalar::<u32>(&mut b),
-                scalar::<u32>(&mut b),
-                scalar::<u32>(&mut b),
-            );
+            let row_offset = scalar::<u32>(&mut b);
+            let rows = scalar::<u32>(&mut b);
+            let heads = scalar::<u32>(&mut b);
+            let group = scalar::<u32>(&mut b);
+            let kv_heads = scalar::<u32>(&mut b);
+            let hdv = scalar::<u32>(&mut b);
             let scale = scalar::<f32>(&mut b);
-            let t: Vec<_> = (0..5).map(|_| scalar::<u32>(&mut b)).collect();
+            let p0 = scalar::<u32>(&mut b);
+            let p1 = scalar::<u32>(&mut b);
+            let words = scalar::<u32>(&mut b);
+            let splits = scalar::<u32>(&mut b);
+            let chunk = scalar::<u32>(&mut b);
             let (code, _, _) = mask.representative().kernel_args();
             k::expand::<F, k::N>(
                 &mut b.scope,
@@ -209,18 +213,18 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
                 meta,
                 k_pos,
                 anc,
-                s[0].clone(),
-                s[1].clone(),
-                s[2].clone(),
+                row_offset,
+                rows,
+                heads,
                 group,
                 kv_heads,
                 hdv,
                 scale,
-                t[0].clone(),
-                t[1].clone(),
-                t[2].clone(),
-                t[3].clone(),
-                t[4].clone(),
+                p0,
+                p1,
+                words,
+                splits,
+                chunk,
                 pv,
                 planes,
                 crate::attention::decode::MAX_HEAD_DIM / n,
@@ -235,18 +239,22 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let part_ml = array_in::<f32>(&mut b);
             let part_acc = array_in::<Vector<f32, k::N>>(&mut b);
             let out = array_out::<Vector<F, k::N>>(&mut b);
-            let s: Vec<_> = (0..5).map(|_| scalar::<u32>(&mut b)).collect();
+            let row_offset = scalar::<u32>(&mut b);
+            let rows = scalar::<u32>(&mut b);
+            let heads = scalar::<u32>(&mut b);
+            let hdv = scalar::<u32>(&mut b);
+            let splits = scalar::<u32>(&mut b);
             k::expand::<F, k::N>(
                 &mut b.scope,
                 n,
                 part_ml,
                 part_acc,
                 out,
-                s[0].clone(),
-                s[1].clone(),
-                s[2].clone(),
-                s[3].clone(),
-                s[4].clone(),
+                row_offset,
+                rows,
+                heads,
+                hdv,
+                splits,
             );
         }
         KernelSpec::Attention {
