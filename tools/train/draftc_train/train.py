@@ -12,6 +12,10 @@ a manifest. Each drafter's recipe follows its paper (docs/training.md):
   inverse-block `train_mask` with a random offset per batch (paper 002
   §4.2, Eq. 4); late stage = s simulated drafting steps fed with the
   drafter's own predicted states, step i weighted k - i + 1 (Eq. 6).
+- spire: pruned initialisation from the target's last two layers (paper
+  004 §3.2); a teacher-forced stage, then k = 4 simulated steps over both
+  feedback-memory streams (§3.3); MixedLoss(0.5) against the target's
+  distribution (§3.4).
 
 Labels: parallel drafters' row j at position p predicts the token at
 p + 2 + j (docs/speculative.md); autoregressive drafters at position q
@@ -50,7 +54,11 @@ RECIPES = {
     "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
     "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384),
     "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0),
-    "spire": dict(lr=3e-4, wd=0.0, warmup=50, clip=1.0, batch=8, sim_steps=3, late_frac=0.3),
+    # MixedLoss(0.5) against the target's distribution (its final state
+    # HS[n] through its final norm and head), pruned from the target's last two layers, 4 simulated steps
+    # (the chain of 4 it drafts).
+    "spire": dict(lr=3e-4, wd=0.0, warmup=50, clip=1.0, batch=8, sim_steps=4, late_frac=0.3,
+                  mixed=0.5, soft_tap="n", pruned=True),
 }
 
 
@@ -221,51 +229,117 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
     return total, stats
 
 
-def beagle_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train):
-    """Paper 002 §4.2. Early: one pass through the inverse-block train mask
-    (random offset). Late: `sim_steps` simulated steps over the drafter's own
-    states, query q at step i belonging to the round that starts at q-i+1."""
+def mixed_rows(feats, head, labels, p_target, omega):
+    """SPIRe's MixedLoss(ω) (paper 004 §3.4): ω · cross-entropy against the
+    target's distribution + (1 - ω) · (-α), α = Σ_i min(p_i, q_i) the
+    expected acceptance probability. Both distributions are over the draft
+    vocabulary (the target's renormalised on it: the rest is never drafted).
+    Accuracy is against the hard labels (the target's greedy tokens)."""
+    logits = F.linear(feats, head.w.to(feats.dtype)).float()
+    logq = logits.log_softmax(-1)
+    distill = -(p_target * logq).sum(-1).mean()
+    alpha = torch.minimum(p_target, logq.exp()).sum(-1).mean()
+    loss = omega * distill + (1.0 - omega) * (-alpha)
+    d = labels if head.t2d is None else head.t2d[labels]
+    acc = (logits.argmax(-1) == d).float().mean()
+    return loss, acc, alpha.item()
+
+
+def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train):
+    """Beagle (paper 002 §4.2) and SPIRe (paper 004 §3.3). Early stage: one
+    teacher-forced pass, every memory row the target state it is seeded
+    with (Beagle: through the inverse-block train mask, random offset).
+    Late stage: `sim_steps` simulated drafting steps over the drafter's own
+    appended rows, query q at step i belonging to the round that starts at
+    q-i+1 (target rows before it, the drafter's rows of steps 1..i-1 at
+    q-i+1..q-1), step i weighted k - i + 1. Every memory stream of the
+    description (SPIRe has one per layer) is simulated the same way. The
+    loss is cross-entropy on the target's greedy tokens, or MixedLoss when
+    the recipe sets `mixed` (ω)."""
     B, T = ids.shape
     pos = torch.arange(T)[None, :].expand(B, T)
-    seed = list(mod.MEMORIES.values())[0]
-    mem_name = list(mod.MEMORIES.keys())[0]
-    states = hidden[seed]
+    normed = set(getattr(mod, "MEMORIES_NORMED", []))
     if train and r.get("noise"):
-        states = states + torch.randn_like(states) * r["noise"] * states.std()
         hidden = dict(hidden)
-        hidden[seed] = states
-    if mem_name in getattr(mod, "MEMORIES_NORMED", []):
+        for tap in set(mod.MEMORIES.values()):
+            hidden[tap] = hidden[tap] + torch.randn_like(hidden[tap]) * r["noise"] * hidden[tap].std()
+    seeds = {}
+    for name, tap in mod.MEMORIES.items():
         # `memory m = target.norm(target.hidden[i])`: the module norms the
         # tap itself in a teacher-forced pass; the simulation's rows are
         # given, so norm them here.
-        states = mod.rms_norm(states, target.final_norm, target.eps)
+        s = hidden[tap]
+        seeds[name] = mod.rms_norm(s, target.final_norm, target.eps) if name in normed else s
     lab_ok = resp[:, 1:]
     labels = ids[:, 1:][lab_ok]
+    p_target = None
+    if r.get("mixed") is not None:
+        with torch.no_grad():
+            top = hidden[r["soft_tap"]][:, :-1][lab_ok]
+            tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
+            p_target = tl.softmax(-1)
+
+    def score(out, stats, key):
+        feats = out[OUT][:, :-1][lab_ok]
+        if p_target is None:
+            loss, acc = ce_rows(feats, head, labels)
+        else:
+            loss, acc, alpha = mixed_rows(feats, head, labels, p_target, r["mixed"])
+            stats[f"alpha{key}"] = alpha
+        stats[f"loss{key}"], stats[f"acc{key}"] = loss.item(), acc.item()
+        return loss
+
     late = step_frac >= 1.0 - r["late_frac"]
     stats = {}
     if not late:
-        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=True, block_offset=random.randrange(r["window"]))
-        out = net({"ids": ids}, target, ctx)
-        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], head, labels)
-        # Step 1 of the simulation is what the parallel pass trains.
-        stats["loss1"], stats["acc1"] = loss.item(), acc.item()
-        return loss, stats
+        offset = random.randrange(r["window"]) if "window" in r else None
+        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=True, block_offset=offset)
+        # Step 1 of the simulation is what the teacher-forced pass trains.
+        return score(net({"ids": ids}, target, ctx), stats, 1), stats
     k = r["sim_steps"]
-    preds = []  # predicted states of steps 1..i-1, [B, T, d] each
+    preds = {name: [] for name in mod.MEMORIES}  # rows of steps 1..i-1, [B, T, d] each
     total = 0.0
     q = pos[:, :, None]
     kp = pos[:, None, :]
     for i in range(1, k + 1):
-        rows = [states] + preds
-        vis = [kp < q - i + 1] + [kp == q - i + j for j in range(1, i)]
-        m = mod.Memory(torch.cat(rows, 1), torch.cat([pos] * i, 1), torch.cat([valid] * i, 1), vis=torch.cat(vis, 2))
-        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory={mem_name: m})
+        vis = torch.cat([kp < q - i + 1] + [kp == q - i + j for j in range(1, i)], 2)
+        memory = {
+            name: mod.Memory(torch.cat([seeds[name]] + preds[name], 1), torch.cat([pos] * i, 1),
+                             torch.cat([valid] * i, 1), vis=vis)
+            for name in mod.MEMORIES
+        }
+        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory=memory)
         out = net({"ids": ids}, target, ctx)
-        loss, acc = ce_rows(out[OUT][:, :-1][lab_ok], head, labels)
-        total = total + (k - i + 1) * loss / k
-        stats[f"loss{i}"], stats[f"acc{i}"] = loss.item(), acc.item()
-        preds.append(out[f"append:{mem_name}"].float())
+        total = total + (k - i + 1) * score(out, stats, i) / k
+        for name in mod.MEMORIES:
+            preds[name].append(out[f"append:{name}"].float())
     return total, stats
+
+
+def pruned_init(net, tgt_tensors):
+    """SPIRe's pruned initialisation (paper 004 §3.2), the rule of the
+    runtime's `--drafter-weights pruned` (runtime/src/exec/weights.rs,
+    `pruned_sources`): the drafter's `layers.{i}` are the target's last
+    layers in order, other names (the final norm) are looked up under
+    `model.`; tensors with no counterpart of the same shape keep the
+    module's initialisation. Returns the names copied."""
+    n_target = 1 + max(int(k.split(".")[2]) for k in tgt_tensors if k.startswith("model.layers."))
+    own = net.state_dict()
+    n_own = 1 + max((int(k.split(".")[1]) for k in own if k.startswith("layers.")), default=-1)
+    copied = []
+    with torch.no_grad():
+        for name, t in own.items():
+            if name.startswith("layers."):
+                i, rest = name.split(".", 2)[1:]
+                sources = [f"model.layers.{n_target - n_own + int(i)}.{rest}"]
+            else:
+                sources = [f"model.{name}", name]
+            for src in sources:
+                if src in tgt_tensors and tgt_tensors[src].shape == t.shape:
+                    t.copy_(tgt_tensors[src].to(t.dtype))
+                    copied.append(name)
+                    break
+    return copied
 
 
 def lr_at(step, total, r):
@@ -295,6 +369,10 @@ def main(argv):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--work", type=Path, default=None, help="checkpoint directory (default target/train/DRAFTER)")
+    ap.add_argument("--eval-only", type=Path, default=None, metavar="CKPT",
+                    help="evaluate CKPT (with the draft vocabulary it was trained with) on this run's "
+                         "held-out split and print the result; exports nothing")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
@@ -304,15 +382,18 @@ def main(argv):
     r = RECIPES[args.drafter]
     draft = REPO / "models" / f"{args.drafter}.draft"
     mod = emitted.load(draft)
-    work = REPO / "target/train" / args.drafter
+    work = args.work or REPO / "target/train" / args.drafter
     work.mkdir(parents=True, exist_ok=True)
 
     seqs = load_sequences(args.max_len, args.records)
     n_val = max(8, len(seqs) // 20)
     train_idx = list(range(len(seqs) - n_val))
     val_idx = list(range(len(seqs) - n_val, len(seqs)))
-    taps = taps_of(mod)
     tgt_tensors = emitted.load_target_tensors()
+    n_target = 1 + max(int(k.split(".")[2]) for k in tgt_tensors if k.startswith("model.layers."))
+    if r.get("soft_tap") == "n":
+        r = dict(r, soft_tap=n_target)
+    taps = sorted(set(taps_of(mod)) | ({r["soft_tap"]} if "soft_tap" in r else set()))
     feats = feature_cache(seqs, taps, args.max_len, tgt_tensors)
     target, lm_head = make_target(mod, tgt_tensors)
     vocab = lm_head.shape[0]
@@ -331,8 +412,24 @@ def main(argv):
         head = Head(lm_head)
 
     net = mod.Model()
+    if args.eval_only:
+        # A run with more records has another held-out split: evaluating an
+        # older checkpoint there compares data sizes on the same sequences
+        # (none of them in either run's training split when the older run
+        # used a prefix of the records).
+        st = torch.load(args.eval_only)
+        net.load_state_dict(st["model"])
+        if "draft_vocab.ids" in st["model"]:
+            head = Head(lm_head, st["model"]["draft_vocab.ids"].long())
+        loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
+        print(json.dumps(dict(checkpoint=str(args.eval_only), step=st["step"],
+                              **held_out_eval(net, loss_fn, val_idx, r["batch"]))), flush=True)
+        return
     if head.ids is not None and getattr(mod, "DRAFT_VOCAB", None):
         net.get_buffer("draft_vocab.ids").copy_(head.ids)
+    if r.get("pruned") and not (args.resume and (work / "ckpt.pt").exists()):
+        copied = pruned_init(net, tgt_tensors)
+        print(f"pruned initialisation: {len(copied)} tensors from the target's last layers", flush=True)
     opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
     step, log = 0, []
     ckpt = work / "ckpt.pt"
@@ -351,14 +448,7 @@ def main(argv):
     start_wall = time.time()
     prior_wall = log[-1]["wall"] if log else 0.0
 
-    def loss_fn(idx, train, frac):
-        ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            if mod.KIND == "parallel":
-                L = mod.SYMBOLS.get("l", 1)
-                w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
-                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, r.get("rows") if train and head.ids is None else None)
-            return beagle_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train)
+    loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
 
     prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
     while step < args.steps and prog is not None:
@@ -391,7 +481,39 @@ def main(argv):
             plot(work, args.drafter, log)
     if prog is not None:
         prog.close()
-    export(args, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info)
+    held = held_out_eval(net, loss_fn, val_idx, r["batch"])
+    print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
+    export(args, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held)
+
+
+def make_loss_fn(mod, net, target, head, seqs, feats, taps, r):
+    def loss_fn(idx, train, frac):
+        ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if mod.KIND == "parallel":
+                L = mod.SYMBOLS.get("l", 1)
+                w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
+                rows = r.get("rows") if train and head.ids is None else None
+                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows)
+            return autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train)
+
+    return loss_fn
+
+
+def held_out_eval(net, loss_fn, val_idx, batch, limit=256):
+    """Loss and accuracy per draft position (parallel) or simulated step
+    (autoregressive) over up to `limit` held-out-split sequences, mean over
+    batches: the checkpoints' validation uses only 2 batches."""
+    net.eval()
+    idx = val_idx[:limit]
+    sums, n = {}, 0
+    with torch.no_grad():
+        for b in range(0, len(idx), batch):
+            _, st = loss_fn(idx[b : b + batch], False, 1.0)
+            for k, v in st.items():
+                sums[k] = sums.get(k, 0.0) + v
+            n += 1
+    return dict(sequences=len(idx), **{k: round(v / max(1, n), 4) for k, v in sorted(sums.items())})
 
 
 def plot(work, name, log):
@@ -402,7 +524,7 @@ def plot(work, name, log):
     line_plot(work / "loss.svg", f"{name}: training loss", series, "step", "loss")
 
 
-def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info):
+def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held):
     out = REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -441,6 +563,7 @@ def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info):
         wall_s=round(last.get("wall", 0.0), 1),
         device=f"CPU, {args.threads} threads, torch {torch.__version__}, bf16 autocast",
         final=dict(train_loss=last.get("loss"), **{k: v for k, v in (val[-1] if val else {}).items() if k.startswith("val_")}),
+        held_out_split=held,
         loss_curve=plot_path.name,
         held_out_tau=None,
         held_out_tau_note="not measured yet: `draftc bench spec --prompts mt-bench`, then `python -m draftc_train record-tau`",
