@@ -369,6 +369,7 @@ def main(argv):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--no-export", action="store_true", help="train and evaluate, leave models/weights alone")
     ap.add_argument("--work", type=Path, default=None, help="checkpoint directory (default target/train/DRAFTER)")
     ap.add_argument("--eval-only", type=Path, default=None, metavar="CKPT",
                     help="evaluate CKPT (with the draft vocabulary it was trained with) on this run's "
@@ -483,7 +484,8 @@ def main(argv):
         prog.close()
     held = held_out_eval(net, loss_fn, val_idx, r["batch"])
     print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
-    export(args, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held)
+    if not args.no_export:
+        export(args, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held)
 
 
 def make_loss_fn(mod, net, target, head, seqs, feats, taps, r):
