@@ -2,8 +2,8 @@
 //! SmolLM2-135M-Instruct (fetched and converted into the cache on first
 //! use): for prompt lookup, MagicDec self-speculation, Beagle with pruned
 //! target weights, SpecFormer with random weights, an early-exit draft
-//! model drafting concurrently, and SpecFormer, Beagle (dynamic tree) and
-//! Medusa with their shipped trained weights, a batch of the four bench
+//! model drafting concurrently, and SpecFormer, Beagle (dynamic tree),
+//! SPIRe (chain) and Medusa with their shipped trained weights, a batch of the four bench
 //! prompts gives exactly the autoregressive token ids. Slow (minutes on lavapipe):
 //! ignored by default, run by `.ci/run` when time allows.
 
@@ -81,6 +81,7 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
         // The trained weights that ship (reduced draft vocabularies included).
         (repo_file("models/specformer.draft"), "shipped", None, false),
         (repo_file("models/beagle.draft"), "shipped", None, false),
+        (repo_file("models/spire.draft"), "shipped", None, false),
         (repo_file("models/medusa.draft"), "shipped", None, false),
     ];
     for (name, weights, tree, concurrent) in cases {
