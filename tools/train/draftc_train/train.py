@@ -115,7 +115,58 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     return out
 
 
-def batch_of(seqs, feats, idx, taps):
+def prompt_labels(seqs, feats, tap, target):
+    """The target's greedy next token at every prompt position after the
+    system prefix all records share (the user's text and the template's
+    closing tokens): argmax of the target's head over its final state
+    HS[tap], from the feature cache. Per sequence a `[n - 1]` tensor, -1
+    where there is no such label (the shared prefix, the response, whose
+    labels are the records' own tokens). Kept on disk beside the features.
+    Training on these positions too (`--prompt-labels`) is what EAGLE does
+    with its fixed dataset: every position's target state is a sample of
+    the target's next-token function, whoever wrote the token."""
+    h = hashlib.sha256()
+    for x, plen in seqs:
+        h.update(x.numpy().tobytes())
+        h.update(plen.to_bytes(4, "little"))
+    path = REPO / "target/train/features" / f"plabels-n{len(seqs)}-tap{tap}-{h.hexdigest()[:12]}.pt"
+    if path.exists():
+        return torch.load(path)
+    skip = 0
+    while all(len(x) > skip and x[skip] == seqs[0][0][skip] for x, _ in seqs):
+        skip += 1
+    w = target.final_norm.float()
+    head = target.lm_head.float()
+    out = [torch.full((len(x) - 1,), -1, dtype=torch.long) for x, _ in seqs]
+    # (sequence, first, last) spans, scored in chunks of ~2k rows.
+    spans = [(i, skip, min(plen - 1, len(x) - 1)) for i, (x, plen) in enumerate(seqs)]
+    spans = [sp for sp in spans if sp[2] > sp[1]]
+    prog = Progress(len(spans), "prompt labels", unit="seq")
+    with torch.no_grad():
+        at = 0
+        while at < len(spans):
+            chunk, rows = [], 0
+            while at < len(spans) and rows < 2048:
+                chunk.append(spans[at])
+                rows += spans[at][2] - spans[at][1]
+                at += 1
+            hs = torch.cat([feats[i][tap][a:b].float() for i, a, b in chunk])
+            hs = hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + target.eps) * w
+            top = F.linear(hs, head).argmax(-1)
+            k = 0
+            for i, a, b in chunk:
+                out[i][a:b] = top[k : k + b - a]
+                k += b - a
+            prog.update(len(chunk))
+    prog.close()
+    torch.save(out, path)
+    return out
+
+
+def batch_of(seqs, feats, idx, taps, plabels=None):
+    """Padded ids, validity, response mask and target states of sequences
+    `idx`; with `plabels`, also `[B, T-1]` extra labels (the target's greedy
+    token at prompt positions, -1 elsewhere)."""
     T = max(len(seqs[i][0]) for i in idx)
     B = len(idx)
     ids = torch.zeros(B, T, dtype=torch.long)
@@ -130,7 +181,12 @@ def batch_of(seqs, feats, idx, taps):
         resp[b, plen:n] = True
         for t in taps:
             hidden[t][b, :n] = feats[i][t].float()
-    return ids, valid, resp, hidden
+    if plabels is None:
+        return ids, valid, resp, hidden
+    extra = torch.full((B, T - 1), -1, dtype=torch.long)
+    for b, i in enumerate(idx):
+        extra[b, : len(plabels[i])] = plabels[i]
+    return ids, valid, resp, hidden, extra
 
 
 def make_target(mod, tgt_tensors):
@@ -245,7 +301,8 @@ def mixed_rows(feats, head, labels, p_target, omega):
     return loss, acc, alpha.item()
 
 
-def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train):
+def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train, keep=None,
+                        extra=None):
     """Beagle (paper 002 §4.2) and SPIRe (paper 004 §3.3). Early stage: one
     teacher-forced pass, every memory row the target state it is seeded
     with (Beagle: through the inverse-block train mask, random offset).
@@ -255,7 +312,9 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     q-i+1..q-1), step i weighted k - i + 1. Every memory stream of the
     description (SPIRe has one per layer) is simulated the same way. The
     loss is cross-entropy on the target's greedy tokens, or MixedLoss when
-    the recipe sets `mixed` (ω)."""
+    the recipe sets `mixed` (ω). `keep`, when given, receives per simulated
+    step i a `[B, T-1]` mask of the queries whose greedy draft equals the
+    label (false where there is no label): `chain_tau` reads it."""
     B, T = ids.shape
     pos = torch.arange(T)[None, :].expand(B, T)
     normed = set(getattr(mod, "MEMORIES_NORMED", []))
@@ -272,6 +331,10 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
         seeds[name] = mod.rms_norm(s, target.final_norm, target.eps) if name in normed else s
     lab_ok = resp[:, 1:]
     labels = ids[:, 1:][lab_ok]
+    if extra is not None:
+        # Prompt positions too, labelled with the target's greedy token.
+        lab_ok = lab_ok | (extra >= 0)
+        labels = torch.where(resp[:, 1:], ids[:, 1:], extra)[lab_ok]
     p_target = None
     if r.get("mixed") is not None:
         with torch.no_grad():
@@ -287,9 +350,16 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
             loss, acc, alpha = mixed_rows(feats, head, labels, p_target, r["mixed"])
             stats[f"alpha{key}"] = alpha
         stats[f"loss{key}"], stats[f"acc{key}"] = loss.item(), acc.item()
+        if keep is not None:
+            with torch.no_grad():
+                top = F.linear(feats, head.w.to(feats.dtype)).argmax(-1)
+                d = labels if head.t2d is None else head.t2d[labels]
+                hit = torch.zeros(B, T - 1, dtype=torch.bool)
+                hit[lab_ok] = top == d
+                keep[key] = hit
         return loss
 
-    late = step_frac >= 1.0 - r["late_frac"]
+    late = step_frac >= 1.0 - r["late_frac"] or keep is not None
     stats = {}
     if not late:
         offset = random.randrange(r["window"]) if "window" in r else None
@@ -342,6 +412,18 @@ def pruned_init(net, tgt_tensors):
     return copied
 
 
+def load_weights(path):
+    """A checkpoint (`ckpt.pt`) or shipped weights (`.safetensors`): the
+    state dict and the step it was saved at (None for shipped weights)."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path)), None
+    st = torch.load(path)
+    return st["model"], st["step"]
+
+
 def lr_at(step, total, r):
     if step < r["warmup"]:
         return r["lr"] * (step + 1) / r["warmup"]
@@ -372,15 +454,27 @@ def main(argv):
     ap.add_argument("--no-export", action="store_true", help="train and evaluate, leave models/weights alone")
     ap.add_argument("--work", type=Path, default=None, help="checkpoint directory (default target/train/DRAFTER)")
     ap.add_argument("--eval-only", type=Path, default=None, metavar="CKPT",
-                    help="evaluate CKPT (with the draft vocabulary it was trained with) on this run's "
-                         "held-out split and print the result; exports nothing")
+                    help="evaluate CKPT (a ckpt.pt or shipped .safetensors, with the draft vocabulary it "
+                         "was trained with) on this run's held-out split and print the result, with the "
+                         "chain acceptance it implies for autoregressive drafters; exports nothing")
+    ap.add_argument("--init-from", type=Path, default=None, metavar="WEIGHTS",
+                    help="start from these weights (e.g. models/weights/beagle.safetensors) instead of the "
+                         "module's initialisation: a new schedule continues training shipped weights")
+    ap.add_argument("--prompt-labels", action="store_true",
+                    help="autoregressive drafters: also train on prompt positions, labelled with the target's "
+                         "greedy token (recorded in the manifest's recipe)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    r = RECIPES[args.drafter]
+    r = dict(RECIPES[args.drafter])
+    if args.lr is not None:
+        r["lr"] = args.lr
+    if args.prompt_labels:
+        r["prompt_labels"] = True
     draft = REPO / "models" / f"{args.drafter}.draft"
     mod = emitted.load(draft)
     work = args.work or REPO / "target/train" / args.drafter
@@ -418,17 +512,28 @@ def main(argv):
         # older checkpoint there compares data sizes on the same sequences
         # (none of them in either run's training split when the older run
         # used a prefix of the records).
-        st = torch.load(args.eval_only)
-        net.load_state_dict(st["model"])
-        if "draft_vocab.ids" in st["model"]:
-            head = Head(lm_head, st["model"]["draft_vocab.ids"].long())
+        sd, step = load_weights(args.eval_only)
+        net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
+        if "draft_vocab.ids" in sd:
+            head = Head(lm_head, sd["draft_vocab.ids"].long())
         loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
-        print(json.dumps(dict(checkpoint=str(args.eval_only), step=st["step"],
-                              **held_out_eval(net, loss_fn, val_idx, r["batch"]))), flush=True)
+        res = dict(checkpoint=str(args.eval_only), step=step, **held_out_eval(net, loss_fn, val_idx, r["batch"]))
+        if mod.KIND != "parallel":
+            res["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
+        print(json.dumps(res), flush=True)
         return
     if head.ids is not None and getattr(mod, "DRAFT_VOCAB", None):
         net.get_buffer("draft_vocab.ids").copy_(head.ids)
-    if r.get("pruned") and not (args.resume and (work / "ckpt.pt").exists()):
+    if args.init_from and not (args.resume and (work / "ckpt.pt").exists()):
+        sd, _ = load_weights(args.init_from)
+        if "draft_vocab.ids" in sd and (head.ids is None or not torch.equal(sd["draft_vocab.ids"].long(), head.ids)):
+            raise SystemExit(f"{args.init_from}: its draft vocabulary differs from the one this data selects")
+        sd.pop("draft_vocab.ids", None)
+        missing, unexpected = net.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        if unexpected or set(missing) - {"draft_vocab.ids"}:
+            raise SystemExit(f"{args.init_from}: does not match the module (missing {missing}, unexpected {unexpected})")
+        print(f"initialised from {args.init_from}", flush=True)
+    elif r.get("pruned") and not (args.resume and (work / "ckpt.pt").exists()):
         copied = pruned_init(net, tgt_tensors)
         print(f"pruned initialisation: {len(copied)} tensors from the target's last layers", flush=True)
     opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
@@ -449,7 +554,13 @@ def main(argv):
     start_wall = time.time()
     prior_wall = log[-1]["wall"] if log else 0.0
 
-    loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
+    plabels = None
+    if r.get("prompt_labels"):
+        if mod.KIND == "parallel":
+            raise SystemExit("--prompt-labels: autoregressive drafters only")
+        plabels = prompt_labels(seqs, feats, max(mod.MEMORIES.values()), target)
+    loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels)
+    eval_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
 
     prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
     while step < args.steps and prog is not None:
@@ -470,7 +581,7 @@ def main(argv):
         if step % args.ckpt_every == 0 or step == args.steps:
             net.eval()
             with torch.no_grad():
-                vl, vs = loss_fn(val_idx[: r["batch"] * 2], False, step / args.steps)
+                vl, vs = eval_fn(val_idx[: r["batch"] * 2], False, step / args.steps)
             entry["val_loss"] = vl.item()
             entry.update({f"val_{k}": v for k, v in vs.items()})
             torch.save(
@@ -482,22 +593,32 @@ def main(argv):
             plot(work, args.drafter, log)
     if prog is not None:
         prog.close()
-    held = held_out_eval(net, loss_fn, val_idx, r["batch"])
+    held = held_out_eval(net, eval_fn, val_idx, r["batch"])
+    if mod.KIND != "parallel":
+        held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
     print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
     if not args.no_export:
-        export(args, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held)
+        export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held)
 
 
-def make_loss_fn(mod, net, target, head, seqs, feats, taps, r):
+def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
+    """The recipe's loss over sequences `idx`; `plabels` (training batches
+    only) adds the prompt positions' labels."""
+
     def loss_fn(idx, train, frac):
-        ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
+        extra = None
+        if train and plabels is not None:
+            ids, valid, resp, hidden, extra = batch_of(seqs, feats, idx, taps, plabels)
+        else:
+            ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if mod.KIND == "parallel":
                 L = mod.SYMBOLS.get("l", 1)
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
                 rows = r.get("rows") if train and head.ids is None else None
                 return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows)
-            return autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train)
+            return autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train,
+                                       extra=extra)
 
     return loss_fn
 
@@ -518,6 +639,37 @@ def held_out_eval(net, loss_fn, val_idx, batch, limit=256):
     return dict(sequences=len(idx), **{k: round(v / max(1, n), 4) for k, v in sorted(sums.items())})
 
 
+def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
+    """What greedy chain drafting would accept on sequences `idx`, from the
+    simulated steps (autoregressive drafters): a round starting at query s
+    accepts depth d when steps 1..d, queried at s..s+d-1, all match the
+    target's greedy tokens. Returns the chain τ for each length 1..k and the
+    cumulative acceptance by depth (as `draftc bench spec` reports it), over
+    every response position of the sequences. This is what the runtime would
+    measure on these sequences if drafting equals the training simulation."""
+    net.eval()
+    sums, starts = None, 0
+    with torch.no_grad():
+        for b in range(0, len(idx), batch):
+            ids, valid, resp, hidden = batch_of(seqs, feats, idx[b : b + batch], taps)
+            keep = {}
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, 1.0, False, keep)
+            k = len(keep)
+            start = resp[:, 1:]
+            run = start.clone()
+            part = []
+            for d in range(1, k + 1):
+                hit = keep[d][:, d - 1 :]
+                run = run[:, : hit.shape[1]] & hit
+                part.append(float(run.sum()))
+            sums = part if sums is None else [a + c for a, c in zip(sums, part)]
+            starts += int(start.sum())
+    by_depth = [round(x / max(1, starts), 4) for x in sums]
+    return dict(rounds=starts, acceptance_by_depth=by_depth,
+                chain_tau={d: round(1.0 + sum(by_depth[:d]), 4) for d in range(1, len(by_depth) + 1)})
+
+
 def plot(work, name, log):
     series = {"train loss": [(e["step"], e["loss"]) for e in log]}
     val = [(e["step"], e["val_loss"]) for e in log if "val_loss" in e]
@@ -526,7 +678,7 @@ def plot(work, name, log):
     line_plot(work / "loss.svg", f"{name}: training loss", series, "step", "loss")
 
 
-def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held):
+def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held):
     out = REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -559,7 +711,7 @@ def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held):
                   records_used=f"the first {args.records}" if args.records else "all",
                   sequences=n_seqs, train_sequences=n_train,
                   max_len=args.max_len, target_taps=taps),
-        recipe=RECIPES[args.drafter],
+        recipe=r,
         steps=last.get("step", 0),
         planned_steps=args.steps,
         wall_s=round(last.get("wall", 0.0), 1),
@@ -570,5 +722,16 @@ def export(args, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held):
         held_out_tau=None,
         held_out_tau_note="not measured yet: `draftc bench spec --prompts mt-bench`, then `python -m draftc_train record-tau`",
     )
+    if args.init_from:
+        # The weights this run continued: their own manifest (read before
+        # it is overwritten) says how they were made.
+        prior = Path(args.init_from).with_suffix(".json")
+        before = json.loads(prior.read_text()) if prior.is_file() else {}
+        manifest["continued_from"] = dict(
+            weights=str(args.init_from), **{k: before.get(k) for k in
+                                            ("weights_sha256", "recipe", "steps", "wall_s", "device", "held_out_split")})
+        if before.get("wall_s") is not None:
+            manifest["total_wall_s"] = round(before.get("total_wall_s", before["wall_s"]) + manifest["wall_s"], 1)
+            manifest["total_steps"] = before.get("total_steps", before.get("steps", 0)) + manifest["steps"]
     (out / f"{args.drafter}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {args.drafter}.json", flush=True)
