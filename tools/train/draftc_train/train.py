@@ -163,10 +163,9 @@ def prompt_labels(seqs, feats, tap, target):
     return out
 
 
-def batch_of(seqs, feats, idx, taps, plabels=None):
+def batch_of(seqs, feats, idx, taps):
     """Padded ids, validity, response mask and target states of sequences
-    `idx`; with `plabels`, also `[B, T-1]` extra labels (the target's greedy
-    token at prompt positions, -1 elsewhere)."""
+    `idx`."""
     T = max(len(seqs[i][0]) for i in idx)
     B = len(idx)
     ids = torch.zeros(B, T, dtype=torch.long)
@@ -181,12 +180,17 @@ def batch_of(seqs, feats, idx, taps, plabels=None):
         resp[b, plen:n] = True
         for t in taps:
             hidden[t][b, :n] = feats[i][t].float()
-    if plabels is None:
-        return ids, valid, resp, hidden
-    extra = torch.full((B, T - 1), -1, dtype=torch.long)
+    return ids, valid, resp, hidden
+
+
+def extra_labels(plabels, idx, T):
+    """`[B, T-1]` labels of sequences `idx` from `prompt_labels` (the
+    target's greedy token at prompt positions, -1 elsewhere), padded as
+    `batch_of` pads to `T`."""
+    extra = torch.full((len(idx), T - 1), -1, dtype=torch.long)
     for b, i in enumerate(idx):
         extra[b, : len(plabels[i])] = plabels[i]
-    return ids, valid, resp, hidden, extra
+    return extra
 
 
 def make_target(mod, tgt_tensors):
@@ -217,17 +221,17 @@ class Head:
 
 
 def ce_rows(feats, head, labels):
+    """Cross-entropy of rows `feats` against `labels` (target ids), and per
+    row whether the greedy draft equals the label (its mean is accuracy)."""
     logits = F.linear(feats, head.w.to(feats.dtype)).float()
     if head.t2d is None:
         loss = F.cross_entropy(logits, labels)
-        acc = (logits.argmax(-1) == labels).float().mean()
-        return loss, acc
+        return loss, logits.argmax(-1) == labels
     d = head.t2d[labels]
     loss = F.cross_entropy(logits, d.clamp(min=0), reduction="none")
     inside = (d >= 0).float()
     loss = (loss * inside).sum() / inside.sum().clamp(min=1.0)
-    acc = (logits.argmax(-1) == d).float().mean()
-    return loss, acc
+    return loss, logits.argmax(-1) == d
 
 
 def draft_vocab(seqs, train_idx, n, vocab):
@@ -278,10 +282,10 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
             # vocabulary scores them all).
             pick = torch.randperm(labels.numel())[:max_rows]
             rows, labels = rows[pick], labels[pick]
-        loss, acc = ce_rows(rows, head, labels)
+        loss, hit = ce_rows(rows, head, labels)
         total = total + w * loss
         stats[f"loss{j}"] = loss.item()
-        stats[f"acc{j}"] = acc.item()
+        stats[f"acc{j}"] = hit.float().mean().item()
     return total, stats
 
 
@@ -290,15 +294,15 @@ def mixed_rows(feats, head, labels, p_target, omega):
     target's distribution + (1 - ω) · (-α), α = Σ_i min(p_i, q_i) the
     expected acceptance probability. Both distributions are over the draft
     vocabulary (the target's renormalised on it: the rest is never drafted).
-    Accuracy is against the hard labels (the target's greedy tokens)."""
+    Hits (per row; their mean is accuracy) are against the hard labels (the
+    target's greedy tokens)."""
     logits = F.linear(feats, head.w.to(feats.dtype)).float()
     logq = logits.log_softmax(-1)
     distill = -(p_target * logq).sum(-1).mean()
     alpha = torch.minimum(p_target, logq.exp()).sum(-1).mean()
     loss = omega * distill + (1.0 - omega) * (-alpha)
     d = labels if head.t2d is None else head.t2d[labels]
-    acc = (logits.argmax(-1) == d).float().mean()
-    return loss, acc, alpha.item()
+    return loss, logits.argmax(-1) == d, alpha.item()
 
 
 def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train, keep=None,
@@ -345,18 +349,14 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     def score(out, stats, key):
         feats = out[OUT][:, :-1][lab_ok]
         if p_target is None:
-            loss, acc = ce_rows(feats, head, labels)
+            loss, hit = ce_rows(feats, head, labels)
         else:
-            loss, acc, alpha = mixed_rows(feats, head, labels, p_target, r["mixed"])
+            loss, hit, alpha = mixed_rows(feats, head, labels, p_target, r["mixed"])
             stats[f"alpha{key}"] = alpha
-        stats[f"loss{key}"], stats[f"acc{key}"] = loss.item(), acc.item()
+        stats[f"loss{key}"], stats[f"acc{key}"] = loss.item(), hit.float().mean().item()
         if keep is not None:
-            with torch.no_grad():
-                top = F.linear(feats, head.w.to(feats.dtype)).argmax(-1)
-                d = labels if head.t2d is None else head.t2d[labels]
-                hit = torch.zeros(B, T - 1, dtype=torch.bool)
-                hit[lab_ok] = top == d
-                keep[key] = hit
+            keep[key] = torch.zeros(B, T - 1, dtype=torch.bool)
+            keep[key][lab_ok] = hit
         return loss
 
     late = step_frac >= 1.0 - r["late_frac"] or keep is not None
@@ -413,15 +413,18 @@ def pruned_init(net, tgt_tensors):
 
 
 def load_weights(path):
-    """A checkpoint (`ckpt.pt`) or shipped weights (`.safetensors`): the
-    state dict and the step it was saved at (None for shipped weights)."""
+    """A checkpoint (`ckpt.pt`) or shipped weights (`.safetensors`, f16):
+    the state dict with floating tensors in f32, and the step it was saved
+    at (None for shipped weights)."""
     path = Path(path)
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path)), None
-    st = torch.load(path)
-    return st["model"], st["step"]
+        sd, step = load_file(str(path)), None
+    else:
+        st = torch.load(path)
+        sd, step = st["model"], st["step"]
+    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, step
 
 
 def lr_at(step, total, r):
@@ -513,7 +516,7 @@ def main(argv):
         # (none of them in either run's training split when the older run
         # used a prefix of the records).
         sd, step = load_weights(args.eval_only)
-        net.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in sd.items()})
+        net.load_state_dict(sd)
         if "draft_vocab.ids" in sd:
             head = Head(lm_head, sd["draft_vocab.ids"].long())
         loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
@@ -529,7 +532,7 @@ def main(argv):
         if "draft_vocab.ids" in sd and (head.ids is None or not torch.equal(sd["draft_vocab.ids"].long(), head.ids)):
             raise SystemExit(f"{args.init_from}: its draft vocabulary differs from the one this data selects")
         sd.pop("draft_vocab.ids", None)
-        missing, unexpected = net.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+        missing, unexpected = net.load_state_dict(sd, strict=False)
         if unexpected or set(missing) - {"draft_vocab.ids"}:
             raise SystemExit(f"{args.init_from}: does not match the module (missing {missing}, unexpected {unexpected})")
         print(f"initialised from {args.init_from}", flush=True)
@@ -606,11 +609,8 @@ def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
     only) adds the prompt positions' labels."""
 
     def loss_fn(idx, train, frac):
-        extra = None
-        if train and plabels is not None:
-            ids, valid, resp, hidden, extra = batch_of(seqs, feats, idx, taps, plabels)
-        else:
-            ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
+        ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
+        extra = extra_labels(plabels, idx, ids.shape[1]) if train and plabels is not None else None
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if mod.KIND == "parallel":
                 L = mod.SYMBOLS.get("l", 1)
