@@ -44,6 +44,55 @@ pub struct DeviceProfile {
     pub max_vector: usize,
     /// Streaming multiprocessors, when the runtime reports them.
     pub sms: Option<u32>,
+    /// Threads an emulator runs cubes on (lavapipe: `LP_NUM_THREADS`, else
+    /// one per CPU); 0 on a GPU. The lane layout's columns per unit depend
+    /// on it ([`DeviceProfile::linear_layout`]).
+    pub threads: u32,
+}
+
+/// Output columns per unit the lane layout may use (`ops::linear::UNIT_COLUMNS`).
+pub const LANE_COLUMNS: [u32; 5] = [8, 12, 16, 24, 32];
+/// Largest register block (rows × columns per unit) of the lane layout:
+/// bigger unrolled bodies take lavapipe's JIT much longer to compile.
+const LANE_REGISTERS: u32 = 128;
+
+/// Rows per register block of the lane layout for `m` rows (as `ops::linear`
+/// picks it).
+pub fn lane_rows_per_block(m: i64) -> u32 {
+    match m {
+        ..=1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        _ => 8,
+    }
+}
+
+/// The lane layout's columns per unit for `n` outputs, `m` rows and
+/// `threads` threads: the count with the least modelled time. Lavapipe's
+/// time follows vector loads (ops/src/linear.rs): per reduction step a unit
+/// loads one weight vector per column (two with SwiGLU's up weight), one
+/// `x` vector per row of its block and, with a norm prologue, one of the
+/// norm weight; more columns per unit amortise the `x` loads over more
+/// columns but leave fewer cubes, which the threads run in whole rounds.
+/// 576 outputs make 9 cubes of 8 × 8 columns (5 rounds on 2 threads) or 6
+/// of 8 × 12 (3 rounds): 12 columns win there, 32 on the 49,152-row LM head
+/// (measured: `cargo bench -p draftc-ops --bench ops`, docs/bench). Ties go
+/// to fewer columns (smaller kernels).
+pub fn lane_columns(n: i64, m: i64, norm: bool, swiglu: bool, threads: u32) -> u32 {
+    let mb = lane_rows_per_block(m);
+    let n = n.max(1) as u64;
+    let threads = threads.max(1) as u64;
+    let cost = |cols: u32| {
+        let cubes = n.div_ceil(8 * cols as u64);
+        let rounds = cubes.div_ceil(threads);
+        let loads = cols * (1 + swiglu as u32) + mb + norm as u32;
+        rounds * loads as u64
+    };
+    LANE_COLUMNS
+        .into_iter()
+        .filter(|&c| c * mb <= LANE_REGISTERS)
+        .min_by_key(|&c| (cost(c), c))
+        .unwrap_or(LANE_COLUMNS[0])
 }
 
 /// Planes per cube of the GPU linear layout (128 threads with 32 lanes).
@@ -62,6 +111,8 @@ impl DeviceProfile {
             shared_memory: 32 << 10,
             max_vector: 4,
             sms: None,
+            // The 2 cores of the machine CI runs on.
+            threads: 2,
         }
     }
 
@@ -76,6 +127,7 @@ impl DeviceProfile {
             shared_memory: 227 << 10,
             max_vector: 16,
             sms: Some(132),
+            threads: 0,
         }
     }
 
@@ -90,6 +142,7 @@ impl DeviceProfile {
             shared_memory: 32 << 10,
             max_vector: 4,
             sms: None,
+            threads: 0,
         }
     }
 
@@ -115,10 +168,23 @@ impl DeviceProfile {
     }
 
     /// The layout of a linear launch: `m` rows, reduction `k` (in `groups`
-    /// norm groups), `n` outputs, `elem` bytes per element.
-    pub fn linear_layout(&self, k: i64, n: i64, groups: i64, elem: usize) -> LinearLayout {
+    /// norm groups), `n` outputs, `elem` bytes per element, with a norm
+    /// prologue and/or a SwiGLU epilogue (a second weight).
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear_layout(
+        &self,
+        m: i64,
+        k: i64,
+        n: i64,
+        groups: i64,
+        elem: usize,
+        norm: bool,
+        swiglu: bool,
+    ) -> LinearLayout {
         if !self.uses_planes() {
-            return LinearLayout::Lanes;
+            return LinearLayout::Lanes {
+                cols: lane_columns(n, m, norm, swiglu, self.threads),
+            };
         }
         // 16-byte vectors along the reduction of one norm group.
         let seg = (k / groups.max(1)).max(1);
@@ -188,8 +254,9 @@ impl Default for DeviceProfile {
 /// `ops::linear_plane` with this shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LinearLayout {
-    /// Lavapipe-shaped: units own 8 adjacent columns (`ops::linear`).
-    Lanes,
+    /// Lavapipe-shaped (`ops::linear`): a unit owns `cols` adjacent columns
+    /// ([`lane_columns`]).
+    Lanes { cols: u32 },
     /// GPU-shaped (`ops::linear_plane::PlaneShape`): `planes` planes of
     /// `plane` lanes per cube, `ksplit` planes per column group, `cols`
     /// columns per group.
@@ -228,7 +295,7 @@ impl fmt::Display for AttentionLayout {
 impl fmt::Display for LinearLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LinearLayout::Lanes => write!(f, "lanes"),
+            LinearLayout::Lanes { cols } => write!(f, "lanes(cols={cols})"),
             LinearLayout::Planes {
                 plane,
                 planes,
@@ -252,19 +319,51 @@ mod tests {
     #[test]
     fn emulators_keep_the_lane_layout() {
         let lp = DeviceProfile::lavapipe();
-        assert_eq!(lp.linear_layout(576, 1536, 1, 4), LinearLayout::Lanes);
+        assert!(matches!(
+            lp.linear_layout(1, 576, 1536, 1, 4, true, true),
+            LinearLayout::Lanes { .. }
+        ));
         // A GPU without plane operations falls back too.
         let mut gpu = DeviceProfile::wgpu_gpu();
         gpu.plane_ops = false;
-        assert_eq!(gpu.linear_layout(576, 1536, 1, 2), LinearLayout::Lanes);
+        assert!(matches!(
+            gpu.linear_layout(1, 576, 1536, 1, 2, true, true),
+            LinearLayout::Lanes { .. }
+        ));
+    }
+
+    /// The choices the ops bench's lane-layout table measured best on 2
+    /// threads (docs/bench/lavapipe/lane-columns.md).
+    #[test]
+    fn lane_columns_follow_the_measured_table() {
+        let cols = |n, m, swiglu| lane_columns(n, m, false, swiglu, 2);
+        // 576- and 192-wide outputs: 12 columns (6 and 2 cubes).
+        for m in [1, 2, 4, 8] {
+            assert_eq!(cols(576, m, false), 12, "576, m = {m}");
+        }
+        assert_eq!(cols(192, 1, false), 12);
+        // The LM head: as wide as the register block allows.
+        assert_eq!(cols(49_152, 1, false), 32);
+        assert_eq!(cols(49_152, 4, false), 32);
+        assert_eq!(cols(49_152, 8, false), 16);
+        // Every choice is a listed variant within the register budget.
+        for n in [1, 7, 64, 100, 192, 300, 576, 960, 1536, 49_152] {
+            for m in 1..=20 {
+                for threads in [0, 1, 2, 3, 8, 64] {
+                    let c = lane_columns(n, m, m % 2 == 0, m % 3 == 0, threads);
+                    assert!(LANE_COLUMNS.contains(&c));
+                    assert!(c * lane_rows_per_block(m) <= LANE_REGISTERS);
+                }
+            }
+        }
     }
 
     #[test]
     fn gpu_layouts_split_long_reductions_and_pair_wide_outputs() {
         let h = DeviceProfile::cuda_h100();
-        let layout = |k, n, g, e| match h.linear_layout(k, n, g, e) {
+        let layout = |k, n, g, e| match h.linear_layout(1, k, n, g, e, false, false) {
             LinearLayout::Planes { ksplit, cols, .. } => (ksplit, cols),
-            LinearLayout::Lanes => panic!("lanes on a GPU"),
+            LinearLayout::Lanes { .. } => panic!("lanes on a GPU"),
         };
         // 576 f16 = 72 vectors: one plane per column.
         assert_eq!(layout(576, 1536, 1, 2), (1, 1));

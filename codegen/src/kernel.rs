@@ -356,9 +356,7 @@ impl fmt::Display for Kernel {
                 if *into_cache {
                     write!(f, " out=cache")?;
                 }
-                if *layout != LinearLayout::Lanes {
-                    write!(f, " {layout}")?;
-                }
+                write!(f, " {layout}")?;
                 Ok(())
             }
             Kernel::RmsNorm { rows, d, eps } => write!(f, "rms_norm rows={rows} d={d} eps={eps}"),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use cubecl::prelude::*;
 use draftc_ops::elementwise::{binary, BinaryOp};
-use draftc_ops::linear::{linear, Epilogue, Prologue};
+use draftc_ops::linear::{linear, linear_lanes, Epilogue, Prologue, UNIT_COLUMNS};
 use draftc_ops::sampling::{sample, SamplingParams};
 use draftc_ops::testing::{random_f32, random_u32, wgpu_client};
 use draftc_ops::{argmax_topk, embedding, group_rms_norm, layer_sum, rms_norm, rope, softmax};
@@ -100,6 +100,7 @@ fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
             }
         }
     }
+    unit_columns_table(client, quick);
     #[cfg(feature = "cubek-compare")]
     for &(k, n) in shapes {
         for m in [1usize, 8, 16] {
@@ -139,6 +140,56 @@ fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
 }
 
 /// cubek 0.2 matmul on `x [1, m, k] · Wᵀ` with W `[n, k]` viewed as
+/// Time of each columns-per-unit variant of the lane layout at the
+/// target's shapes and verification widths (f32): the measurements the
+/// lowering's choice (`DeviceProfile::linear_layout`) is checked against.
+fn unit_columns_table(client: &ComputeClient<R>, quick: bool) {
+    println!("\n## lane layout: time (ms) by columns per unit (f32)");
+    print!("| in→out | epilogue | m |");
+    for c in UNIT_COLUMNS {
+        print!(" {c} |");
+    }
+    println!();
+    println!("|---|---|---|{}", "---|".repeat(UNIT_COLUMNS.len()));
+    let shapes: &[(usize, usize, bool)] = if quick {
+        &[(576, 576, false)]
+    } else {
+        &[
+            (576, 192, false),
+            (576, 576, false),
+            (576, 1536, true),
+            (1536, 576, false),
+            (576, 49152, false),
+        ]
+    };
+    let dtype = DType::F32;
+    for &(k, n, swiglu) in shapes {
+        let w = up(client, &[n, k], dtype, 1);
+        let wu = up(client, &[n, k], dtype, 5);
+        for m in [1usize, 2, 4, 8] {
+            let x = up(client, &[m, k], dtype, 2);
+            let out = DeviceTensor::empty(client, &[m, n], dtype);
+            print!(
+                "| {k}→{n} | {} | {m} |",
+                if swiglu { "swiglu" } else { "none" }
+            );
+            for c in UNIT_COLUMNS {
+                let d = time(client, || {
+                    let epi = if swiglu {
+                        Epilogue::SwiGlu { up: &wu }
+                    } else {
+                        Epilogue::None
+                    };
+                    linear_lanes(client, &x, &w, Prologue::None, epi, &out, c).expect("linear")
+                });
+                print!(" {:.3} |", d.as_secs_f64() * 1e3);
+            }
+            println!();
+        }
+    }
+    println!();
+}
+
 /// `[1, k, n]` through strides (no transpose copy); checked against `linear`.
 #[cfg(feature = "cubek-compare")]
 fn cubek_linear(client: &ComputeClient<R>, k: usize, n: usize, m: usize) {

@@ -11,20 +11,27 @@
 //!   `W` is the gate weight, the epilogue carries the up weight, and
 //!   `out = silu(x·W_gateᵀ) * (x·W_upᵀ)`.
 //!
-//! Kernel layout: each unit owns [`COLS`] adjacent output columns, [`BLOCK`]
-//! units per cube. A unit streams its weight rows once per block of `mb` rows
-//! (`mb` = 1, 2, 4 or 8, comptime) with `Vector<F, 4>` loads along the
-//! reduction dim and keeps `mb × COLS` accumulators in registers; each load
-//! of an `x` vector serves `COLS` columns, and `x` is read at the same index
-//! by all units of a cube. For m ≤ 8 the weights are read exactly once.
-//! Weights larger than the 128 MiB binding limit are split into chunks of
-//! output columns bound through handle offsets, and grids are split over x/y
-//! so no dimension exceeds 65,535. The layout is tuned for lavapipe (SIMD
-//! lanes = units); a coalesced layout for real GPUs is future work.
+//! Kernel layout: each unit owns `cols` adjacent output columns (comptime,
+//! one of [`UNIT_COLUMNS`]), [`BLOCK`] units per cube. A unit streams its
+//! weight rows once per block of `mb` rows (`mb` = 1, 2, 4 or 8, comptime)
+//! with `Vector<F, 4>` loads along the reduction dim and keeps `mb × cols`
+//! accumulators in registers; each load of an `x` vector serves `cols`
+//! columns, and `x` is read at the same index by all units of a cube. For
+//! m ≤ 8 the weights are read exactly once. Weights larger than the 128 MiB
+//! binding limit are split into chunks of output columns bound through
+//! handle offsets, and grids are split over x/y so no dimension exceeds
+//! 65,535. The layout is tuned for lavapipe (SIMD lanes = units); GPUs get
+//! [`crate::linear_plane`].
 //!
 //! What lavapipe rewards (measured with `cargo bench -p draftc-ops --bench
 //! ops`, 2 vCPU): time follows the number of vector loads, not bytes (f16
 //! takes as long as f32) and not whether a load is uniform across the cube.
+//! Per reduction step a unit makes `cols` weight loads and `mb` `x` loads,
+//! so more columns per unit make extra rows cheaper (the LM head at m = 4:
+//! 150 ms with 8 columns, 121 ms with 32), while fewer, wider cubes balance
+//! worse over the threads (576 outputs: 12 columns beat 8 and 16). The
+//! lowering picks the count per launch from that model
+//! (`draftc_codegen::device::lane_columns`), with `mb × cols` ≤ 128.
 //! Tried and not kept: rows as units with every weight load uniform (4x
 //! slower: one load per MAC); `Vector` accumulators with `fma` (no change);
 //! 16 columns per unit with 16-row blocks from m = 16 (1.5–1.85x faster at
@@ -47,9 +54,11 @@ use crate::tensor::DeviceTensor;
 
 /// Units per cube.
 pub const BLOCK: usize = 8;
-/// Output columns per unit: one load of an `x` vector serves this many
-/// columns (the x loads, not the weights, limited m > 1 on lavapipe).
-pub const COLS: usize = 8;
+/// The output-column counts a unit may own (comptime variants of the
+/// kernel): one load of an `x` vector serves this many columns. The
+/// lowering picks one per launch (`DeviceProfile::linear_layout` in
+/// draftc-codegen, which lists the same counts); [`linear`] uses the first.
+pub const UNIT_COLUMNS: [usize; 5] = [8, 12, 16, 24, 32];
 
 pub(crate) const EPI_NONE: u32 = 0;
 pub(crate) const EPI_BIAS: u32 = 1;
@@ -168,46 +177,47 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     d: usize,
     eps: f32,
     #[comptime] mb: usize,
+    #[comptime] cols: usize,
     #[comptime] norm: bool,
     #[comptime] epilogue: u32,
 ) {
-    // This unit's COLS columns: o0, o0 + 1, ... (clamped for loads, guarded for stores).
-    let o0 = (CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize) * comptime!(COLS);
+    // This unit's `cols` columns: o0, o0 + 1, ... (clamped for loads, guarded for stores).
+    let o0 = (CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize) * cols;
     let swiglu = comptime!(epilogue == EPI_SWIGLU);
-    let mut wbase = Array::<usize>::new(COLS);
+    let mut wbase = Array::<usize>::new(cols);
     #[unroll]
-    for c in 0..COLS {
+    for c in 0..cols {
         wbase[c] = select(o0 + c < n_cols, o0 + c, n_cols - 1) * in_v;
     }
 
     let mut row0 = 0usize;
     while row0 < m {
-        // acc[r * COLS + c]: row r, column c of this unit.
-        let mut acc = Array::<f32>::new(comptime!(mb * COLS));
-        let mut acc_u = Array::<f32>::new(comptime!(mb * COLS));
+        // acc[r * cols + c]: row r, column c of this unit.
+        let mut acc = Array::<f32>::new(comptime!(mb * cols));
+        let mut acc_u = Array::<f32>::new(comptime!(mb * cols));
         // Row offsets into x; rows past m are clamped (computed, never stored).
         let mut xoff = Array::<usize>::new(mb);
         #[unroll]
         for r in 0..mb {
             xoff[r] = select(row0 + r < m, row0 + r, m - 1) * in_v;
             #[unroll]
-            for c in 0..COLS {
-                acc[r * COLS + c] = 0.0;
-                acc_u[r * COLS + c] = 0.0;
+            for c in 0..cols {
+                acc[r * cols + c] = 0.0;
+                acc_u[r * cols + c] = 0.0;
             }
         }
         for g in 0..groups {
             let kbeg = g * dv;
             let mut sq = Array::<f32>::new(mb);
-            let mut part = Array::<f32>::new(comptime!(mb * COLS));
-            let mut part_u = Array::<f32>::new(comptime!(mb * COLS));
+            let mut part = Array::<f32>::new(comptime!(mb * cols));
+            let mut part_u = Array::<f32>::new(comptime!(mb * cols));
             #[unroll]
             for r in 0..mb {
                 sq[r] = 0.0;
                 #[unroll]
-                for c in 0..COLS {
-                    part[r * COLS + c] = 0.0;
-                    part_u[r * COLS + c] = 0.0;
+                for c in 0..cols {
+                    part[r * cols + c] = 0.0;
+                    part_u[r * cols + c] = 0.0;
                 }
             }
             for kv in kbeg..kbeg + dv {
@@ -223,7 +233,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                     &mut part_u,
                     &mut sq,
                     mb,
-                    COLS,
+                    cols,
                     norm,
                     swiglu,
                 );
@@ -235,21 +245,21 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                     inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
                 }
                 #[unroll]
-                for c in 0..COLS {
-                    acc[r * COLS + c] += part[r * COLS + c] * inv;
-                    acc_u[r * COLS + c] += part_u[r * COLS + c] * inv;
+                for c in 0..cols {
+                    acc[r * cols + c] += part[r * cols + c] * inv;
+                    acc_u[r * cols + c] += part_u[r * cols + c] * inv;
                 }
             }
         }
         #[unroll]
         for r in 0..mb {
             #[unroll]
-            for c in 0..COLS {
+            for c in 0..cols {
                 let row = row0 + r;
                 let o = o0 + c;
                 if o < n_cols && row < m {
                     let idx = row * out_stride + col_offset + o;
-                    let mut y = acc[r * COLS + c];
+                    let mut y = acc[r * cols + c];
                     if comptime!(epilogue == EPI_BIAS) {
                         y += f32::cast_from(extra[col_offset + o]);
                     }
@@ -257,7 +267,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                         y += f32::cast_from(extra[idx]);
                     }
                     if swiglu {
-                        y = y / (1f32 + f32::exp(-y)) * acc_u[r * COLS + c];
+                        y = y / (1f32 + f32::exp(-y)) * acc_u[r * cols + c];
                     }
                     out[idx] = F::cast_from(y);
                 }
@@ -267,7 +277,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     }
 }
 
-/// `out = epilogue(prologue(x) · weightᵀ)`.
+/// `out = epilogue(prologue(x) · weightᵀ)`, units owning 8 columns.
 ///
 /// * `x`: `[..., in]` (all leading dims are rows, `m` = their product).
 /// * `weight`: `[out, in]` (the gate weight for SwiGLU).
@@ -280,7 +290,21 @@ pub fn linear<R: Runtime>(
     epilogue: Epilogue<'_, R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    linear_with_binding_limit(
+    linear_lanes(client, x, weight, prologue, epilogue, out, UNIT_COLUMNS[0])
+}
+
+/// [`linear`] with `cols` output columns per unit (one of
+/// [`UNIT_COLUMNS`]; anything else is an error).
+pub fn linear_lanes<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: Prologue<'_, R>,
+    epilogue: Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    cols: usize,
+) -> Result<()> {
+    linear_lanes_with_binding_limit(
         client,
         x,
         weight,
@@ -288,6 +312,7 @@ pub fn linear<R: Runtime>(
         epilogue,
         out,
         MAX_BINDING_BYTES,
+        cols,
     )
 }
 
@@ -303,7 +328,38 @@ pub fn linear_with_binding_limit<R: Runtime>(
     out: &DeviceTensor<R>,
     max_binding_bytes: usize,
 ) -> Result<()> {
+    linear_lanes_with_binding_limit(
+        client,
+        x,
+        weight,
+        prologue,
+        epilogue,
+        out,
+        max_binding_bytes,
+        UNIT_COLUMNS[0],
+    )
+}
+
+/// [`linear_lanes`] with an explicit per-binding byte limit.
+#[doc(hidden)]
+#[allow(clippy::too_many_arguments)]
+pub fn linear_lanes_with_binding_limit<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: Prologue<'_, R>,
+    epilogue: Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    max_binding_bytes: usize,
+    unit_cols: usize,
+) -> Result<()> {
     const OP: &str = "linear";
+    if !UNIT_COLUMNS.contains(&unit_cols) {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("columns per unit must be one of {UNIT_COLUMNS:?}, got {unit_cols}"),
+        });
+    }
     let a = check_args(
         client,
         x,
@@ -318,7 +374,7 @@ pub fn linear_with_binding_limit<R: Runtime>(
     let mut c0 = 0;
     while c0 < a.n {
         let (cols, w_chunk, up_chunk) = a.chunk(x, weight, c0)?;
-        let count = cube_count(OP, cols.div_ceil(BLOCK * COLS))?;
+        let count = cube_count(OP, cols.div_ceil(BLOCK * unit_cols))?;
         // SAFETY: every index the kernel forms is in bounds for the shapes
         // validated above (rows clamped to m - 1, columns guarded by
         // `n_cols`, optional inputs only read when their comptime flag is set).
@@ -345,6 +401,7 @@ pub fn linear_with_binding_limit<R: Runtime>(
                     a.d,
                     a.eps,
                     mb,
+                    unit_cols,
                     a.norm,
                     a.code,
                 )

@@ -4,7 +4,7 @@
 //! `linear_planes` (plane ops run on lavapipe with 8-lane planes).
 
 use draftc_ops::linear::{
-    linear, linear_with_binding_limit, reference as lref, Epilogue, Prologue,
+    linear, linear_lanes_with_binding_limit, reference as lref, Epilogue, Prologue, UNIT_COLUMNS,
 };
 use draftc_ops::linear_plane::{linear_planes, linear_planes_with_binding_limit, PlaneShape};
 use draftc_ops::testing::{
@@ -57,7 +57,39 @@ fn check(
     seed: u64,
     limit: usize,
 ) -> Result<(), TestCaseError> {
-    check_as(m, d, n, p, e, dtype, seed, limit, None)
+    check_as(
+        m,
+        d,
+        n,
+        p,
+        e,
+        dtype,
+        seed,
+        limit,
+        Layout::Lanes(UNIT_COLUMNS[0]),
+    )
+}
+
+/// Which kernel layout a check runs.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    /// `linear_lanes` with this many columns per unit.
+    Lanes(usize),
+    /// `linear_planes` with `(planes, ksplit, cols)`.
+    Planes(u32, u32, u32),
+}
+
+/// The columns per unit the lowering may pair with `m` rows (its register
+/// block `mb × cols` stays within 128), the `i`-th of them (wrapping).
+fn lane_cols(m: usize, i: usize) -> usize {
+    let mb = match m {
+        1 => 1,
+        2 => 2,
+        3 | 4 => 4,
+        _ => 8,
+    };
+    let allowed: Vec<usize> = UNIT_COLUMNS.into_iter().filter(|c| c * mb <= 128).collect();
+    allowed[i % allowed.len()]
 }
 
 /// The lane count of the test device's planes (8 on lavapipe).
@@ -66,7 +98,7 @@ fn plane() -> u32 {
     client.properties().hardware.plane_size_max
 }
 
-/// [`check`] with the plane layout `(planes, ksplit, cols)` when given.
+/// [`check`] with a given layout.
 #[allow(clippy::too_many_arguments)]
 fn check_as(
     m: usize,
@@ -77,7 +109,7 @@ fn check_as(
     dtype: DType,
     seed: u64,
     limit: usize,
-    layout: Option<(u32, u32, u32)>,
+    layout: Layout,
 ) -> Result<(), TestCaseError> {
     let client = test_client();
     let groups = match p {
@@ -135,8 +167,10 @@ fn check_as(
         ),
     };
     match layout {
-        None => linear_with_binding_limit(&client, &xt, &wt, kp, ke, &out, limit).unwrap(),
-        Some((planes, ksplit, cols)) => {
+        Layout::Lanes(cols) => {
+            linear_lanes_with_binding_limit(&client, &xt, &wt, kp, ke, &out, limit, cols).unwrap()
+        }
+        Layout::Planes(planes, ksplit, cols) => {
             let shape = PlaneShape {
                 plane: plane(),
                 planes,
@@ -161,10 +195,12 @@ proptest! {
 
     #[test]
     fn linear_matches_reference(m in awkward_size(64), d in awkward_size(800), n in awkward_size(300),
-                                p in pro(), e in epi(), dtype in float_dtype(), seed in any::<u64>()) {
+                                p in pro(), e in epi(), dtype in float_dtype(), seed in any::<u64>(),
+                                ci in 0usize..5) {
         // Keep the reference cheap: cap the work.
         let d = d.min(200_000 / (m * n).max(1)).max(1);
-        check(m, d, n, p, e, dtype, seed, usize::MAX)?;
+        let layout = Layout::Lanes(lane_cols(m, ci));
+        check_as(m, d, n, p, e, dtype, seed, usize::MAX, layout)?;
     }
 }
 
@@ -183,7 +219,8 @@ proptest! {
                                       p in pro(), e in epi(), dtype in float_dtype(), seed in any::<u64>(),
                                       layout in plane_layout()) {
         let d = d.min(200_000 / (m * n).max(1)).max(1);
-        check_as(m, d, n, p, e, dtype, seed, usize::MAX, Some(layout))?;
+        let (planes, ksplit, cols) = layout;
+        check_as(m, d, n, p, e, dtype, seed, usize::MAX, Layout::Planes(planes, ksplit, cols))?;
     }
 }
 
@@ -200,7 +237,7 @@ fn plane_layout_smollm_shapes_and_chunks() {
         DType::F16,
         3,
         usize::MAX,
-        Some((4, 1, 1)),
+        Layout::Planes(4, 1, 1),
     )
     .unwrap();
     check_as(
@@ -212,7 +249,7 @@ fn plane_layout_smollm_shapes_and_chunks() {
         DType::F32,
         4,
         usize::MAX,
-        Some((4, 4, 1)),
+        Layout::Planes(4, 4, 1),
     )
     .unwrap();
     check_as(
@@ -224,7 +261,7 @@ fn plane_layout_smollm_shapes_and_chunks() {
         DType::F16,
         5,
         usize::MAX,
-        Some((4, 2, 2)),
+        Layout::Planes(4, 2, 2),
     )
     .unwrap();
     // Weight chunks bound through handle offsets (see weight_split_into_chunks).
@@ -237,7 +274,7 @@ fn plane_layout_smollm_shapes_and_chunks() {
         DType::F32,
         42,
         16 << 10,
-        Some((2, 2, 2)),
+        Layout::Planes(2, 2, 2),
     )
     .unwrap();
 }
@@ -281,6 +318,100 @@ fn weight_split_into_chunks() {
         16 << 10,
     )
     .unwrap();
+    // Wide units over chunks whose widths are not multiples of a cube.
+    for cols in [12, 32] {
+        let layout = Layout::Lanes(cols);
+        check_as(
+            3,
+            12,
+            600,
+            Pro::Rms,
+            Epi::SwiGlu,
+            DType::F32,
+            43,
+            16 << 10,
+            layout,
+        )
+        .unwrap();
+    }
+}
+
+/// The layouts the lowering picks for the target on 2 threads: 32 columns
+/// per unit on the SwiGLU pair and the LM head, 12 on 576-wide outputs.
+#[test]
+fn lane_layouts_of_the_target() {
+    let l = Layout::Lanes;
+    check_as(
+        1,
+        576,
+        1536,
+        Pro::Rms,
+        Epi::SwiGlu,
+        DType::F32,
+        8,
+        usize::MAX,
+        l(32),
+    )
+    .unwrap();
+    check_as(
+        2,
+        1536,
+        576,
+        Pro::None,
+        Epi::Residual,
+        DType::F16,
+        9,
+        usize::MAX,
+        l(12),
+    )
+    .unwrap();
+    check_as(
+        4,
+        576,
+        192,
+        Pro::Rms,
+        Epi::None,
+        DType::F32,
+        10,
+        usize::MAX,
+        l(12),
+    )
+    .unwrap();
+    check_as(
+        8,
+        64,
+        2000,
+        Pro::None,
+        Epi::Bias,
+        DType::F16,
+        11,
+        usize::MAX,
+        l(16),
+    )
+    .unwrap();
+}
+
+#[test]
+fn lane_columns_must_be_a_listed_variant() {
+    let client = test_client();
+    let z = |s: &[usize]| DeviceTensor::zeros(&client, s, DType::F32);
+    let (x, w, out) = (z(&[2, 8]), z(&[4, 8]), z(&[2, 4]));
+    for cols in [0, 7, 64] {
+        let got = linear_lanes_with_binding_limit(
+            &client,
+            &x,
+            &w,
+            Prologue::None,
+            Epilogue::None,
+            &out,
+            usize::MAX,
+            cols,
+        );
+        assert!(
+            matches!(got, Err(OpsError::InvalidArgument { .. })),
+            "{cols}"
+        );
+    }
 }
 
 #[test]

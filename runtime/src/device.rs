@@ -119,7 +119,24 @@ pub fn profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfile {
         shared_memory: hw.max_shared_memory_size,
         max_vector: hw.max_vector_size.min(16),
         sms: hw.num_streaming_multiprocessors,
+        threads: match class {
+            DeviceClass::Emulator => lavapipe_threads(),
+            DeviceClass::Gpu => 0,
+        },
     }
+}
+
+/// Threads lavapipe runs cubes on: `LP_NUM_THREADS` when set, else one per
+/// CPU (Mesa's default).
+fn lavapipe_threads() -> u32 {
+    std::env::var("LP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .filter(|&t| t > 0)
+        .unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get().min(u32::MAX as usize) as u32)
+        })
 }
 
 /// `client`'s profile as a GPU with usable planes: runs the GPU kernel

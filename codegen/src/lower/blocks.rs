@@ -325,10 +325,15 @@ impl Lowerer<'_> {
             Prologue::GroupRmsNorm { groups, .. } => groups,
             _ => 1,
         };
-        let layout =
-            self.cfg
-                .device
-                .linear_layout(l.k, l.n, groups, self.cfg.dtype.size() as usize);
+        let layout = self.cfg.device.linear_layout(
+            l.m,
+            l.k,
+            l.n,
+            groups,
+            self.cfg.dtype.size() as usize,
+            prologue != Prologue::None,
+            epilogue == Epilogue::SwiGlu,
+        );
         let kernel = Kernel::Linear {
             m: l.m,
             k: l.k,

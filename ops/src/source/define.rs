@@ -78,6 +78,7 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
     match *spec {
         KernelSpec::Linear {
             rows_per_block,
+            cols,
             norm,
             epilogue,
             ..
@@ -86,6 +87,7 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             b,
             n,
             rows_per_block,
+            cols,
             norm,
             epilogue.code()
         ),

@@ -254,8 +254,9 @@ mod tests {
         let mut v = Vec::new();
         for dtype in [DType::F32, DType::F16] {
             v.extend([
-                KernelSpec::linear(dtype, 16, 576, true, LinearEpilogue::Residual),
-                KernelSpec::linear(dtype, 1, 6, false, LinearEpilogue::SwiGlu),
+                KernelSpec::linear(dtype, 16, 576, true, LinearEpilogue::Residual, 8),
+                KernelSpec::linear(dtype, 2, 576, false, LinearEpilogue::None, 16),
+                KernelSpec::linear(dtype, 1, 6, false, LinearEpilogue::SwiGlu, 12),
                 KernelSpec::linear_planes(
                     dtype,
                     1,
@@ -351,10 +352,10 @@ mod tests {
 
     #[test]
     fn comptime_choices_change_the_source_and_runtime_ones_do_not() {
-        let a = KernelSpec::linear(DType::F32, 16, 576, true, LinearEpilogue::None);
-        let b = KernelSpec::linear(DType::F32, 9, 64, true, LinearEpilogue::None);
+        let a = KernelSpec::linear(DType::F32, 16, 576, true, LinearEpilogue::None, 8);
+        let b = KernelSpec::linear(DType::F32, 9, 64, true, LinearEpilogue::None, 8);
         assert_eq!(a, b, "same mb, same N");
-        let c = KernelSpec::linear(DType::F32, 16, 576, true, LinearEpilogue::Bias);
+        let c = KernelSpec::linear(DType::F32, 16, 576, true, LinearEpilogue::Bias, 8);
         assert_ne!(
             source(&a, Backend::Wgsl).unwrap(),
             source(&c, Backend::Wgsl).unwrap()
@@ -379,6 +380,15 @@ mod tests {
                 dtype: DType::F32,
                 vector: 4,
                 rows_per_block: 5,
+                cols: 8,
+                norm: false,
+                epilogue: LinearEpilogue::None,
+            },
+            KernelSpec::Linear {
+                dtype: DType::F32,
+                vector: 4,
+                rows_per_block: 4,
+                cols: 7,
                 norm: false,
                 epilogue: LinearEpilogue::None,
             },

@@ -126,12 +126,14 @@ impl From<Mask> for MaskKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelSpec {
     /// [`crate::linear::linear_kernel`]: `vector` = `N` (divides the norm
-    /// segment / `in`), `rows_per_block` = `mb`, `norm` = RMS-norm prologue
-    /// (plain or grouped: the group count is a runtime argument).
+    /// segment / `in`), `rows_per_block` = `mb`, `cols` = output columns per
+    /// unit (one of [`crate::linear::UNIT_COLUMNS`]), `norm` = RMS-norm
+    /// prologue (plain or grouped: the group count is a runtime argument).
     Linear {
         dtype: DType,
         vector: usize,
         rows_per_block: usize,
+        cols: usize,
         norm: bool,
         epilogue: LinearEpilogue,
     },
@@ -215,18 +217,20 @@ const ATTENTION_UNITS: u32 = 64;
 impl KernelSpec {
     /// `linear` for `m` rows whose vectorised reduction segment is `d`
     /// scalars (`in` without a prologue or with RMS norm, the group size with
-    /// grouped RMS norm).
+    /// grouped RMS norm), `cols` output columns per unit.
     pub fn linear(
         dtype: DType,
         m: usize,
         d: usize,
         norm: bool,
         epilogue: LinearEpilogue,
+        cols: usize,
     ) -> KernelSpec {
         KernelSpec::Linear {
             dtype,
             vector: vector_width(d),
             rows_per_block: linear_rows_per_block(m),
+            cols,
             norm,
             epilogue,
         }
@@ -463,6 +467,12 @@ impl KernelSpec {
                     "rows per block {rows_per_block} is not 1, 2, 4 or 8"
                 ))
             }
+            KernelSpec::Linear { cols, .. } if !crate::linear::UNIT_COLUMNS.contains(&cols) => {
+                bad(format!(
+                    "columns per unit {cols} is not one of {:?}",
+                    crate::linear::UNIT_COLUMNS
+                ))
+            }
             KernelSpec::Attention {
                 vector,
                 head_dim_cap,
@@ -486,11 +496,12 @@ impl fmt::Display for KernelSpec {
         match *self {
             KernelSpec::Linear {
                 rows_per_block,
+                cols,
                 norm,
                 epilogue,
                 ..
             } => {
-                write!(f, " mb={rows_per_block}")?;
+                write!(f, " mb={rows_per_block} cols={cols}")?;
                 if norm {
                     write!(f, " norm")?;
                 }

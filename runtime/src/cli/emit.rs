@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{AttentionLayout, Kernel, LaunchId, Plan, PlanDType};
+use draftc_codegen::{AttentionLayout, Kernel, LaunchId, LinearLayout, Plan, PlanDType};
 use draftc_ir::op::Mask;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
 use draftc_ops::{DType, OpsError};
@@ -218,11 +218,14 @@ pub fn kernel_spec(
                 Epilogue::Residual => LinearEpilogue::Residual,
                 Epilogue::SwiGlu => LinearEpilogue::SwiGlu,
             };
-            match crate::exec::plane_shape(layout) {
-                None => KernelSpec::linear(dt, m, d, norm, epilogue),
-                Some(shape) => {
+            match (layout, crate::exec::plane_shape(layout)) {
+                (LinearLayout::Lanes { cols }, _) => {
+                    KernelSpec::linear(dt, m, d, norm, epilogue, cols as usize)
+                }
+                (_, Some(shape)) => {
                     KernelSpec::linear_planes(dt, m, d, groups, norm, epilogue, shape, max_vector)
                 }
+                (_, None) => return Err(format!("linear layout {layout} has no launch shape")),
             }
         }
         Kernel::RmsNorm { d, .. } | Kernel::GroupRmsNorm { d, .. } => {
@@ -317,7 +320,6 @@ fn gcd(a: u64, b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use draftc_codegen::LinearLayout;
     use draftc_ir::op::F64;
 
     #[test]
@@ -332,7 +334,7 @@ mod tests {
             },
             epilogue: Epilogue::None,
             into_cache: false,
-            layout: LinearLayout::Lanes,
+            layout: LinearLayout::Lanes { cols: 24 },
         };
         let spec = kernel_spec(&k, PlanDType::F16, 4).unwrap();
         assert_eq!(
@@ -341,6 +343,7 @@ mod tests {
                 dtype: DType::F16,
                 vector: 4,
                 rows_per_block: 8,
+                cols: 24,
                 norm: true,
                 epilogue: LinearEpilogue::None,
             }
