@@ -148,7 +148,7 @@ impl HostTime {
 /// profiling itself slows the run down).
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
-    /// `(family, launches, seconds)` in first-seen order.
+    /// `(family and pass rows, launches, seconds)` in first-seen order.
     pub families: Vec<(String, usize, f64)>,
     /// Passes run and their wall time (launches plus host work between them).
     pub passes: usize,
@@ -181,7 +181,7 @@ impl std::fmt::Display for Profile {
         for (name, n, s) in rows {
             writeln!(
                 f,
-                "  {name:<40} {n:>7} launches {:>9.1} ms {:>5.1}%",
+                "  {name:<52} {n:>7} launches {:>9.1} ms {:>5.1}%",
                 1e3 * s,
                 100.0 * s / self.total_s.max(1e-12)
             )?;
@@ -202,7 +202,7 @@ pub fn ops_dtype(d: PlanDType) -> DType {
 /// The `ops` launch shape of a plane linear layout; `None` for lanes.
 pub fn plane_shape(layout: LinearLayout) -> Option<PlaneShape> {
     match layout {
-        LinearLayout::Lanes => None,
+        LinearLayout::Lanes { .. } => None,
         LinearLayout::Planes {
             plane,
             planes,
@@ -412,7 +412,10 @@ impl<R: Runtime> Executor<R> {
             if let Some(p) = &mut self.profile {
                 cubecl::future::block_on(self.client.sync())
                     .map_err(|e| ExecError::Internal(format!("device sync: {e:?}")))?;
-                p.add(launch.kernel.family(), t.elapsed().as_secs_f64());
+                p.add(
+                    &format!("{} ({rows} rows)", launch.kernel.family()),
+                    t.elapsed().as_secs_f64(),
+                );
             }
         }
         let out = run.outputs();
@@ -661,9 +664,14 @@ impl<R: Runtime> Run<'_, R> {
                         linear::Epilogue::SwiGlu { up: &extra }
                     }
                 };
-                match plane_shape(layout) {
-                    None => linear::linear(c, &x, &w, pro, epi, &out)?,
-                    Some(shape) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
+                match (layout, plane_shape(layout)) {
+                    (LinearLayout::Lanes { cols }, _) => {
+                        linear::linear_lanes(c, &x, &w, pro, epi, &out, cols as usize)?
+                    }
+                    (_, Some(shape)) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
+                    (_, None) => {
+                        return Err(ExecError::Internal(format!("linear layout {layout}")))
+                    }
                 }
             }
             Kernel::RmsNorm { d, eps, .. } => {
