@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
 use draftc_runtime::model::safetensors_io::WeightDtype;
-use draftc_runtime::model::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use draftc_runtime::model::tokenizer::{ChatMessage, ChatTemplate, TextStream, Tokenizer};
 use draftc_runtime::model::ModelError;
 use model_support::*;
 
@@ -186,4 +186,37 @@ fn real_greedy_fixture_prompts_encode_identically() {
             run["generated_text"].as_str().unwrap()
         );
     }
+}
+
+/// `draftc generate` streams text through `TextStream`: the pieces, joined,
+/// are the decoded sequence, whatever the token boundaries (multi-byte
+/// characters split across tokens wait for their last byte).
+#[test]
+fn streamed_pieces_join_to_the_decoded_text() {
+    let (_dir, tok) = tiny_tokenizer();
+    for text in [
+        "the 12 ones:\n\n1. first, second",
+        "日本語 😀 and ünïcödé",
+        "  \t\r\n tabs",
+        "<|im_start|>x<|im_end|> after",
+    ] {
+        let ids = tok.encode(text).unwrap();
+        let mut stream = TextStream::new();
+        let mut joined = String::new();
+        for &id in &ids {
+            let piece = stream.push(&tok, id).unwrap();
+            assert!(!piece.contains('\u{FFFD}'), "{text:?}: piece {piece:?}");
+            joined.push_str(&piece);
+        }
+        assert_eq!(joined, tok.decode(&ids).unwrap(), "{text:?}");
+    }
+    // An id outside the vocabulary is an error, not a panic, and is not kept.
+    let mut stream = TextStream::new();
+    let ids = tok.encode("ok then").unwrap();
+    assert!(stream.push(&tok, u32::MAX).is_err());
+    let joined: String = ids
+        .iter()
+        .map(|&id| stream.push(&tok, id).unwrap())
+        .collect();
+    assert_eq!(joined, "ok then");
 }

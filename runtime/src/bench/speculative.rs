@@ -5,8 +5,8 @@
 //! `--prompt-count N` in consecutive groups of `b`, chat template, the stop
 //! token ignored so every sequence produces `max_tokens`):
 //! one autoregressive run (the reference tokens and a baseline tokens/s),
-//! then for every drafter × budget a 2-token warm-up (kernel JIT for the
-//! drafter's shapes) and a timed speculative run, then a second
+//! then for every drafter × budget a warm-up of budget + 2 tokens (kernel
+//! JIT for the drafter's shapes and the verification pass's) and a timed speculative run, then a second
 //! autoregressive run; speedups are over the mean of the two baselines
 //! (both are in the JSON: a noisy host shows as two different rates). Reported per
 //! configuration: τ (tokens per sequence-round), k (draft tokens per
@@ -190,7 +190,9 @@ pub fn run_spec<R: Runtime>(
                         &mut |_, _| {},
                     )
                 };
-                run(&groups[0], 2).map_err(err)?;
+                // Warm-up: budget + 2 tokens, so the first round drafts a
+                // full budget and its verification shapes compile here.
+                run(&groups[0], budget + 2).map_err(err)?;
                 let mut s = SpecStats::default();
                 let mut tokens = Vec::new();
                 for requests in &groups {

@@ -21,7 +21,7 @@ use crate::engine::{generate, generate_speculative, Request, Sampling, SpecStats
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
-use crate::model::tokenizer::ChatMessage;
+use crate::model::tokenizer::{ChatMessage, TextStream};
 use crate::model::ConvertedModel;
 use crate::spec::TreeShape;
 
@@ -200,18 +200,15 @@ fn generate_on<R: Runtime>(
     let requests: Vec<Request> = ids.iter().map(|p| Request { prompt: p.clone() }).collect();
     let stream = requests.len() == 1;
     let tokenizer = &model.tokenizer;
-    let mut printed = String::new();
-    let mut so_far: Vec<u32> = Vec::new();
+    let mut text = TextStream::new();
     let mut on_token = |_: usize, tok: u32| {
         if !stream || Some(tok) == stop {
             return;
         }
-        so_far.push(tok);
-        if let Ok(text) = tokenizer.decode(&so_far) {
-            if let Some(new) = text.strip_prefix(printed.as_str()) {
-                print!("{new}");
+        if let Ok(piece) = text.push(tokenizer, tok) {
+            if !piece.is_empty() {
+                print!("{piece}");
                 let _ = std::io::stdout().flush();
-                printed = text;
             }
         }
     };
@@ -266,6 +263,32 @@ fn generate_on<R: Runtime>(
         concurrent: args.concurrent,
     };
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
+    if !args.no_baseline {
+        // Untimed warm-up: compiles the drafter's kernels, the verification
+        // pass's and the one-row decode step's (lavapipe's JIT takes ~2 s
+        // for a learned drafter's), so the speedup compares steady decoding
+        // rates, as `draftc bench spec` does. One prompt token, a round or two.
+        let warm: Vec<Request> = requests
+            .iter()
+            .take(1)
+            .map(|r| Request {
+                prompt: r.prompt[..1.min(r.prompt.len())].to_vec(),
+            })
+            .collect();
+        generate_speculative(
+            &mut target,
+            drafter.as_mut(),
+            &warm,
+            args.budget + 2,
+            &sampling,
+            args.budget,
+            None,
+            &mut |_, _| {},
+        )
+        .map_err(|e| e.to_string())?;
+        generate(&mut target, &warm, 2, &sampling, None, &mut |_, _| {})
+            .map_err(|e| e.to_string())?;
+    }
     let spec = generate_speculative(
         &mut target,
         drafter.as_mut(),
@@ -278,6 +301,9 @@ fn generate_on<R: Runtime>(
     )
     .map_err(|e| e.to_string())?;
     print_all(&spec.tokens)?;
+    if let Some(p) = target.exec.profile() {
+        eprint!("target {p}");
+    }
     let baseline = if args.no_baseline {
         None
     } else {
