@@ -53,7 +53,8 @@ OUT = "logits"
 RECIPES = {
     "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
     "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384),
-    "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0),
+    "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0,
+                   train_mask=1),
     # MixedLoss(0.5) against the target's distribution (its final state
     # HS[n] through its final norm and head), pruned from the target's last two layers, 4 simulated steps
     # (the chain of 4 it drafts).
@@ -363,7 +364,10 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     stats = {}
     if not late:
         offset = random.randrange(r["window"]) if "window" in r else None
-        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=True, block_offset=offset)
+        # train_mask=0: the description's inference mask (Beagle's
+        # cross-diagonal: every query at draft depth 1) instead of its
+        # training mask (inverse-block: depths 1..window).
+        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=bool(r.get("train_mask", 1)), block_offset=offset)
         # Step 1 of the simulation is what the teacher-forced pass trains.
         return score(net({"ids": ids}, target, ctx), stats, 1), stats
     k = r["sim_steps"]
@@ -467,6 +471,10 @@ def main(argv):
                     help="autoregressive drafters: also train on prompt positions, labelled with the target's "
                          "greedy token (recorded in the manifest's recipe)")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
+    ap.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one numeric field of the recipe, e.g. train_mask=0 (Beagle's teacher-forced "
+                         "stage through its inference mask: every query at draft depth 1) or late_frac=0.5; "
+                         "recorded in the manifest's recipe")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
@@ -478,6 +486,17 @@ def main(argv):
         r["lr"] = args.lr
     if args.prompt_labels:
         r["prompt_labels"] = True
+    for kv in args.recipe:
+        key, sep, value = kv.partition("=")
+        if not sep or key not in r or isinstance(r[key], (bool, str)):
+            numeric = sorted(k for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+            raise SystemExit(f"--recipe {kv!r}: expected KEY=VALUE with KEY one of {numeric}")
+        try:
+            r[key] = type(r[key])(value) if isinstance(r[key], int) and value.lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise SystemExit(f"--recipe {kv!r}: {value!r} is not a number")
+    if r.get("window", 1) < 1 or r.get("train_mask", 1) not in (0, 1):
+        raise SystemExit("--recipe: window must be at least 1 and train_mask 0 or 1")
     draft = REPO / "models" / f"{args.drafter}.draft"
     mod = emitted.load(draft)
     work = args.work or REPO / "target/train" / args.drafter
@@ -693,8 +712,10 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
     save_file(tensors, str(path), metadata={"drafter": args.drafter, "steps": str(log[-1]["step"] if log else 0)})
     plot_path = out / f"{args.drafter}.loss.svg"
     if log:
-        plot(REPO / "target/train" / args.drafter, args.drafter, log)
-        (plot_path).write_bytes((REPO / "target/train" / args.drafter / "loss.svg").read_bytes())
+        # The run's own checkpoint directory (`--work`), not the default one.
+        work = args.work or REPO / "target/train" / args.drafter
+        plot(work, args.drafter, log)
+        plot_path.write_bytes((work / "loss.svg").read_bytes())
     last = log[-1] if log else {}
     val = [e for e in log if "val_loss" in e]
     manifest = dict(
