@@ -27,9 +27,13 @@ def main(argv):
     done = 0
     for path in sorted((REPO / "models/weights").glob("*.json")):
         manifest = json.loads(path.read_text())
+        own = (REPO / "models/weights" / manifest["weights"]).resolve()
         points = [
             p for p in report["points"]
             if Path(p["drafter"]).stem == manifest["drafter"] and p["weights"] != "target"
+            # A report comparing other weights files of the same drafter
+            # (e.g. the weights this run replaced) records only the shipped one.
+            and (not p["weights"].endswith(".safetensors") or (REPO / p["weights"]).resolve() == own)
         ]
         if not points:
             continue
