@@ -316,31 +316,8 @@ pub fn linear_lanes<R: Runtime>(
     )
 }
 
-/// [`linear`] with an explicit per-binding byte limit for the weight chunks
-/// (tests use a small one to exercise the split).
-#[doc(hidden)]
-pub fn linear_with_binding_limit<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &DeviceTensor<R>,
-    weight: &DeviceTensor<R>,
-    prologue: Prologue<'_, R>,
-    epilogue: Epilogue<'_, R>,
-    out: &DeviceTensor<R>,
-    max_binding_bytes: usize,
-) -> Result<()> {
-    linear_lanes_with_binding_limit(
-        client,
-        x,
-        weight,
-        prologue,
-        epilogue,
-        out,
-        max_binding_bytes,
-        UNIT_COLUMNS[0],
-    )
-}
-
-/// [`linear_lanes`] with an explicit per-binding byte limit.
+/// [`linear_lanes`] with an explicit per-binding byte limit for the weight
+/// chunks (tests use a small one to exercise the split).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
 pub fn linear_lanes_with_binding_limit<R: Runtime>(

@@ -7,6 +7,7 @@ use draftc_ops::linear::{
     linear, linear_lanes_with_binding_limit, reference as lref, Epilogue, Prologue, UNIT_COLUMNS,
 };
 use draftc_ops::linear_plane::{linear_planes, linear_planes_with_binding_limit, PlaneShape};
+use draftc_ops::source::linear_rows_per_block;
 use draftc_ops::testing::{
     assert_close, awkward_size, config, float_dtype, random_f32, test_client,
 };
@@ -82,12 +83,7 @@ enum Layout {
 /// The columns per unit the lowering may pair with `m` rows (its register
 /// block `mb × cols` stays within 128), the `i`-th of them (wrapping).
 fn lane_cols(m: usize, i: usize) -> usize {
-    let mb = match m {
-        1 => 1,
-        2 => 2,
-        3 | 4 => 4,
-        _ => 8,
-    };
+    let mb = linear_rows_per_block(m);
     let allowed: Vec<usize> = UNIT_COLUMNS.into_iter().filter(|c| c * mb <= 128).collect();
     allowed[i % allowed.len()]
 }
@@ -340,55 +336,16 @@ fn weight_split_into_chunks() {
 /// per unit on the SwiGLU pair and the LM head, 12 on 576-wide outputs.
 #[test]
 fn lane_layouts_of_the_target() {
-    let l = Layout::Lanes;
-    check_as(
-        1,
-        576,
-        1536,
-        Pro::Rms,
-        Epi::SwiGlu,
-        DType::F32,
-        8,
-        usize::MAX,
-        l(32),
-    )
-    .unwrap();
-    check_as(
-        2,
-        1536,
-        576,
-        Pro::None,
-        Epi::Residual,
-        DType::F16,
-        9,
-        usize::MAX,
-        l(12),
-    )
-    .unwrap();
-    check_as(
-        4,
-        576,
-        192,
-        Pro::Rms,
-        Epi::None,
-        DType::F32,
-        10,
-        usize::MAX,
-        l(12),
-    )
-    .unwrap();
-    check_as(
-        8,
-        64,
-        2000,
-        Pro::None,
-        Epi::Bias,
-        DType::F16,
-        11,
-        usize::MAX,
-        l(16),
-    )
-    .unwrap();
+    // (m, in, out, prologue, epilogue, dtype, seed, columns per unit)
+    let cases = [
+        (1, 576, 1536, Pro::Rms, Epi::SwiGlu, DType::F32, 8, 32),
+        (2, 1536, 576, Pro::None, Epi::Residual, DType::F16, 9, 12),
+        (4, 576, 192, Pro::Rms, Epi::None, DType::F32, 10, 12),
+        (8, 64, 2000, Pro::None, Epi::Bias, DType::F16, 11, 16),
+    ];
+    for (m, d, n, p, e, dtype, seed, cols) in cases {
+        check_as(m, d, n, p, e, dtype, seed, usize::MAX, Layout::Lanes(cols)).unwrap();
+    }
 }
 
 #[test]

@@ -322,6 +322,23 @@ mod tests {
     use super::*;
     use draftc_ir::op::F64;
 
+    /// codegen cannot see ops (it lowers without kernels), so it keeps its
+    /// own copy of the lane layout's column variants and row blocks: they
+    /// must be the kernel's, or a plan could name a variant ops rejects.
+    #[test]
+    fn codegen_lane_variants_are_the_kernels() {
+        use draftc_codegen::device::{lane_rows_per_block, LANE_COLUMNS};
+        let codegen: Vec<usize> = LANE_COLUMNS.iter().map(|&c| c as usize).collect();
+        assert_eq!(codegen, draftc_ops::linear::UNIT_COLUMNS);
+        for m in 1..=64 {
+            assert_eq!(
+                lane_rows_per_block(m as i64) as usize,
+                source::linear_rows_per_block(m),
+                "m = {m}"
+            );
+        }
+    }
+
     #[test]
     fn linear_segment_and_blocks_follow_the_launch() {
         let k = Kernel::Linear {
