@@ -93,7 +93,8 @@ impl TreeBuilder {
                 }
             }
             TreeShape::Dynamic { depth, topk, nodes } if *depth > 0 && *topk > 0 => {
-                b.wants = *topk;
+                // A node's children past the tree's size never rank in it.
+                b.wants = (*topk).min((*nodes).min(budget)).max(1);
                 Phase::Dynamic {
                     depth: *depth,
                     topk: *topk,
@@ -188,6 +189,14 @@ impl TreeBuilder {
                             .then(a.cmp(&b))
                     });
                     layer.truncate(topk);
+                    // Exact cut: a node no better than the tree's current
+                    // `size`-th best cannot have a descendant in the final
+                    // tree (see `DraftTree::rank_floor`), so it is not
+                    // expanded; once none is left the tree is final. The
+                    // kept tree is the one full expansion would prune to.
+                    if let Some(floor) = self.work.rank_floor(nodes.min(self.budget)) {
+                        layer.retain(|&n| self.work.score(n) > floor);
+                    }
                     self.pending = layer.into_iter().map(Some).collect();
                 }
                 Phase::Dynamic {

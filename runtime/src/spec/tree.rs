@@ -294,7 +294,40 @@ impl DraftTree {
         if n >= self.nodes.len() {
             return self.clone();
         }
-        // A node never ranks above its parent: score = min over the path.
+        let mut keep = vec![false; self.nodes.len()];
+        for &i in self.ranking().iter().take(n) {
+            keep[i] = true;
+        }
+        self.subtree(&keep)
+    }
+
+    /// Node `i`'s rank score in [`DraftTree::prune_to_best`]: the least
+    /// cumulative log-probability on its path (a node never ranks above
+    /// its parent).
+    pub fn score(&self, i: usize) -> f32 {
+        let mut s = self.nodes[i].cum_logprob;
+        let mut at = self.nodes[i].parent;
+        while let Some(p) = at {
+            s = s.min(self.nodes[p].cum_logprob);
+            at = self.nodes[p].parent;
+        }
+        s
+    }
+
+    /// The score of the `n`-th best node, `None` while the tree has fewer.
+    /// A node added later, deeper than every node here, with a score at or
+    /// below it, ranks below `n` nodes (ties go to the shallower node) and
+    /// is never kept by `prune_to_best(n)`; nor is any of its descendants,
+    /// whose scores are no higher.
+    pub fn rank_floor(&self, n: usize) -> Option<f32> {
+        if n == 0 {
+            return Some(f32::INFINITY);
+        }
+        self.ranking().get(n - 1).map(|&i| self.score(i))
+    }
+
+    /// Node ids best first: score descending, then shallower, then older.
+    fn ranking(&self) -> Vec<usize> {
         let mut score = vec![0.0f32; self.nodes.len()];
         for (i, node) in self.nodes.iter().enumerate() {
             score[i] = match node.parent {
@@ -309,11 +342,7 @@ impl DraftTree {
                 .then(self.nodes[a].depth.cmp(&self.nodes[b].depth))
                 .then(a.cmp(&b))
         });
-        let mut keep = vec![false; self.nodes.len()];
-        for &i in order.iter().take(n) {
-            keep[i] = true;
-        }
-        self.subtree(&keep)
+        order
     }
 
     /// The nodes marked in `keep` (must be ancestor-closed), renumbered.

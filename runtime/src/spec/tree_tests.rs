@@ -453,6 +453,43 @@ proptest! {
     }
 
     #[test]
+    fn dynamic_cut_keeps_the_tree_of_full_expansion(
+        seed in any::<u64>(),
+        depth in 1usize..6,
+        topk in 1usize..6,
+        nodes in 1usize..30,
+        budget in 1usize..12,
+        coarse in any::<bool>(),
+    ) {
+        // `coarse` rounds log-probs to whole nats: many ties in the ranking.
+        let mut inner = toy_drafter(seed, 48, 7);
+        let mut d = |p: &[u32]| -> Vec<Candidate> {
+            let c = inner(p);
+            if coarse { c.into_iter().map(|(t, lp)| (t, lp.round())).collect() } else { c }
+        };
+        let mut full_calls = 0;
+        let full = DraftTree::dynamic(depth, topk, usize::MAX, usize::MAX, &mut |p: &[u32]| {
+            full_calls += 1;
+            d(p)
+        })
+        .prune_to_best(nodes.min(budget));
+        let mut cut_calls = 0;
+        let cut = DraftTree::dynamic(depth, topk, nodes, budget, &mut |p: &[u32]| {
+            cut_calls += 1;
+            d(p)
+        });
+        prop_assert_eq!(cut.tokens(), full.tokens());
+        prop_assert_eq!(cut.parents_u32(), full.parents_u32());
+        let lps = |t: &DraftTree| t.nodes().iter().map(|n| n.logprob).collect::<Vec<_>>();
+        prop_assert_eq!(lps(&cut), lps(&full));
+        prop_assert!(cut_calls <= full_calls);
+        // A budget of one is a greedy chain of one: one drafter call.
+        if budget == 1 {
+            prop_assert_eq!(cut_calls, 1);
+        }
+    }
+
+    #[test]
     fn tree_shape_display_round_trips(shape in prop_oneof![
         Just(TreeShape::Chain),
         prop::collection::vec(1usize..100, 1..6).prop_map(TreeShape::Static),
