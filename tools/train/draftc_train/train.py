@@ -457,7 +457,8 @@ def main(argv):
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--export-only", action="store_true",
+                    help="export the --work checkpoint (implies --resume; an error without one)")
     ap.add_argument("--no-export", action="store_true", help="train and evaluate, leave models/weights alone")
     ap.add_argument("--work", type=Path, default=None, help="checkpoint directory (default target/train/DRAFTER)")
     ap.add_argument("--eval-only", type=Path, default=None, metavar="CKPT",
@@ -470,6 +471,10 @@ def main(argv):
     ap.add_argument("--prompt-labels", action="store_true",
                     help="autoregressive drafters: also train on prompt positions, labelled with the target's "
                          "greedy token (recorded in the manifest's recipe)")
+    ap.add_argument("--distill", type=float, default=None, metavar="OMEGA",
+                    help="autoregressive drafters: train against the target's distribution with SPIRe's "
+                         "MixedLoss(OMEGA) (paper 004 §3.4: OMEGA x soft cross-entropy + (1 - OMEGA) x "
+                         "-acceptance) instead of cross-entropy on its greedy token (recorded in the recipe)")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     ap.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                     help="override one numeric field of the recipe, e.g. train_mask=0 (Beagle's teacher-forced "
@@ -478,6 +483,8 @@ def main(argv):
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
+    # Exporting without the checkpoint would write the initial weights.
+    args.resume = args.resume or args.export_only
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -486,6 +493,11 @@ def main(argv):
         r["lr"] = args.lr
     if args.prompt_labels:
         r["prompt_labels"] = True
+    if args.distill is not None:
+        if "sim_steps" not in r or not 0.0 <= args.distill <= 1.0:
+            raise SystemExit("--distill: OMEGA in [0, 1], for autoregressive drafters (beagle, spire)")
+        r["mixed"] = args.distill
+        r.setdefault("soft_tap", "n")
     for kv in args.recipe:
         key, sep, value = kv.partition("=")
         if not sep or key not in r or isinstance(r[key], (bool, str)):
@@ -561,6 +573,8 @@ def main(argv):
     opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
     step, log = 0, []
     ckpt = work / "ckpt.pt"
+    if args.export_only and not ckpt.exists():
+        raise SystemExit(f"--export-only: no checkpoint {ckpt} (train first, or pass the run's --work)")
     if args.resume and ckpt.exists():
         st = torch.load(ckpt)
         # The draft vocabulary is chosen from the data, not trained.
