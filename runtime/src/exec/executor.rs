@@ -15,6 +15,7 @@
 //! use the tree mask instead.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cubecl::prelude::*;
 use draftc_codegen::bind::BindError;
@@ -108,7 +109,8 @@ pub struct Executor<R: Runtime> {
     dtype: PlanDType,
     fuse: bool,
     weights: BTreeMap<String, DeviceTensor<R>>,
-    plans: HashMap<usize, Plan>,
+    /// Plans by pass rows, shared with the pass that runs one (no copy).
+    plans: HashMap<usize, Arc<Plan>>,
     /// The device the plans are lowered for (kernel layouts).
     device: DeviceProfile,
     /// Launches issued and the host time spent issuing them.
@@ -270,7 +272,7 @@ impl<R: Runtime> Executor<R> {
             dev.insert(spec.name.clone(), t);
         }
         let mut plans = HashMap::new();
-        plans.insert(1, trace.plan);
+        plans.insert(1, Arc::new(trace.plan));
         Ok(Executor {
             client: client.clone(),
             graph: graph.clone(),
@@ -355,7 +357,7 @@ impl<R: Runtime> Executor<R> {
                 device: self.device.clone(),
             };
             let plan = draftc_codegen::trace(&self.graph, &self.target, &cfg)?.plan;
-            self.plans.insert(rows, plan);
+            self.plans.insert(rows, Arc::new(plan));
         }
         Ok(&self.plans[&rows])
     }
@@ -375,7 +377,7 @@ impl<R: Runtime> Executor<R> {
             return Err(ExecError::Unsupported("a pass with no rows".into()));
         }
         self.plan(rows)?;
-        let plan = self.plans[&rows].clone();
+        let plan = Arc::clone(&self.plans[&rows]);
         let mut run = Run {
             client: &self.client,
             plan: &plan,
