@@ -139,7 +139,6 @@ fn skinny_gemm(client: &ComputeClient<R>, quick: bool) {
     );
 }
 
-/// cubek 0.2 matmul on `x [1, m, k] · Wᵀ` with W `[n, k]` viewed as
 /// Time of each columns-per-unit variant of the lane layout at the
 /// target's shapes and verification widths (f32): the measurements the
 /// lowering's choice (`DeviceProfile::linear_layout`) is checked against.
@@ -190,6 +189,7 @@ fn unit_columns_table(client: &ComputeClient<R>, quick: bool) {
     println!();
 }
 
+/// cubek 0.2 matmul on `x [1, m, k] · Wᵀ` with W `[n, k]` viewed as
 /// `[1, k, n]` through strides (no transpose copy); checked against `linear`.
 #[cfg(feature = "cubek-compare")]
 fn cubek_linear(client: &ComputeClient<R>, k: usize, n: usize, m: usize) {

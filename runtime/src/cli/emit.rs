@@ -20,12 +20,13 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{AttentionLayout, Kernel, LaunchId, LinearLayout, Plan, PlanDType};
+use draftc_codegen::{AttentionLayout, Kernel, LaunchId, Plan, PlanDType};
 use draftc_ir::op::Mask;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
 use draftc_ops::{DType, OpsError};
 
 use super::plan::{build_plan, compile_graph, PlanOptions};
+use crate::exec::LinearLaunch;
 
 #[derive(Args)]
 pub struct EmitArgs {
@@ -218,14 +219,11 @@ pub fn kernel_spec(
                 Epilogue::Residual => LinearEpilogue::Residual,
                 Epilogue::SwiGlu => LinearEpilogue::SwiGlu,
             };
-            match (layout, crate::exec::plane_shape(layout)) {
-                (LinearLayout::Lanes { cols }, _) => {
-                    KernelSpec::linear(dt, m, d, norm, epilogue, cols as usize)
-                }
-                (_, Some(shape)) => {
+            match crate::exec::linear_launch(layout) {
+                LinearLaunch::Lanes { cols } => KernelSpec::linear(dt, m, d, norm, epilogue, cols),
+                LinearLaunch::Planes(shape) => {
                     KernelSpec::linear_planes(dt, m, d, groups, norm, epilogue, shape, max_vector)
                 }
-                (_, None) => return Err(format!("linear layout {layout} has no launch shape")),
             }
         }
         Kernel::RmsNorm { d, .. } | Kernel::GroupRmsNorm { d, .. } => {
@@ -351,7 +349,7 @@ mod tests {
             },
             epilogue: Epilogue::None,
             into_cache: false,
-            layout: LinearLayout::Lanes { cols: 24 },
+            layout: draftc_codegen::LinearLayout::Lanes { cols: 24 },
         };
         let spec = kernel_spec(&k, PlanDType::F16, 4).unwrap();
         assert_eq!(

@@ -201,16 +201,27 @@ pub fn ops_dtype(d: PlanDType) -> DType {
 }
 
 /// The ops mask of an IR mask (same predicates, u32 parameters).
-/// The `ops` launch shape of a plane linear layout; `None` for lanes.
-pub fn plane_shape(layout: LinearLayout) -> Option<PlaneShape> {
+/// How `ops` launches a linear of a given layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearLaunch {
+    /// `ops::linear::linear_lanes`, units owning `cols` columns.
+    Lanes { cols: usize },
+    /// `ops::linear_plane::linear_planes` with this shape.
+    Planes(PlaneShape),
+}
+
+/// The `ops` launch of `layout`.
+pub fn linear_launch(layout: LinearLayout) -> LinearLaunch {
     match layout {
-        LinearLayout::Lanes { .. } => None,
+        LinearLayout::Lanes { cols } => LinearLaunch::Lanes {
+            cols: cols as usize,
+        },
         LinearLayout::Planes {
             plane,
             planes,
             ksplit,
             cols,
-        } => Some(PlaneShape {
+        } => LinearLaunch::Planes(PlaneShape {
             plane,
             planes,
             ksplit,
@@ -666,14 +677,11 @@ impl<R: Runtime> Run<'_, R> {
                         linear::Epilogue::SwiGlu { up: &extra }
                     }
                 };
-                match (layout, plane_shape(layout)) {
-                    (LinearLayout::Lanes { cols }, _) => {
-                        linear::linear_lanes(c, &x, &w, pro, epi, &out, cols as usize)?
+                match linear_launch(layout) {
+                    LinearLaunch::Lanes { cols } => {
+                        linear::linear_lanes(c, &x, &w, pro, epi, &out, cols)?
                     }
-                    (_, Some(shape)) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
-                    (_, None) => {
-                        return Err(ExecError::Internal(format!("linear layout {layout}")))
-                    }
+                    LinearLaunch::Planes(shape) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
                 }
             }
             Kernel::RmsNorm { d, eps, .. } => {

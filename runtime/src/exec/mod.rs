@@ -30,7 +30,9 @@ mod weights;
 
 pub use cache::{CacheStore, HostCaches};
 pub use draft_vocab::{file_specs, DraftVocab};
-pub use executor::{ops_dtype, plane_shape, ExecError, Executor, HostTime, Outputs, Profile};
+pub use executor::{
+    linear_launch, ops_dtype, ExecError, Executor, HostTime, LinearLaunch, Outputs, Profile,
+};
 pub use interpret::{interpret, HostOutputs};
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};
 pub use weights::HostWeights;

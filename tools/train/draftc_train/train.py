@@ -511,7 +511,8 @@ def main(argv):
         raise SystemExit("--recipe: window must be at least 1 and train_mask 0 or 1")
     draft = REPO / "models" / f"{args.drafter}.draft"
     mod = emitted.load(draft)
-    work = args.work or REPO / "target/train" / args.drafter
+    # Resolved once: export writes the loss curve from the same directory.
+    work = args.work = args.work or REPO / "target/train" / args.drafter
     work.mkdir(parents=True, exist_ok=True)
 
     seqs = load_sequences(args.max_len, args.records)
@@ -726,10 +727,9 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
     save_file(tensors, str(path), metadata={"drafter": args.drafter, "steps": str(log[-1]["step"] if log else 0)})
     plot_path = out / f"{args.drafter}.loss.svg"
     if log:
-        # The run's own checkpoint directory (`--work`), not the default one.
-        work = args.work or REPO / "target/train" / args.drafter
-        plot(work, args.drafter, log)
-        plot_path.write_bytes((work / "loss.svg").read_bytes())
+        # The run's own checkpoint directory (`--work`, resolved in `main`).
+        plot(args.work, args.drafter, log)
+        plot_path.write_bytes((args.work / "loss.svg").read_bytes())
     last = log[-1] if log else {}
     val = [e for e in log if "val_loss" in e]
     manifest = dict(
