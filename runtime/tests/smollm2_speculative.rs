@@ -19,7 +19,7 @@ use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use draftc_runtime::model::safetensors_io::WeightDtype;
 use draftc_runtime::model::tokenizer::ChatMessage;
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::spec::TreeShape;
+use draftc_runtime::spec::{Confidence, TreeShape};
 
 fn model() -> ConvertedModel {
     let opts = ConvertOptions {
@@ -62,29 +62,81 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
     )
     .unwrap()
     .tokens;
+    // (drafter, weights, tree, concurrent, confidence cut)
+    let cut = Some(Confidence {
+        keep: 0.1,
+        expand: 0.5,
+    });
     let cases = [
-        ("prompt-lookup".to_string(), "random:0", None, false),
-        (repo_file("models/magicdec.draft"), "random:0", None, false),
+        ("prompt-lookup".to_string(), "random:0", None, false, None),
+        (
+            repo_file("models/magicdec.draft"),
+            "random:0",
+            None,
+            false,
+            None,
+        ),
         (
             repo_file("models/beagle.draft"),
             "pruned",
             Some(TreeShape::Chain),
             false,
+            None,
         ),
         (
             repo_file("models/specformer.draft"),
             "random:3",
             None,
             false,
+            None,
         ),
-        ("early-exit:10".to_string(), "random:0", None, true),
+        ("early-exit:10".to_string(), "random:0", None, true, None),
         // The trained weights that ship (reduced draft vocabularies included).
-        (repo_file("models/specformer.draft"), "shipped", None, false),
-        (repo_file("models/beagle.draft"), "shipped", None, false),
-        (repo_file("models/spire.draft"), "shipped", None, false),
-        (repo_file("models/medusa.draft"), "shipped", None, false),
+        (
+            repo_file("models/specformer.draft"),
+            "shipped",
+            None,
+            false,
+            None,
+        ),
+        (
+            repo_file("models/beagle.draft"),
+            "shipped",
+            None,
+            false,
+            None,
+        ),
+        // Adaptive: a chain and the file's tree, cut by the drafter's confidence.
+        (
+            repo_file("models/beagle.draft"),
+            "shipped",
+            Some(TreeShape::Chain),
+            false,
+            cut,
+        ),
+        (
+            repo_file("models/beagle.draft"),
+            "shipped",
+            None,
+            false,
+            cut,
+        ),
+        (
+            repo_file("models/spire.draft"),
+            "shipped",
+            None,
+            false,
+            None,
+        ),
+        (
+            repo_file("models/medusa.draft"),
+            "shipped",
+            None,
+            false,
+            None,
+        ),
     ];
-    for (name, weights, tree, concurrent) in cases {
+    for (name, weights, tree, concurrent, confidence) in cases {
         let choice = DrafterChoice {
             name: name.clone(),
             weights: weights.into(),
@@ -92,6 +144,7 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
             branches: 1,
             tree,
             concurrent,
+            confidence,
         };
         let mut d = make_drafter(&client, &choice, &model, &target, PlanDType::F32)
             .unwrap()

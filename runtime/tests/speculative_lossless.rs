@@ -19,7 +19,7 @@ use draftc_runtime::engine::{
     Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::spec::{DraftTree, PromptLookup, TreeShape};
+use draftc_runtime::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
 
 fn check(t: &mut TargetModel<Wgpu>, d: &mut dyn Drafter<Wgpu>, b: usize, budget: usize) -> f64 {
     let want = reference(t, b);
@@ -132,6 +132,57 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
                 }
             }
         }
+    }
+}
+
+/// `--confidence` cuts (one that keeps nothing, and thresholds among the
+/// random drafter's probabilities, so rounds vary between empty trees and
+/// deeper ones) stay lossless for a chain and the file's dynamic tree;
+/// drafters without their own probabilities refuse a cut.
+#[test]
+fn confidence_cut_drafting_is_lossless() {
+    let (mut t, tw) = target(3);
+    for shape in [None, Some("chain")] {
+        for cut in ["1", "0.05,0.1", "0.1,0.3", "0.2,0.5"] {
+            let mut d = drafter(&t, &tw, "beagle", shape, PlanDType::F32);
+            d.set_confidence(cut.parse::<Confidence>().unwrap())
+                .unwrap();
+            for b in [1, 3] {
+                for budget in [1, 4] {
+                    check(&mut t, d.as_mut(), b, budget);
+                }
+            }
+            let s = generate_speculative(
+                &mut t,
+                d.as_mut(),
+                &prompts(3),
+                MAX,
+                &Sampling::GREEDY,
+                4,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap()
+            .stats;
+            // The random drafter's probabilities straddle these cuts: some
+            // rounds verify nothing, others several tokens.
+            if cut == "1" {
+                assert_eq!(s.drafted, 0, "{shape:?} {cut}");
+            } else {
+                assert!(
+                    0 < s.drafted && s.drafted < 4 * s.seq_rounds,
+                    "{shape:?} {cut}: {} drafted in {} rounds",
+                    s.drafted,
+                    s.seq_rounds
+                );
+            }
+        }
+    }
+    let cut = "0.1,0.5".parse::<Confidence>().unwrap();
+    for (name, shape) in [("magicdec", None), ("beagle", Some("multi(seqs=3)"))] {
+        let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
+        let err = d.set_confidence(cut).unwrap_err().to_string();
+        assert!(err.contains("--confidence"), "{name}: {err}");
     }
 }
 

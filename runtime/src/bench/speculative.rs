@@ -47,7 +47,10 @@ pub struct SpecConfig {
 /// One drafter × batch × budget measurement.
 #[derive(Clone, Debug, Serialize)]
 pub struct SpecPoint {
+    /// The drafter's name, with its `--confidence` cut when one was set.
     pub drafter: String,
+    /// The `--confidence` cut, `KEEP,EXPAND`.
+    pub confidence: Option<String>,
     /// Where the drafter's weights came from: `none`, `target`, or the
     /// `--drafter-weights` choice (`pruned`, `random:SEED`, a file).
     pub weights: String,
@@ -202,7 +205,11 @@ pub fn run_spec<R: Runtime>(
                 }
                 let decode = s.decode_s.max(1e-9);
                 points.push(SpecPoint {
-                    drafter: drafter.name(),
+                    drafter: match choice.confidence {
+                        Some(c) => format!("{} confidence {c}", drafter.name()),
+                        None => drafter.name(),
+                    },
+                    confidence: choice.confidence.map(|c| c.to_string()),
                     weights,
                     batch: b,
                     prompts: count(b),

@@ -17,7 +17,7 @@ use crate::bench::speculative::{run_spec, SpecConfig};
 use crate::bench::Progress;
 use crate::device::{Backend, OnClient};
 use crate::model::ConvertedModel;
-use crate::spec::TreeShape;
+use crate::spec::{Confidence, TreeShape};
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -86,6 +86,11 @@ pub struct SpecArgs {
     /// Tree of autoregressive drafters (overrides the files' `tree`).
     #[arg(long)]
     pub tree: Option<String>,
+    /// Cut autoregressive drafters' trees by their confidence: `KEEP[,EXPAND]`
+    /// (path probabilities, see `draftc generate --help`) or `off`. Repeat the
+    /// flag to measure several cuts (and `off`) in one run.
+    #[arg(long)]
+    pub confidence: Vec<String>,
     /// Draft budgets (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [4usize])]
     pub budget: Vec<usize>,
@@ -267,15 +272,29 @@ fn spec(
         Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
         None => None,
     };
+    let cuts: Vec<Option<Confidence>> = if args.confidence.is_empty() {
+        vec![None]
+    } else {
+        args.confidence
+            .iter()
+            .map(|c| match c.trim() {
+                "off" => Ok(None),
+                c => c.parse::<Confidence>().map(Some).map_err(|e| e.to_string()),
+            })
+            .collect::<Result<_, _>>()?
+    };
     let drafters = names
-        .into_iter()
-        .map(|name| DrafterChoice {
-            name,
-            weights: args.drafter_weights.clone(),
-            budget: 0,
-            branches: args.branches,
-            tree: tree.clone(),
-            concurrent: false,
+        .iter()
+        .flat_map(|name| {
+            cuts.iter().map(|&confidence| DrafterChoice {
+                name: name.clone(),
+                weights: args.drafter_weights.clone(),
+                budget: 0,
+                branches: args.branches,
+                tree: tree.clone(),
+                concurrent: false,
+                confidence,
+            })
         })
         .collect();
     let cfg = SpecConfig {

@@ -26,7 +26,7 @@ use crate::engine::{
 };
 use crate::exec::{file_specs, DraftVocab, HostWeights};
 use crate::model::ConvertedModel;
-use crate::spec::{PromptLookup, TreeShape};
+use crate::spec::{Confidence, PromptLookup, TreeShape};
 use draftc_codegen::bind::WeightSpec;
 
 /// What the command line says about the drafter.
@@ -45,6 +45,8 @@ pub struct DrafterChoice {
     pub tree: Option<TreeShape>,
     /// Draft on another thread while the target verifies (DuoDecoding).
     pub concurrent: bool,
+    /// Cut the draft tree by the drafter's path probability.
+    pub confidence: Option<Confidence>,
 }
 
 /// A drafter and where its weights came from.
@@ -65,12 +67,15 @@ pub fn make_drafter<R: Runtime>(
     dtype: PlanDType,
 ) -> Result<BuiltDrafter<R>, String> {
     if let Some((make, weights)) = token_drafter(choice, model, target, dtype)? {
-        let drafter: Box<dyn Drafter<R>> = if choice.concurrent {
+        let mut drafter: Box<dyn Drafter<R>> = if choice.concurrent {
             let worker = DraftWorker::spawn(make)?;
             Box::new(ConcurrentDrafter::new(worker, BudgetPolicy::HardwareAware))
         } else {
             Box::new(SyncTokenDrafter(make()?))
         };
+        if let Some(c) = choice.confidence {
+            drafter.set_confidence(c).map_err(|e| e.to_string())?;
+        }
         return Ok(BuiltDrafter {
             drafter,
             weights: weights.into(),
@@ -122,8 +127,11 @@ pub fn make_drafter<R: Runtime>(
         let head = rows.get(&head.name).ok_or("the target has no LM head")?;
         vocab.bind(&mut weights, head)?;
     }
-    let drafter = model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
+    let mut drafter = model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
         .map_err(|e| e.to_string())?;
+    if let Some(c) = choice.confidence {
+        drafter.set_confidence(c).map_err(|e| e.to_string())?;
+    }
     Ok(BuiltDrafter {
         drafter,
         weights: if own.is_empty() {

@@ -23,7 +23,7 @@ use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
 use crate::model::tokenizer::{ChatMessage, TextStream};
 use crate::model::ConvertedModel;
-use crate::spec::TreeShape;
+use crate::spec::{Confidence, TreeShape};
 
 #[derive(Args, Clone, Debug)]
 pub struct GenerateArgs {
@@ -67,6 +67,14 @@ pub struct GenerateArgs {
     /// `chain`, `static(3,2,1)`, `dynamic(depth=5, topk=8, nodes=60)`, `multi(seqs=4)`.
     #[arg(long)]
     pub tree: Option<String>,
+    /// Cut the draft tree of an autoregressive drafter by its confidence,
+    /// `KEEP[,EXPAND]`: a draft token whose path probability under the
+    /// drafter (the product along its path) is below KEEP is not verified,
+    /// and one below EXPAND is not drafted further. With a chain, `0.1,0.5`
+    /// drafts deeper where the drafter is sure and verifies nothing where it
+    /// is not. Lossless either way.
+    #[arg(long)]
+    pub confidence: Option<String>,
     /// Draft tokens per sequence per round at most (`k`).
     #[arg(long, default_value_t = 8)]
     pub budget: usize,
@@ -261,6 +269,10 @@ fn generate_on<R: Runtime>(
             None => None,
         },
         concurrent: args.concurrent,
+        confidence: match &args.confidence {
+            Some(c) => Some(c.parse::<Confidence>().map_err(|e| e.to_string())?),
+            None => None,
+        },
     };
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
     if !args.no_baseline {

@@ -37,7 +37,7 @@ use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
     SeqStep, Step,
 };
-use crate::spec::{DraftTree, TreeBuilder, TreeShape};
+use crate::spec::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
 /// Rows of draft states a round may add per sequence beyond the target's
 /// capacity (every expanded node adds one).
@@ -96,6 +96,8 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     /// Per slot: target states already in the memory caches.
     in_cache: Vec<usize>,
     pending: Vec<Pending<R>>,
+    /// `--confidence`: the builders' cut (see [`Confidence`]).
+    confidence: Option<Confidence>,
 }
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
@@ -184,6 +186,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             l: graph.meta.draft_len.unwrap_or(4).max(1) as usize,
             in_cache: vec![0; slots],
             pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
+            confidence: None,
             streams,
             final_norm,
         })
@@ -269,14 +272,16 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         }
         let mut builders: Vec<TreeBuilder> = seqs
             .iter()
-            .map(|_| TreeBuilder::new(&self.shape, budget))
+            .map(|_| TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence))
             .collect();
         // Per sequence: tail index of the predicted state of each queried
         // node (`None` = the root), and the tail length.
         let mut state_of: Vec<HashMap<Option<usize>, usize>> = vec![HashMap::new(); seqs.len()];
         let mut tail = vec![0usize; seqs.len()];
         let mut predicted: Option<Predicted<R>> = None;
-        let greedy_chain = self.shape == TreeShape::Chain;
+        // A cut chain needs its token's probability; a plain one only the
+        // argmax.
+        let greedy_chain = self.shape == TreeShape::Chain && self.confidence.is_none();
         loop {
             let active: Vec<usize> = (0..seqs.len())
                 .filter(|&i| !builders[i].is_done())
@@ -433,6 +438,17 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             predicted = Some(next);
         }
         Ok(builders.into_iter().map(TreeBuilder::finish).collect())
+    }
+
+    fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
+        if matches!(self.shape, TreeShape::MultiSequence { .. }) {
+            return Err(EngineError::Invalid(format!(
+                "--confidence cuts chain, static and dynamic trees; `{}` has its own threshold",
+                self.shape
+            )));
+        }
+        self.confidence = Some(confidence);
+        Ok(())
     }
 
     fn reset(&mut self, slot: usize) {

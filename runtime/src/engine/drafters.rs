@@ -33,7 +33,7 @@ use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, SeqStep, Step,
 };
 use crate::spec::tree::Candidate;
-use crate::spec::{DraftTree, PromptLookup, TreeShape};
+use crate::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
 
 /// A sequence as the drafter sees it at the start of a round.
 #[derive(Clone, Debug)]
@@ -102,6 +102,16 @@ pub trait Drafter<R: Runtime> {
 
     /// Forget the sequence in `slot`.
     fn reset(&mut self, _slot: usize) {}
+
+    /// Cut its draft trees by the drafter's confidence (`--confidence`);
+    /// only drafters that build trees from their own probabilities can.
+    fn set_confidence(&mut self, _confidence: Confidence) -> Result<(), EngineError> {
+        Err(EngineError::Invalid(format!(
+            "--confidence: drafter `{}` has no per-token probabilities to cut its drafts by; \
+             it applies to autoregressive drafters (models/beagle.draft, models/spire.draft)",
+            self.name()
+        )))
+    }
 }
 
 fn spec_err(e: crate::spec::SpecError) -> EngineError {

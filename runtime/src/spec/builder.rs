@@ -13,9 +13,70 @@
 //! The sequential builders of [`DraftTree`] (`greedy_chain`, `dynamic`, …)
 //! drive this same state machine with one `expand(path)` call per pending
 //! node, so both paths build identical trees.
+//!
+//! [`Confidence`] makes a chain, static or dynamic tree adaptive: a node
+//! whose path probability under the drafter is below `keep` is not drafted,
+//! and one below `expand` gets no children, so a round verifies more tokens
+//! where the drafter is sure and fewer (down to none) where it is not.
+
+use std::fmt;
+use std::str::FromStr;
 
 use super::tree::{top_k, Candidate, DraftTree, TreeShape};
 use super::SpecError;
+
+/// Confidence cut on the drafter's path probability (the product of its
+/// probabilities along a node's path, EAGLE-2's acceptance estimate): a
+/// node below `keep` is left out of the tree, a node below `expand` is not
+/// expanded (its children are never drafted). Like the draft length
+/// policies of SpecDec++ and EAGLE-2's confidence, it only decides what is
+/// drafted and verified, so decoding stays lossless. Text form
+/// `KEEP[,EXPAND]` (`EXPAND` defaults to `KEEP`), each in `[0, 1]`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Confidence {
+    pub keep: f32,
+    pub expand: f32,
+}
+
+impl Confidence {
+    /// Log-space thresholds (`ln 0 = −∞`: no cut).
+    fn log(self) -> (f32, f32) {
+        (self.keep.ln(), self.expand.ln())
+    }
+}
+
+impl fmt::Display for Confidence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{},{}", self.keep, self.expand)
+    }
+}
+
+impl FromStr for Confidence {
+    type Err = SpecError;
+
+    fn from_str(text: &str) -> Result<Self, SpecError> {
+        let err = |reason: String| {
+            SpecError::InvalidConfig {
+            what: "--confidence",
+            reason: format!("`{text}`: {reason}; expected KEEP[,EXPAND], probabilities in [0, 1] such as 0.1,0.5"),
+        }
+        };
+        let prob = |v: &str| -> Result<f32, SpecError> {
+            match v.trim().parse::<f32>() {
+                Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+                _ => Err(err(format!("`{}` is not a probability", v.trim()))),
+            }
+        };
+        let (keep, expand) = match text.split_once(',') {
+            Some((k, e)) => (prob(k)?, prob(e)?),
+            None => {
+                let k = prob(text)?;
+                (k, k)
+            }
+        };
+        Ok(Confidence { keep, expand })
+    }
+}
 
 /// Where a shape's construction stands.
 #[derive(Clone, Debug)]
@@ -66,6 +127,8 @@ pub struct TreeBuilder {
     pending: Vec<Option<usize>>,
     wants: usize,
     seqs: Vec<Sequence>,
+    /// [`Confidence`] in log space: (keep, expand); `None`: no cut.
+    cut: Option<(f32, f32)>,
 }
 
 impl TreeBuilder {
@@ -78,6 +141,7 @@ impl TreeBuilder {
             pending: vec![None],
             wants: 1,
             seqs: Vec::new(),
+            cut: None,
         };
         if budget == 0 {
             b.pending.clear();
@@ -112,6 +176,32 @@ impl TreeBuilder {
             b.pending.clear();
         }
         b
+    }
+
+    /// Applies a [`Confidence`] cut to chain, static and dynamic shapes
+    /// (DuoDecoding's sequences have their own threshold and ignore it).
+    /// Call before the first [`TreeBuilder::feed`].
+    pub fn with_confidence(mut self, confidence: Option<Confidence>) -> Self {
+        self.cut = confidence.map(Confidence::log);
+        self
+    }
+
+    /// Path log-probability a child of `parent` with `logprob` would have
+    /// (`logprob` as [`top_k`] sanitised it).
+    fn path_logprob(&self, parent: Option<usize>, logprob: f32) -> f32 {
+        parent.map_or(0.0, |p| self.work.node(p).cum_logprob) + logprob
+    }
+
+    /// Whether a child of `parent` with `logprob` passes the keep cut.
+    fn keeps(&self, parent: Option<usize>, logprob: f32) -> bool {
+        self.cut
+            .is_none_or(|(keep, _)| self.path_logprob(parent, logprob) >= keep)
+    }
+
+    /// Whether node `n` passes the expand cut.
+    fn expands(&self, n: usize) -> bool {
+        self.cut
+            .is_none_or(|(_, expand)| self.work.score(n) >= expand)
     }
 
     /// Nodes to expand next (`None` = the root); empty once done.
@@ -153,18 +243,19 @@ impl TreeBuilder {
             Phase::Chain => {
                 let parent = pending[0];
                 match top_k(children.into_iter().next().unwrap_or_default(), 1).first() {
-                    Some(&(tok, lp)) => {
+                    Some(&(tok, lp)) if self.keeps(parent, lp) => {
                         let n = self.work.add(parent, tok, lp);
-                        if self.work.len() < self.budget {
+                        if self.work.len() < self.budget && self.expands(n) {
                             self.pending = vec![Some(n)];
                         }
                         Phase::Chain
                     }
-                    None => Phase::Done,
+                    _ => Phase::Done,
                 }
             }
             Phase::Static { branching, level } => {
-                let next = self.add_children(&pending, children, wants);
+                let mut next = self.add_children(&pending, children, wants);
+                next.retain(|&n| self.expands(n));
                 let level = level + 1;
                 if level < branching.len() && !next.is_empty() {
                     self.wants = branching[level];
@@ -189,6 +280,7 @@ impl TreeBuilder {
                             .then(a.cmp(&b))
                     });
                     layer.truncate(topk);
+                    layer.retain(|&n| self.expands(n));
                     // Exact cut: a node no better than the tree's current
                     // `size`-th best cannot have a descendant in the final
                     // tree (see `DraftTree::rank_floor`), so it is not
@@ -250,8 +342,8 @@ impl TreeBuilder {
         Ok(())
     }
 
-    /// Adds the top `k` of each pending node's candidates as its children;
-    /// returns the new nodes in order.
+    /// Adds the top `k` of each pending node's candidates that pass the
+    /// keep cut as its children; returns the new nodes in order.
     fn add_children(
         &mut self,
         pending: &[Option<usize>],
@@ -261,6 +353,9 @@ impl TreeBuilder {
         let mut added = Vec::new();
         for (&parent, kids) in pending.iter().zip(children) {
             for (tok, lp) in top_k(kids, k) {
+                if !self.keeps(parent, lp) {
+                    break; // best first: the rest score no higher
+                }
                 added.push(self.work.add(parent, tok, lp));
             }
         }

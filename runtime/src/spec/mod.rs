@@ -16,7 +16,7 @@ pub mod prompt_lookup;
 pub mod tree;
 
 pub use budget::{BudgetConfig, BudgetController, Schedule};
-pub use builder::TreeBuilder;
+pub use builder::{Confidence, TreeBuilder};
 pub use prompt_lookup::PromptLookup;
 pub use tree::{Accepted, DraftNode, DraftTree, TreeShape};
 

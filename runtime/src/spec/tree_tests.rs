@@ -2,6 +2,7 @@
 //! greedy acceptance), builders, budgets and `TreeShape` text.
 
 use super::*;
+use crate::spec::Confidence;
 use draftc_ops::attention::{validate_parents, SeqBatch};
 use draftc_ops::tree::{accept_ref, AcceptMode};
 use proptest::prelude::*;
@@ -490,6 +491,69 @@ proptest! {
     }
 
     #[test]
+    fn confidence_cut_keeps_and_expands_only_confident_nodes(
+        seed in any::<u64>(),
+        budget in 0usize..12,
+        keep in 0.0f32..0.6,
+        expand in 0.0f32..0.9,
+        shape in prop_oneof![
+            Just(TreeShape::Chain),
+            prop::collection::vec(1usize..4, 1..4).prop_map(TreeShape::Static),
+            (1usize..5, 1usize..4, 1usize..20)
+                .prop_map(|(depth, topk, nodes)| TreeShape::Dynamic { depth, topk, nodes }),
+        ],
+    ) {
+        // Few, peaked candidates: path probabilities straddle the cuts.
+        let mut d = toy_drafter(seed, 16, 3);
+        let cut = Confidence { keep, expand };
+        let t = TreeBuilder::new(&shape, budget).with_confidence(Some(cut)).run(&mut d);
+        prop_assert!(t.len() <= budget);
+        assert_ancestor_closed(&t);
+        for (i, n) in t.nodes().iter().enumerate() {
+            prop_assert!(n.cum_logprob >= keep.ln(), "node {} below keep", i);
+            if !t.children(Some(i)).is_empty() {
+                prop_assert!(t.score(i) >= expand.ln(), "node {} expanded below expand", i);
+            }
+        }
+        let plain = DraftTree::build(&shape, budget, &mut d);
+        // No cut is the plain builder.
+        let zero = TreeBuilder::new(&shape, budget)
+            .with_confidence(Some(Confidence { keep: 0.0, expand: 0.0 }))
+            .run(&mut d);
+        prop_assert_eq!(zero.tokens(), plain.tokens());
+        prop_assert_eq!(zero.parents_u32(), plain.parents_u32());
+        if shape == TreeShape::Chain {
+            // The plain chain up to its first node below keep (left out) or
+            // below expand (kept, and the last).
+            let mut want = Vec::new();
+            for (i, n) in plain.nodes().iter().enumerate() {
+                if n.cum_logprob < keep.ln() {
+                    break;
+                }
+                want.push(n.token);
+                if plain.score(i) < expand.ln() {
+                    break;
+                }
+            }
+            prop_assert_eq!(t.tokens(), want);
+        } else {
+            // Every node is one the uncapped expansion drafts too.
+            let paths: std::collections::HashSet<Vec<u32>> = {
+                let full = match &shape {
+                    TreeShape::Dynamic { depth, topk, .. } => {
+                        DraftTree::dynamic(*depth, *topk, usize::MAX, usize::MAX, &mut d)
+                    }
+                    s => DraftTree::build(s, usize::MAX, &mut d),
+                };
+                (0..full.len()).map(|i| full.path_tokens(i)).collect()
+            };
+            for i in 0..t.len() {
+                prop_assert!(paths.contains(&t.path_tokens(i)));
+            }
+        }
+    }
+
+    #[test]
     fn tree_shape_display_round_trips(shape in prop_oneof![
         Just(TreeShape::Chain),
         prop::collection::vec(1usize..100, 1..6).prop_map(TreeShape::Static),
@@ -498,5 +562,21 @@ proptest! {
         (1usize..9).prop_map(|seqs| TreeShape::MultiSequence { seqs }),
     ]) {
         prop_assert_eq!(shape.to_string().parse::<TreeShape>().unwrap(), shape);
+    }
+}
+
+#[test]
+fn confidence_parses_and_rejects_non_probabilities() {
+    let c: Confidence = "0.1,0.5".parse().unwrap();
+    assert_eq!((c.keep, c.expand), (0.1, 0.5));
+    let c: Confidence = " 0.3 ".parse().unwrap();
+    assert_eq!((c.keep, c.expand), (0.3, 0.3));
+    assert_eq!(c.to_string().parse::<Confidence>().unwrap(), c);
+    for bad in ["1.5", "-0.1", "a", "0.1,", ",0.2", "0.1,0.2,0.3", "NaN", ""] {
+        let err = bad.parse::<Confidence>().unwrap_err().to_string();
+        assert!(
+            err.contains("--confidence") && err.contains("KEEP[,EXPAND]"),
+            "{bad}: {err}"
+        );
     }
 }

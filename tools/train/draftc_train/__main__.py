@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     # Hook for the training loop: `python -m draftc_train train ...` dispatches to
     # draftc_train.train.main(argv) (module written separately, imported lazily).
     "train": ("draftc_train.train", "train a drafter (draftc_train/train.py)"),
+    "heldout-prompts": ("draftc_train.heldout", "prompts of the trainer's held-out split (for tuning runtime settings, never MT-Bench)"),
     "record-tau": ("draftc_train.record_tau", "copy held-out τ from a `draftc bench spec` report into the weights manifests"),
 }
 
