@@ -13,7 +13,18 @@ import argparse
 import json
 from pathlib import Path
 
-from .emitted import REPO
+# The repository root, as emitted.REPO (not imported from there: that pulls
+# in torch, which recording a report does not need).
+REPO = Path(__file__).resolve().parents[3]
+
+
+def drafter_path(point):
+    """The drafter of a report point: `bench spec` names a point measured
+    with `--confidence KEEP,EXPAND` `<drafter> confidence KEEP,EXPAND` and
+    keeps the cut in its own `confidence` field."""
+    name, cut = point["drafter"], point.get("confidence")
+    suffix = f" confidence {cut}"
+    return name[: -len(suffix)] if cut and name.endswith(suffix) else name
 
 
 def main(argv):
@@ -30,7 +41,7 @@ def main(argv):
         own = (REPO / "models/weights" / manifest["weights"]).resolve()
         points = [
             p for p in report["points"]
-            if Path(p["drafter"]).stem == manifest["drafter"] and p["weights"] != "target"
+            if Path(drafter_path(p)).stem == manifest["drafter"] and p["weights"] != "target"
             # A report comparing other weights files of the same drafter
             # (e.g. the weights this run replaced) records only the shipped one.
             and (not p["weights"].endswith(".safetensors") or (REPO / p["weights"]).resolve() == own)
@@ -42,7 +53,7 @@ def main(argv):
             device=report.get("device"),
             max_tokens=report.get("max_tokens"),
             points=[
-                {k: p.get(k) for k in ("batch", "prompts", "budget", "tau", "k", "kappa", "tokens_per_s",
+                {k: p.get(k) for k in ("batch", "prompts", "budget", "confidence", "tau", "k", "kappa", "tokens_per_s",
                                    "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")}
                 for p in points
             ],
