@@ -121,6 +121,14 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
             false,
             cut,
         ),
+        // A parallel drafter's chain cut by its heads' probabilities.
+        (
+            repo_file("models/specformer.draft"),
+            "shipped",
+            None,
+            false,
+            cut,
+        ),
         (
             repo_file("models/spire.draft"),
             "shipped",

@@ -137,14 +137,34 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
 
 /// `--confidence` cuts (one that keeps nothing, and thresholds among the
 /// random drafter's probabilities, so rounds vary between empty trees and
-/// deeper ones) stay lossless for a chain and the file's dynamic tree;
-/// drafters without their own probabilities refuse a cut.
+/// deeper ones) stay lossless for an autoregressive drafter's chain and
+/// dynamic tree and a parallel drafter's chain and static tree; drafters
+/// without their own probabilities refuse a cut.
 #[test]
 fn confidence_cut_drafting_is_lossless() {
     let (mut t, tw) = target(3);
-    for shape in [None, Some("chain")] {
-        for cut in ["1", "0.05,0.1", "0.1,0.3", "0.2,0.5"] {
-            let mut d = drafter(&t, &tw, "beagle", shape, PlanDType::F32);
+    let cases = [
+        ("beagle", None, ["1", "0.05,0.1", "0.1,0.3", "0.2,0.5"]),
+        (
+            "beagle",
+            Some("chain"),
+            ["1", "0.05,0.1", "0.1,0.3", "0.2,0.5"],
+        ),
+        // The random heads' per-position probabilities sit lower.
+        (
+            "specformer",
+            None,
+            ["1", "0.001,0.005", "0.005,0.02", "0.01,0.05"],
+        ),
+        (
+            "medusa",
+            Some("2,2"),
+            ["1", "0.001,0.005", "0.005,0.02", "0.01,0.05"],
+        ),
+    ];
+    for (name, shape, cuts) in cases {
+        for cut in cuts {
+            let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
             d.set_confidence(cut.parse::<Confidence>().unwrap())
                 .unwrap();
             for b in [1, 3] {
@@ -167,11 +187,11 @@ fn confidence_cut_drafting_is_lossless() {
             // The random drafter's probabilities straddle these cuts: some
             // rounds verify nothing, others several tokens.
             if cut == "1" {
-                assert_eq!(s.drafted, 0, "{shape:?} {cut}");
+                assert_eq!(s.drafted, 0, "{name} {shape:?} {cut}");
             } else {
                 assert!(
                     0 < s.drafted && s.drafted < 4 * s.seq_rounds,
-                    "{shape:?} {cut}: {} drafted in {} rounds",
+                    "{name} {shape:?} {cut}: {} drafted in {} rounds",
                     s.drafted,
                     s.seq_rounds
                 );

@@ -86,7 +86,7 @@ pub struct SpecArgs {
     /// Tree of autoregressive drafters (overrides the files' `tree`).
     #[arg(long)]
     pub tree: Option<String>,
-    /// Cut autoregressive drafters' trees by their confidence: `KEEP[,EXPAND]`
+    /// Cut model drafters' trees by their confidence: `KEEP[,EXPAND]`
     /// (path probabilities, see `draftc generate --help`) or `off`. Repeat the
     /// flag to measure several cuts (and `off`) in one run.
     #[arg(long)]

@@ -67,12 +67,12 @@ pub struct GenerateArgs {
     /// `chain`, `static(3,2,1)`, `dynamic(depth=5, topk=8, nodes=60)`, `multi(seqs=4)`.
     #[arg(long)]
     pub tree: Option<String>,
-    /// Cut the draft tree of an autoregressive drafter by its confidence,
-    /// `KEEP[,EXPAND]`: a draft token whose path probability under the
-    /// drafter (the product along its path) is below KEEP is not verified,
-    /// and one below EXPAND is not drafted further. With a chain, `0.1,0.5`
-    /// drafts deeper where the drafter is sure and verifies nothing where it
-    /// is not. Lossless either way.
+    /// Cut the draft tree of a model drafter (autoregressive or parallel
+    /// heads) by its confidence, `KEEP[,EXPAND]`: a draft token whose path
+    /// probability under the drafter (the product along its path) is below
+    /// KEEP is not verified, and one below EXPAND is not drafted further.
+    /// With a chain, `0.05,0.3` drafts deeper where the drafter is sure and
+    /// verifies nothing where it is not. Lossless either way.
     #[arg(long)]
     pub confidence: Option<String>,
     /// Draft tokens per sequence per round at most (`k`).

@@ -108,7 +108,8 @@ pub trait Drafter<R: Runtime> {
     fn set_confidence(&mut self, _confidence: Confidence) -> Result<(), EngineError> {
         Err(EngineError::Invalid(format!(
             "--confidence: drafter `{}` has no per-token probabilities to cut its drafts by; \
-             it applies to autoregressive drafters (models/beagle.draft, models/spire.draft)",
+             it applies to model drafters (models/beagle.draft, models/spire.draft, \
+             models/specformer.draft, models/medusa.draft)",
             self.name()
         )))
     }
@@ -274,6 +275,9 @@ pub struct ParallelDrafter<R: Runtime> {
     max_rows: usize,
     /// A reduced draft vocabulary: draft ids map back to target ids.
     vocab: Option<DraftVocab>,
+    /// `--confidence`: cut the chain or static tree by the product of the
+    /// positions' probabilities along a path.
+    confidence: Option<Confidence>,
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
@@ -326,6 +330,7 @@ impl<R: Runtime> ParallelDrafter<R> {
             shape,
             proposals: BTreeMap::new(),
             vocab,
+            confidence: None,
         })
     }
 }
@@ -381,8 +386,18 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
         seqs.iter()
             .map(|s| {
                 let cands = self.proposals.get(&s.slot).cloned().unwrap_or_default();
-                Ok(match &self.shape {
-                    TreeShape::Static(b) => DraftTree::static_from_candidates(b, &cands, budget),
+                Ok(match (&self.shape, self.confidence) {
+                    (TreeShape::Static(b), cut) => {
+                        DraftTree::static_from_candidates(b, &cands, budget, cut)
+                    }
+                    // A cut chain: each position's top candidate with its
+                    // probability (observe kept them).
+                    (_, Some(cut)) => DraftTree::static_from_candidates(
+                        &vec![1; cands.len()],
+                        &cands,
+                        budget,
+                        Some(cut),
+                    ),
                     _ => {
                         let mut p: Vec<u32> = cands
                             .iter()
@@ -399,6 +414,14 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     fn reset(&mut self, slot: usize) {
         self.caches.reset(slot);
         self.proposals.remove(&slot);
+    }
+
+    /// Parallel positions are predicted independently, so a path's
+    /// probability is the product of its tokens' marginals at their
+    /// positions: a confidence estimate, as Medusa's tree uses them.
+    fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
+        self.confidence = Some(confidence);
+        Ok(())
     }
 }
 
@@ -468,6 +491,8 @@ impl<R: Runtime> ParallelDrafter<R> {
             TreeShape::Static(b) => {
                 top_candidates(c, &picked, b.iter().copied().max().unwrap_or(1))?
             }
+            // A cut chain needs each token's probability.
+            _ if self.confidence.is_some() => top_candidates(c, &picked, 1)?,
             _ => select_tokens(c, &picked, &Sampling::GREEDY, 0)?
                 .into_iter()
                 .map(|t| vec![(t, 0.0)])

@@ -45,7 +45,7 @@ use std::str::FromStr;
 
 use draftc_ops::attention::TREE_ROOT;
 
-use super::builder::TreeBuilder;
+use super::builder::{Confidence, TreeBuilder};
 use super::SpecError;
 
 /// A drafter's proposal for the next token: `(token, log-probability)`.
@@ -416,14 +416,18 @@ impl DraftTree {
     /// as Medusa heads or SpecFormer's `l` outputs give): every node at depth
     /// `d - 1` (and the root for `d = 0`) gets the top `branching[d]`
     /// candidates of position `d` as children. Pruned to the best `budget`
-    /// nodes.
+    /// nodes; `confidence` cuts it by the product of the candidates'
+    /// probabilities along a path ([`Confidence`]).
     pub fn static_from_candidates(
         branching: &[usize],
         candidates: &[Vec<Candidate>],
         budget: usize,
+        confidence: Option<Confidence>,
     ) -> DraftTree {
         let shape = TreeShape::Static(branching[..branching.len().min(candidates.len())].to_vec());
-        TreeBuilder::new(&shape, budget).run(&mut |path| candidates[path.len()].clone())
+        TreeBuilder::new(&shape, budget)
+            .with_confidence(confidence)
+            .run(&mut |path| candidates[path.len()].clone())
     }
 
     /// Static tree from an autoregressive drafter: each node at depth `d - 1`

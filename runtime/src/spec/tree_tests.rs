@@ -155,7 +155,7 @@ fn static_321_from_per_depth_candidates() {
     let TreeShape::Static(b) = &shape else {
         unreachable!()
     };
-    let full = DraftTree::static_from_candidates(b, &cands, usize::MAX);
+    let full = DraftTree::static_from_candidates(b, &cands, usize::MAX, None);
     assert_eq!(full.len(), 3 + 6 + 6);
     assert_eq!(shape.max_nodes(), Some(15));
     assert_eq!(full.children(None).len(), 3);
@@ -168,9 +168,24 @@ fn static_321_from_per_depth_candidates() {
         assert_eq!(kids, vec![10, 11]);
     }
     // Budget 4: the best nodes are 1 (-0.1), 1·10 (-0.3), 2 (-0.5), 1·10·20 (-0.6).
-    let small = DraftTree::static_from_candidates(b, &cands, 4);
+    let small = DraftTree::static_from_candidates(b, &cands, 4, None);
     assert_eq!(small.tokens(), vec![1, 2, 10, 20]);
     assert_eq!(small.parents_u32(), vec![TREE_ROOT, TREE_ROOT, 0, 2]);
+    // Cut at path probability e^-0.55 (keep) and e^-0.25 (expand): 3 and 4
+    // are left out, 2 (-0.5) is kept but not expanded, 1·10 (-0.3) is kept
+    // but not expanded, so 1·10·20 (-0.6) is never drafted.
+    let cut = Confidence {
+        keep: (-0.55f32).exp(),
+        expand: (-0.25f32).exp(),
+    };
+    let cut_tree = DraftTree::static_from_candidates(b, &cands, usize::MAX, Some(cut));
+    assert_eq!(cut_tree.tokens(), vec![1, 2, 10]);
+    assert_eq!(cut_tree.parents_u32(), vec![TREE_ROOT, TREE_ROOT, 0]);
+    // A chain of the positions' top candidates, as a cut parallel drafter
+    // builds it: stops below keep.
+    let top: Vec<Vec<Candidate>> = cands.iter().map(|c| vec![c[0]]).collect();
+    let chain = DraftTree::static_from_candidates(&[1, 1, 1], &top, 8, Some(cut));
+    assert_eq!(chain.tokens(), vec![1, 10]);
 }
 
 #[test]
