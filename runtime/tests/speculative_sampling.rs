@@ -209,6 +209,18 @@ fn second_token_follows_the_target_distribution() {
 /// rejection sampling produces them from the residual.
 #[test]
 fn reduced_vocabulary_drafter_samples_the_target_distribution() {
+    reduced_vocabulary_beagle_follows(None);
+}
+
+/// The same drafter cut by its confidence (`--confidence`): whether a
+/// token is drafted now depends on the drafter's probability, and the
+/// target's distribution is still what comes out.
+#[test]
+fn confidence_cut_drafter_samples_the_target_distribution() {
+    reduced_vocabulary_beagle_follows(Some("0.3,0.5"));
+}
+
+fn reduced_vocabulary_beagle_follows(cut: Option<&str>) {
     let (mut t, tw) = target(SLOTS);
     let (p2, likely) = second_token_marginal(&mut t);
     let g = compile_with("beagle", &tiny_config(), &[("draft_vocab", 3)]);
@@ -224,6 +236,9 @@ fn reduced_vocabulary_drafter_samples_the_target_distribution() {
         chain,
     )
     .unwrap();
+    if let Some(cut) = cut {
+        d.set_confidence(cut.parse().unwrap()).unwrap();
+    }
     assert_second_token_follows(&mut t, d.as_mut(), &p2);
 }
 
