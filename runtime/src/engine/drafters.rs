@@ -33,7 +33,7 @@ use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, SeqStep, Step,
 };
 use crate::spec::tree::Candidate;
-use crate::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
+use crate::spec::{Confidence, DraftTree, PromptLookup, TreeBuilder, TreeShape};
 
 /// A sequence as the drafter sees it at the start of a round.
 #[derive(Clone, Debug)]
@@ -391,13 +391,10 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
                         DraftTree::static_from_candidates(b, &cands, budget, cut)
                     }
                     // A cut chain: each position's top candidate with its
-                    // probability (observe kept them).
-                    (_, Some(cut)) => DraftTree::static_from_candidates(
-                        &vec![1; cands.len()],
-                        &cands,
-                        budget,
-                        Some(cut),
-                    ),
+                    // probability (observe kept them); it ends with them.
+                    (_, Some(cut)) => TreeBuilder::new(&TreeShape::Chain, budget)
+                        .with_confidence(Some(cut))
+                        .run(&mut |path| cands.get(path.len()).cloned().unwrap_or_default()),
                     _ => {
                         let mut p: Vec<u32> = cands
                             .iter()

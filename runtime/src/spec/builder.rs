@@ -55,11 +55,12 @@ impl FromStr for Confidence {
     type Err = SpecError;
 
     fn from_str(text: &str) -> Result<Self, SpecError> {
-        let err = |reason: String| {
-            SpecError::InvalidConfig {
+        let err = |reason: String| SpecError::InvalidConfig {
             what: "--confidence",
-            reason: format!("`{text}`: {reason}; expected KEEP[,EXPAND], probabilities in [0, 1] such as 0.1,0.5"),
-        }
+            reason: format!(
+                "`{text}`: {reason}; expected KEEP[,EXPAND], \
+                 probabilities in [0, 1] such as 0.1,0.5"
+            ),
         };
         let prob = |v: &str| -> Result<f32, SpecError> {
             match v.trim().parse::<f32>() {

@@ -181,8 +181,8 @@ fn static_321_from_per_depth_candidates() {
     let cut_tree = DraftTree::static_from_candidates(b, &cands, usize::MAX, Some(cut));
     assert_eq!(cut_tree.tokens(), vec![1, 2, 10]);
     assert_eq!(cut_tree.parents_u32(), vec![TREE_ROOT, TREE_ROOT, 0]);
-    // A chain of the positions' top candidates, as a cut parallel drafter
-    // builds it: stops below keep.
+    // One child per level over the positions' top candidates (the chain a
+    // cut parallel drafter drafts): stops below keep.
     let top: Vec<Vec<Candidate>> = cands.iter().map(|c| vec![c[0]]).collect();
     let chain = DraftTree::static_from_candidates(&[1, 1, 1], &top, 8, Some(cut));
     assert_eq!(chain.tokens(), vec![1, 10]);
