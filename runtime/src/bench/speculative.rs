@@ -30,7 +30,8 @@ use crate::model::ConvertedModel;
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct SpecConfig {
-    /// Drafters (budget ignored: `budgets` sets it).
+    /// Drafters. A drafter's `budget` of 0 runs every one of `budgets`;
+    /// another value runs that budget alone (`bench spec --tuned`).
     pub drafters: Vec<DrafterChoice>,
     pub batches: Vec<usize>,
     /// Draft tokens per sequence per round.
@@ -51,6 +52,10 @@ pub struct SpecPoint {
     pub drafter: String,
     /// The `--confidence` cut, `KEEP,EXPAND`.
     pub confidence: Option<String>,
+    /// The draft tree when one replaced the file's (`--tree`, or tuned
+    /// settings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tree: Option<String>,
     /// Where the drafter's weights came from: `none`, `target`, or the
     /// `--drafter-weights` choice (`pruned`, `random:SEED`, a file).
     pub weights: String,
@@ -146,7 +151,12 @@ pub fn run_spec<R: Runtime>(
     let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.max_tokens + 2;
     progress.message(&format!("loading {} …", model.dir.display()));
     let mut target = TargetModel::load(client, model, max_b, capacity, cfg.dtype).map_err(err)?;
-    let total = cfg.batches.len() * (1 + cfg.drafters.len() * cfg.budgets.len());
+    let budgets_of = |c: &DrafterChoice| match c.budget {
+        0 => cfg.budgets.clone(),
+        b => vec![b],
+    };
+    let runs: usize = cfg.drafters.iter().map(|c| budgets_of(c).len()).sum();
+    let total = cfg.batches.len() * (1 + runs);
     let mut done = 0;
     let mut points = Vec::new();
     for &b in &cfg.batches {
@@ -169,7 +179,7 @@ pub fn run_spec<R: Runtime>(
         let first = points.len();
         done += 1;
         for choice in &cfg.drafters {
-            for &budget in &cfg.budgets {
+            for budget in budgets_of(choice) {
                 progress.step(
                     done,
                     total,
@@ -210,6 +220,7 @@ pub fn run_spec<R: Runtime>(
                         None => drafter.name(),
                     },
                     confidence: choice.confidence.map(|c| c.to_string()),
+                    tree: choice.tree.as_ref().map(|t| t.to_string()),
                     weights,
                     batch: b,
                     prompts: count(b),
@@ -285,7 +296,10 @@ impl SpecReport {
                 p.weights,
                 p.batch,
                 p.prompts,
-                p.budget,
+                match &p.tree {
+                    Some(t) => format!("{} {t}", p.budget),
+                    None => p.budget.to_string(),
+                },
                 p.tau,
                 p.k,
                 p.kappa,

@@ -91,9 +91,16 @@ pub struct SpecArgs {
     /// flag to measure several cuts (and `off`) in one run.
     #[arg(long)]
     pub confidence: Vec<String>,
-    /// Draft budgets (comma-separated).
-    #[arg(long, value_delimiter = ',', default_values_t = [4usize])]
+    /// Draft budgets (comma-separated; default 4).
+    #[arg(long, value_delimiter = ',')]
     pub budget: Vec<usize>,
+    /// Measure each drafter with shipped weights at the settings its
+    /// weights manifest tunes for the device (`decode` in
+    /// models/weights/<name>.json: tree, budget, confidence cut), the ones
+    /// `draftc generate` uses by default; drafters without them run at
+    /// `--budget`. Excludes `--tree` and `--confidence`.
+    #[arg(long)]
+    pub tuned: bool,
     /// New tokens per sequence.
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
@@ -172,6 +179,8 @@ pub trait AnyClient {
         cfg: &SpecConfig,
         progress: &Progress,
     ) -> Result<crate::bench::speculative::SpecReport, String>;
+    /// The device class (the key of tuned settings).
+    fn class(&self) -> draftc_codegen::DeviceClass;
 }
 
 struct Client<R: Runtime>(ComputeClient<R>);
@@ -193,6 +202,10 @@ impl<R: Runtime> AnyClient for Client<R> {
         progress: &Progress,
     ) -> Result<crate::bench::speculative::SpecReport, String> {
         run_spec(&self.0, model, cfg, progress)
+    }
+
+    fn class(&self) -> draftc_codegen::DeviceClass {
+        crate::device::profile(&self.0).class
     }
 }
 
@@ -283,7 +296,14 @@ fn spec(
             })
             .collect::<Result<_, _>>()?
     };
-    let drafters = names
+    if args.tuned && (args.tree.is_some() || !args.confidence.is_empty()) {
+        return Err(
+            "--tuned measures each drafter at its manifest's tree and confidence cut; \
+             drop --tree and --confidence (or --tuned)"
+                .into(),
+        );
+    }
+    let mut drafters: Vec<DrafterChoice> = names
         .iter()
         .flat_map(|name| {
             cuts.iter().map(|&confidence| DrafterChoice {
@@ -297,10 +317,24 @@ fn spec(
             })
         })
         .collect();
+    if args.tuned {
+        let class = client.class();
+        for c in &mut drafters {
+            if let Some(t) = super::generate::tuned_for(c, class)? {
+                c.budget = t.budget;
+                c.tree = t.tree;
+                c.confidence = t.confidence;
+            }
+        }
+    }
     let cfg = SpecConfig {
         drafters,
         batches: args.common.batch.clone(),
-        budgets: args.budget.clone(),
+        budgets: if args.budget.is_empty() {
+            vec![4]
+        } else {
+            args.budget.clone()
+        },
         max_tokens: args.max_tokens,
         dtype,
         prompts,

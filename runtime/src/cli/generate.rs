@@ -75,9 +75,12 @@ pub struct GenerateArgs {
     /// verifies nothing where it is not. Lossless either way.
     #[arg(long)]
     pub confidence: Option<String>,
-    /// Draft tokens per sequence per round at most (`k`).
-    #[arg(long, default_value_t = 8)]
-    pub budget: usize,
+    /// Draft tokens per sequence per round at most (`k`). Without `--tree`,
+    /// `--budget` and `--confidence`, a drafter with shipped weights uses
+    /// the settings its weights manifest tunes for the device
+    /// (`models/weights/<name>.json`, `decode`; printed on stderr); else 8.
+    #[arg(long)]
+    pub budget: Option<usize>,
     /// Draft on another thread (own wgpu client) while the target verifies,
     /// with a hardware-aware draft length (DuoDecoding; prompt-lookup and
     /// early-exit:N drafters).
@@ -106,6 +109,24 @@ pub struct GenerateArgs {
     /// No progress messages on stderr.
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// Draft tokens per round when neither `--budget` nor tuned settings say.
+pub const DEFAULT_BUDGET: usize = 8;
+
+/// The tuned settings of a description file with shipped weights for
+/// `class` (see [`super::tuned`]); `None` for other drafters and weights.
+pub fn tuned_for(
+    choice: &DrafterChoice,
+    class: draftc_codegen::DeviceClass,
+) -> Result<Option<super::tuned::Tuned>, String> {
+    if choice.weights != super::drafter::SHIPPED || !choice.name.ends_with(".draft") {
+        return Ok(None);
+    }
+    if !super::drafter::shipped_weights(std::path::Path::new(&choice.name)).is_file() {
+        return Ok(None);
+    }
+    super::tuned::tuned_settings(std::path::Path::new(&choice.name), class)
 }
 
 /// The converted default model, fetched and converted on first use.
@@ -259,10 +280,10 @@ fn generate_on<R: Runtime>(
         }
         return Ok(());
     }
-    let choice = DrafterChoice {
+    let mut choice = DrafterChoice {
         name: args.drafter.clone(),
         weights: args.drafter_weights.clone(),
-        budget: args.budget,
+        budget: args.budget.unwrap_or(DEFAULT_BUDGET),
         branches: args.branches,
         tree: match &args.tree {
             Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
@@ -274,6 +295,24 @@ fn generate_on<R: Runtime>(
             None => None,
         },
     };
+    let untouched = args.tree.is_none() && args.budget.is_none() && args.confidence.is_none();
+    if untouched && !args.concurrent {
+        if let Some(t) = tuned_for(&choice, crate::device::profile(client).class)? {
+            if !args.quiet {
+                eprintln!(
+                    "{}: settings tuned for {} ({}): {} (any of --tree, --budget, --confidence replaces them)",
+                    args.drafter,
+                    t.class,
+                    t.manifest.display(),
+                    t.flags()
+                );
+            }
+            choice.budget = t.budget;
+            choice.tree = t.tree;
+            choice.confidence = t.confidence;
+        }
+    }
+    let budget = choice.budget;
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
     if !args.no_baseline {
         // Untimed warm-up: compiles the drafter's kernels, the verification
@@ -291,9 +330,9 @@ fn generate_on<R: Runtime>(
             &mut target,
             drafter.as_mut(),
             &warm,
-            args.budget + 2,
+            budget + 2,
             &sampling,
-            args.budget,
+            budget,
             None,
             &mut |_, _| {},
         )
@@ -307,7 +346,7 @@ fn generate_on<R: Runtime>(
         &requests,
         args.max_tokens,
         &sampling,
-        args.budget,
+        budget,
         stop,
         &mut on_token,
     )
@@ -315,6 +354,9 @@ fn generate_on<R: Runtime>(
     print_all(&spec.tokens)?;
     if let Some(p) = target.exec.profile() {
         eprint!("target {p}");
+    }
+    if let Some(p) = drafter.profile() {
+        eprint!("drafter {p}");
     }
     let baseline = if args.no_baseline {
         None

@@ -12,3 +12,4 @@ pub mod inspect;
 pub mod perf_model;
 pub mod plan;
 pub mod source;
+pub mod tuned;

@@ -220,6 +220,10 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         self.exec.graph().name.clone()
     }
 
+    fn profile(&self) -> Option<&crate::exec::Profile> {
+        self.exec.profile()
+    }
+
     fn length(&self) -> usize {
         match &self.shape {
             TreeShape::Chain => self.l,

@@ -103,6 +103,12 @@ pub trait Drafter<R: Runtime> {
     /// Forget the sequence in `slot`.
     fn reset(&mut self, _slot: usize) {}
 
+    /// Its executor's per-kernel profile (`DRAFTC_PROFILE=1`), for drafters
+    /// that run a graph of their own.
+    fn profile(&self) -> Option<&crate::exec::Profile> {
+        None
+    }
+
     /// Cut its draft trees by the drafter's confidence (`--confidence`);
     /// only drafters that build trees from their own probabilities can.
     fn set_confidence(&mut self, _confidence: Confidence) -> Result<(), EngineError> {
@@ -193,6 +199,10 @@ impl<R: Runtime> SelfSpecDrafter<R> {
 impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
     fn name(&self) -> String {
         self.exec.graph().name.clone()
+    }
+
+    fn profile(&self) -> Option<&crate::exec::Profile> {
+        self.exec.profile()
     }
 
     fn length(&self) -> usize {
@@ -338,6 +348,10 @@ impl<R: Runtime> ParallelDrafter<R> {
 impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     fn name(&self) -> String {
         self.exec.graph().name.clone()
+    }
+
+    fn profile(&self) -> Option<&crate::exec::Profile> {
+        self.exec.profile()
     }
 
     fn length(&self) -> usize {

@@ -425,8 +425,12 @@ impl<R: Runtime> Executor<R> {
             if let Some(p) = &mut self.profile {
                 cubecl::future::block_on(self.client.sync())
                     .map_err(|e| ExecError::Internal(format!("device sync: {e:?}")))?;
+                let shape = match launch.kernel {
+                    draftc_codegen::kernel::Kernel::Linear { k, n, .. } => format!(" {k}->{n}"),
+                    _ => String::new(),
+                };
                 p.add(
-                    &format!("{} ({rows} rows)", launch.kernel.family()),
+                    &format!("{}{shape} ({rows} rows)", launch.kernel.family()),
                     t.elapsed().as_secs_f64(),
                 );
             }
