@@ -160,7 +160,7 @@ mod tests {
         let plain = parsed(r#"{"decode": {"lavapipe": {"budget": 2}}}"#)
             .unwrap()
             .unwrap();
-        assert_eq!((plain.tree, plain.confidence), (None, None));
+        assert_eq!((&plain.tree, plain.confidence), (&None, None));
         assert_eq!(plain.flags(), "--budget 2");
     }
 
