@@ -320,7 +320,7 @@ fn spec(
     if args.tuned {
         let class = client.class();
         for c in &mut drafters {
-            if let Some(t) = super::generate::tuned_for(c, class)? {
+            if let Some(t) = super::tuned::tuned_for(c, class)? {
                 c.budget = t.budget;
                 c.tree = t.tree;
                 c.confidence = t.confidence;

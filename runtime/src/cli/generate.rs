@@ -114,21 +114,6 @@ pub struct GenerateArgs {
 /// Draft tokens per round when neither `--budget` nor tuned settings say.
 pub const DEFAULT_BUDGET: usize = 8;
 
-/// The tuned settings of a description file with shipped weights for
-/// `class` (see [`super::tuned`]); `None` for other drafters and weights.
-pub fn tuned_for(
-    choice: &DrafterChoice,
-    class: draftc_codegen::DeviceClass,
-) -> Result<Option<super::tuned::Tuned>, String> {
-    if choice.weights != super::drafter::SHIPPED || !choice.name.ends_with(".draft") {
-        return Ok(None);
-    }
-    if !super::drafter::shipped_weights(std::path::Path::new(&choice.name)).is_file() {
-        return Ok(None);
-    }
-    super::tuned::tuned_settings(std::path::Path::new(&choice.name), class)
-}
-
 /// The converted default model, fetched and converted on first use.
 pub fn default_model(quiet: bool) -> Result<PathBuf, String> {
     let cache = cache_dir().map_err(|e| e.to_string())?;
@@ -297,7 +282,7 @@ fn generate_on<R: Runtime>(
     };
     let untouched = args.tree.is_none() && args.budget.is_none() && args.confidence.is_none();
     if untouched && !args.concurrent {
-        if let Some(t) = tuned_for(&choice, crate::device::profile(client).class)? {
+        if let Some(t) = super::tuned::tuned_for(&choice, crate::device::profile(client).class)? {
             if !args.quiet {
                 eprintln!(
                     "{}: settings tuned for {} ({}): {} (any of --tree, --budget, --confidence replaces them)",

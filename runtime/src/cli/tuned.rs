@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use draftc_codegen::device::DeviceClass;
 use serde_json::Value;
 
+use super::drafter::DrafterChoice;
 use crate::spec::{Confidence, TreeShape};
 
 /// One device class's tuned settings for a drafter.
@@ -64,6 +65,19 @@ pub fn class_key(class: DeviceClass) -> &'static str {
 /// (`weights/<stem>.json` next to the `.draft` file).
 pub fn manifest_path(drafter: &Path) -> PathBuf {
     super::drafter::shipped_weights(drafter).with_extension("json")
+}
+
+/// The tuned settings of `choice` for `class` when it is a description
+/// file with shipped weights; `None` for other drafters and weights.
+pub fn tuned_for(choice: &DrafterChoice, class: DeviceClass) -> Result<Option<Tuned>, String> {
+    let path = Path::new(&choice.name);
+    if choice.weights != super::drafter::SHIPPED
+        || !choice.name.ends_with(".draft")
+        || !super::drafter::shipped_weights(path).is_file()
+    {
+        return Ok(None);
+    }
+    tuned_settings(path, class)
 }
 
 /// The settings `drafter`'s manifest tunes for `class`: `Ok(None)` when it

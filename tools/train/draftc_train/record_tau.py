@@ -53,7 +53,7 @@ def main(argv):
             device=report.get("device"),
             max_tokens=report.get("max_tokens"),
             points=[
-                {k: p.get(k) for k in ("batch", "prompts", "budget", "confidence", "tau", "k", "kappa", "tokens_per_s",
+                {k: p.get(k) for k in ("batch", "prompts", "budget", "tree", "confidence", "tau", "k", "kappa", "tokens_per_s",
                                    "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")}
                 for p in points
             ],
