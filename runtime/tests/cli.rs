@@ -160,6 +160,21 @@ fn inspect_dot_is_graphviz() {
     assert!(s.trim_end().ends_with('}'));
 }
 
+#[test]
+fn bench_spec_refuses_tuned_with_a_tree_or_cut_before_loading_anything() {
+    for extra in [["--tree", "chain"], ["--confidence", "0.1"]] {
+        let mut args = vec!["bench", "spec", "--tuned", "--model", "/nonexistent/model"];
+        args.extend_from_slice(&extra);
+        let out = draftc(&args);
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("--tuned measures each drafter") && !err.contains("/nonexistent"),
+            "{err}"
+        );
+    }
+}
+
 /// `draftc generate --drafter models/beagle.draft` with no draft flags runs
 /// the settings Beagle's weights manifest tunes for lavapipe (the device
 /// the test machines have), says so on stderr, and stays lossless; any

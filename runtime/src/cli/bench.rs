@@ -150,10 +150,13 @@ fn default_drafters(weights: &str) -> Vec<String> {
 pub fn run(args: BenchArgs) -> ExitCode {
     let got = match &args.which {
         BenchKind::Decode(a) => with_backend(&a.common, |c, m, p, d| decode(c, m, p, d, a)),
-        // Prompts are read before the model is loaded: a bad --prompts fails fast.
-        BenchKind::Spec(a) => crate::bench::prompts::load_prompts(&a.prompts).and_then(|prompts| {
-            with_backend(&a.common, |c, m, p, d| spec(c, m, p, d, a, prompts.clone()))
-        }),
+        // Flags and prompts are checked before the model is loaded: bad
+        // ones fail fast.
+        BenchKind::Spec(a) => check_spec_args(a)
+            .and_then(|()| crate::bench::prompts::load_prompts(&a.prompts))
+            .and_then(|prompts| {
+                with_backend(&a.common, |c, m, p, d| spec(c, m, p, d, a, prompts.clone()))
+            }),
     };
     match got {
         Ok(()) => ExitCode::SUCCESS,
@@ -162,6 +165,18 @@ pub fn run(args: BenchArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Flag combinations `bench spec` refuses.
+fn check_spec_args(args: &SpecArgs) -> Result<(), String> {
+    if args.tuned && (args.tree.is_some() || !args.confidence.is_empty()) {
+        return Err(
+            "--tuned measures each drafter at its manifest's tree and confidence cut; \
+             drop --tree and --confidence (or --tuned)"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
 /// A compute client of whichever runtime `--backend` picked, so the
@@ -296,13 +311,6 @@ fn spec(
             })
             .collect::<Result<_, _>>()?
     };
-    if args.tuned && (args.tree.is_some() || !args.confidence.is_empty()) {
-        return Err(
-            "--tuned measures each drafter at its manifest's tree and confidence cut; \
-             drop --tree and --confidence (or --tuned)"
-                .into(),
-        );
-    }
     let mut drafters: Vec<DrafterChoice> = names
         .iter()
         .flat_map(|name| {
