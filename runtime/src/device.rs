@@ -152,8 +152,11 @@ pub fn gpu_layout_profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfil
 
 /// The compute dtype `--dtype NAME` asks for on `client`: `f32`, `f16`, or
 /// `auto` (f16 weights and activations with f32 accumulation on a GPU,
-/// where decoding is bandwidth-bound; f32 on lavapipe, where f16 is no
-/// faster and the published numbers are f32).
+/// where decoding is bandwidth-bound; f32 on lavapipe, where the tuned
+/// draft settings and the published numbers are f32: f16's gain there
+/// depends on the CPU, none on an earlier host, 1.2x on the AVX-512 host
+/// of docs/bench/lavapipe/heldout-b1-beagle-f16, where speculation then
+/// gains less over it).
 pub fn resolve_dtype<R: Runtime>(
     name: &str,
     client: &ComputeClient<R>,
