@@ -329,9 +329,7 @@ fn spec(
         let class = client.class();
         for c in &mut drafters {
             if let Some(t) = super::tuned::tuned_for(c, class)? {
-                c.budget = t.budget;
-                c.tree = t.tree;
-                c.confidence = t.confidence;
+                t.apply(c);
             }
         }
     }

@@ -292,9 +292,7 @@ fn generate_on<R: Runtime>(
                     t.flags()
                 );
             }
-            choice.budget = t.budget;
-            choice.tree = t.tree;
-            choice.confidence = t.confidence;
+            t.apply(&mut choice);
         }
     }
     let budget = choice.budget;

@@ -39,6 +39,13 @@ pub struct Tuned {
 }
 
 impl Tuned {
+    /// Sets `choice`'s tree, budget and cut to these settings.
+    pub fn apply(self, choice: &mut DrafterChoice) {
+        choice.budget = self.budget;
+        choice.tree = self.tree;
+        choice.confidence = self.confidence;
+    }
+
     /// The command-line flags that ask for the same settings.
     pub fn flags(&self) -> String {
         let mut f = Vec::new();
