@@ -42,6 +42,9 @@ from .shards import read_shard, sha256_file, shard_paths, write_shard
 MODEL_SUBDIR = Path("smollm2-135m-instruct") / "float32"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_OUT = REPO_ROOT / "data" / "train"
+# The later-turn prompts' responses (`--source later-turns`), a second shard
+# set beside the first so the first one's held-out split stays what it was.
+LATER_OUT = REPO_ROOT / "data" / "train-later"
 PER_SHARD = 64
 FORMAT = "draftc-train-shards v1 (see tools/train/draftc_train/shards.py)"
 
@@ -228,8 +231,8 @@ def generate(args) -> int:
         log(f"data: {mdir}/model.safetensors missing: run `draftc fetch` first")
         return 1
     target = Target(mdir, args.dtype, args.threads)
-    prompts, stats = P.training_prompts(target.tokenizer)
-    source = P.source_info()
+    prompts, stats = P.training_prompts(target.tokenizer, args.source)
+    source = P.source_info(args.source)
     n = min(args.prompts, len(prompts))
     if n < args.prompts:
         log(f"data: only {len(prompts)} prompts selected; generating {n}")
@@ -242,7 +245,7 @@ def generate(args) -> int:
            "chat_template": "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt",
            "torch": torch.__version__, "transformers": transformers.__version__,
            "threads": args.threads}
-    out = Path(args.out)
+    out = Path(args.out or (DEFAULT_OUT if args.source == "first-turns" else LATER_OUT))
     sdir = out / "shards"
     sdir.mkdir(parents=True, exist_ok=True)
     mpath = out / "MANIFEST.json"
@@ -288,6 +291,8 @@ def generate(args) -> int:
         f"{total_records} records to generate (dtype {args.dtype}, batch {args.batch}, "
         f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
 
+    source_flag = "" if args.source == "first-turns" else f"--source {args.source} "
+
     def manifest(status: str, wall: float) -> dict:
         counts = {"records": 0, "prompt_tokens": 0, "response_tokens": 0, "ended_with_eos": 0,
                   "hit_max_new_tokens": 0}
@@ -305,13 +310,14 @@ def generate(args) -> int:
         return {
             "format": FORMAT,
             "status": status,
-            "how_made": (f"python -m draftc_train data --prompts {n} --max-new-tokens {args.max_new_tokens} "
+            "how_made": (f"python -m draftc_train data {source_flag}--prompts {n} "
+                         f"--max-new-tokens {args.max_new_tokens} "
                          f"--batch {args.batch} --dtype {args.dtype} --threads {args.threads}"),
             "source": source,
             "prompt_selection": stats,
             "eval_overlap": {"eval_set": "data/eval/mt-bench.jsonl (never used for training)",
-                             "sharegpt_first_turns_equal_to_eval": stats.get("eval_equal"),
-                             "sharegpt_first_turns_containing_eval": stats.get("eval_contains"),
+                             f"sharegpt_{args.source.replace('-', '_')}_equal_to_eval": stats.get("eval_equal"),
+                             f"sharegpt_{args.source.replace('-', '_')}_containing_eval": stats.get("eval_contains"),
                              "in_training_selection": 0},
             "generator": gen,
             "run_key": key,
@@ -421,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=("bf16", "f32", "bf16-all"), default="bf16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model-dir", type=Path, default=None, help="default: $DRAFTC_CACHE/" + str(MODEL_SUBDIR))
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="default: data/train")
+    ap.add_argument("--source", choices=P.SOURCES, default="first-turns",
+                    help="which human turns of ShareGPT are the prompts (later turns: when the first are used up)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default: data/train (first turns), data/train-later (later turns)")
     ap.add_argument("--overwrite", action="store_true", help="discard existing shards made with other settings")
     ap.add_argument("--bench", action="store_true", help="measure tokens/s and bf16-vs-f32 divergence; write nothing")
     ap.add_argument("--bench-prompts", type=int, default=8)

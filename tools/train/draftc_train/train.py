@@ -1,8 +1,9 @@
 """`python -m draftc_train train DRAFTER [--steps N] [--resume] ...`
 
 Trains a drafter from its description file (the module `draftc emit
---backend torch` generates) on the self-distilled shards in data/train/,
-and exports its weights to models/weights/<drafter>.safetensors (f16) with
+--backend torch` generates) on the self-distilled shards in data/train/
+(plus, with `--extra-data DIR`, further shard sets that only add training
+sequences, such as data/train-later/), and exports its weights to models/weights/<drafter>.safetensors (f16) with
 a manifest. Each drafter's recipe follows its paper (docs/training.md):
 
 - medusa: cross-entropy per head, head j weighted 0.8^j (Medusa).
@@ -63,15 +64,43 @@ RECIPES = {
 }
 
 
-def load_sequences(max_len, limit=None):
-    recs = shards.load_records(REPO / "data/train/shards")
-    seqs = []
-    for p, r in recs[: limit or len(recs)]:
+def load_sequences(max_len, limit=None, directory=None, with_index=False):
+    """`(ids, prompt_len)` per usable record of a shard set (default
+    data/train); `with_index` also returns each one's prompt index."""
+    d = Path(directory or REPO / "data/train")
+    if (d / "shards").is_dir():
+        d = d / "shards"
+    recs = list(shards.iter_records(d, with_index=True))
+    seqs, index = [], []
+    for p, r, pi in recs[: limit or len(recs)]:
         ids = np.concatenate([p, r]).astype(np.int64)[:max_len]
         if len(r) == 0 or len(p) >= max_len - 2:
             continue
         seqs.append((torch.from_numpy(ids), len(p)))
-    return seqs
+        index.append(pi)
+    return (seqs, index) if with_index else seqs
+
+
+def conversation(record_id):
+    """ShareGPT's conversation of a record id: `KzJX1Wx_3` is part 3 of
+    conversation `KzJX1Wx`; a later turn's id adds `#turn`."""
+    return record_id.split("#", 1)[0].rsplit("_", 1)[0]
+
+
+def drop_held_out_conversations(first_index, val_idx, more, more_index):
+    """The later-turn records `more` whose ShareGPT conversation is not one
+    the held-out split's first turns come from (a follow-up question of a
+    held-out prompt would leak its topic into training)."""
+    from tokenizers import Tokenizer
+
+    from . import prompts as P
+
+    tok = Tokenizer.from_file(str(emitted.model_dir() / "tokenizer.json"))
+    first, _ = P.training_prompts(tok, "first-turns")
+    later, _ = P.training_prompts(tok, "later-turns")
+    held = {conversation(first[first_index[i]]["id"]) for i in val_idx}
+    keep = [j for j, pi in enumerate(more_index) if conversation(later[pi]["id"]) not in held]
+    return [more[j] for j in keep], len(more) - len(keep)
 
 
 def feature_cache(seqs, taps, max_len, tgt_tensors):
@@ -480,6 +509,9 @@ def main(argv):
                     help="override one numeric field of the recipe, e.g. train_mask=0 (Beagle's teacher-forced "
                          "stage through its inference mask: every query at draft depth 1) or late_frac=0.5; "
                          "recorded in the manifest's recipe")
+    ap.add_argument("--extra-data", type=Path, action="append", default=[], metavar="DIR",
+                    help="another shard set (e.g. data/train-later) whose records only add training sequences; "
+                         "the held-out split and the draft vocabulary stay those of data/train")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
@@ -515,16 +547,38 @@ def main(argv):
     work = args.work = args.work or REPO / "target/train" / args.drafter
     work.mkdir(parents=True, exist_ok=True)
 
-    seqs = load_sequences(args.max_len, args.records)
+    seqs, first_index = load_sequences(args.max_len, args.records, with_index=True)
     n_val = max(8, len(seqs) // 20)
     train_idx = list(range(len(seqs) - n_val))
     val_idx = list(range(len(seqs) - n_val, len(seqs)))
+    # The draft vocabulary is chosen on the first-turn training split alone,
+    # so extra data leaves it (and `--init-from` weights) unchanged.
+    vocab_idx = list(train_idx)
+    # Extra shard sets (`--extra-data`) only add training sequences: the
+    # held-out split stays the first set's last n_val records.
+    parts = [(0, len(seqs))]
+    extra = []
+    for d in args.extra_data:
+        more, more_index = load_sequences(args.max_len, None, d, with_index=True)
+        if not more:
+            raise SystemExit(f"--extra-data {d}: no records")
+        more, dropped = drop_held_out_conversations(first_index, val_idx, more, more_index)
+        parts.append((len(seqs), len(seqs) + len(more)))
+        train_idx += range(len(seqs), len(seqs) + len(more))
+        seqs += more
+        m = Path(d) / "MANIFEST.json"
+        extra.append(dict(shards=os.path.relpath(Path(d).resolve(), REPO), sequences=len(more),
+                          dropped_held_out_conversations=dropped,
+                          manifest_sha256=shards.sha256_file(m) if m.is_file() else None))
+        print(f"extra data {d}: {len(more)} training sequences ({dropped} dropped: their conversation "
+              "opens a held-out prompt)", flush=True)
     tgt_tensors = emitted.load_target_tensors()
     n_target = 1 + max(int(k.split(".")[2]) for k in tgt_tensors if k.startswith("model.layers."))
     if r.get("soft_tap") == "n":
         r = dict(r, soft_tap=n_target)
     taps = sorted(set(taps_of(mod)) | ({r["soft_tap"]} if "soft_tap" in r else set()))
-    feats = feature_cache(seqs, taps, args.max_len, tgt_tensors)
+    # Cached per shard set, so adding a set reuses the others' states.
+    feats = [f for a, b in parts for f in feature_cache(seqs[a:b], taps, args.max_len, tgt_tensors)]
     target, lm_head = make_target(mod, tgt_tensors)
     vocab = lm_head.shape[0]
     n_draft = getattr(mod, "DRAFT_VOCAB", None) or args.draft_vocab
@@ -532,9 +586,10 @@ def main(argv):
         raise SystemExit(f"--draft-vocab {args.draft_vocab}: the description sets draft_vocab {mod.DRAFT_VOCAB}")
     vocab_info = None
     if n_draft and n_draft < vocab:
-        ids, _ = draft_vocab(seqs, train_idx, n_draft, vocab)
+        ids, _ = draft_vocab(seqs, vocab_idx, n_draft, vocab)
         head = Head(lm_head, ids)
-        vocab_info = dict(size=len(ids), chosen_by="most frequent response tokens of the training split",
+        vocab_info = dict(size=len(ids), chosen_by="most frequent response tokens of the training split"
+                          + (" of data/train (not the extra data)" if extra else ""),
                           train_coverage=round(coverage(seqs, train_idx, ids, vocab), 4),
                           held_out_split_coverage=round(coverage(seqs, val_idx, ids, vocab), 4))
         print(f"draft vocabulary: {vocab_info}", flush=True)
@@ -561,7 +616,13 @@ def main(argv):
         net.get_buffer("draft_vocab.ids").copy_(head.ids)
     if args.init_from and not (args.resume and (work / "ckpt.pt").exists()):
         sd, _ = load_weights(args.init_from)
-        if "draft_vocab.ids" in sd and (head.ids is None or not torch.equal(sd["draft_vocab.ids"].long(), head.ids)):
+        if "draft_vocab.ids" in sd and head.ids is not None and len(sd["draft_vocab.ids"]) != len(head.ids):
+            # The description changed `draft_vocab`: the head is the target's
+            # own, so only the selection of its rows changes (nothing trained
+            # depends on it).
+            print(f"{args.init_from}: draft vocabulary {len(sd['draft_vocab.ids'])} -> {len(head.ids)} tokens "
+                  "(the description's draft_vocab)", flush=True)
+        elif "draft_vocab.ids" in sd and (head.ids is None or not torch.equal(sd["draft_vocab.ids"].long(), head.ids)):
             raise SystemExit(f"{args.init_from}: its draft vocabulary differs from the one this data selects")
         sd.pop("draft_vocab.ids", None)
         missing, unexpected = net.load_state_dict(sd, strict=False)
@@ -595,7 +656,8 @@ def main(argv):
     if r.get("prompt_labels"):
         if mod.KIND == "parallel":
             raise SystemExit("--prompt-labels: autoregressive drafters only")
-        plabels = prompt_labels(seqs, feats, max(mod.MEMORIES.values()), target)
+        tap = max(mod.MEMORIES.values())
+        plabels = [x for a, b in parts for x in prompt_labels(seqs[a:b], feats[a:b], tap, target)]
     loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels)
     eval_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
 
@@ -635,7 +697,7 @@ def main(argv):
         held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
     print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
     if not args.no_export:
-        export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held)
+        export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held, extra)
 
 
 def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
@@ -712,7 +774,7 @@ def plot(work, name, log):
     line_plot(work / "loss.svg", f"{name}: training loss", series, "step", "loss")
 
 
-def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held):
+def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held, extra):
     out = REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
@@ -745,7 +807,8 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
                   manifest_sha256=shards.sha256_file(REPO / "data/train/MANIFEST.json"),
                   records_used=f"the first {args.records}" if args.records else "all",
                   sequences=n_seqs, train_sequences=n_train,
-                  max_len=args.max_len, target_taps=taps),
+                  max_len=args.max_len, target_taps=taps,
+                  **({"extra_training_data": extra} if extra else {})),
         recipe=r,
         steps=last.get("step", 0),
         planned_steps=args.steps,
