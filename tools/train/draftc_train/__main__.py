@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("draftc_train.train", "train a drafter (draftc_train/train.py)"),
     "heldout-prompts": ("draftc_train.heldout", "prompts of the trainer's held-out split (for tuning runtime settings, never MT-Bench)"),
     "record-tau": ("draftc_train.record_tau", "copy held-out τ from a `draftc bench spec` report into the weights manifests"),
+    "scaling": ("draftc_train.scaling", "plot held-out accuracy against training data and extrapolate it to a τ target"),
 }
 
 

@@ -50,10 +50,12 @@ def _fmt(v: float) -> str:
 
 def line_plot(path, title: str, series: dict[str, list[tuple[float, float]]],
               xlabel: str = "step", ylabel: str = "loss", logy: bool = False,
-              width: int = 800, height: int = 480) -> None:
+              width: int = 800, height: int = 480, logx: bool = False, markers: bool = False) -> None:
     """Writes an SVG line plot of the named ``series`` (lists of (x, y)) to ``path``.
 
-    With ``logy`` the y axis is log10 (non-positive y values are skipped).
+    With ``logy`` the y axis is log10 (non-positive y values are skipped);
+    with ``logx`` the x axis is log2, ticked at 1000·2^k (non-positive x
+    values are skipped). ``markers`` draws a dot at every point.
     Non-finite points are skipped.
     """
     ml, mr, mt, mb = 70, 20, 40, 55
@@ -64,9 +66,10 @@ def line_plot(path, title: str, series: dict[str, list[tuple[float, float]]],
     pw, ph = width - ml - mr - legend_w, height - mt - mb
 
     def ok(x, y):
-        return math.isfinite(x) and math.isfinite(y) and (y > 0 or not logy)
+        return math.isfinite(x) and math.isfinite(y) and (y > 0 or not logy) and (x > 0 or not logx)
 
-    pts = {k: [(float(x), float(y)) for x, y in v if ok(float(x), float(y))] for k, v in series.items()}
+    tx = (lambda x: math.log2(x)) if logx else (lambda x: x)
+    pts = {k: [(tx(float(x)), float(y)) for x, y in v if ok(float(x), float(y))] for k, v in series.items()}
     xs = [x for v in pts.values() for x, _ in v]
     ys = [y for v in pts.values() for _, y in v]
     if not xs:
@@ -92,11 +95,16 @@ def line_plot(path, title: str, series: dict[str, list[tuple[float, float]]],
            f'<rect width="{width}" height="{height}" fill="white"/>',
            f'<text x="{ml + pw / 2:.1f}" y="24" text-anchor="middle" font-size="16">{escape(title)}</text>']
     # grid + ticks
-    for t in nice_ticks(x0, x1):
+    if logx:
+        xticks = [(math.log2(1000 * 2.0 ** k), 1000 * 2.0 ** k) for k in range(-10, 30)
+                  if x0 <= math.log2(1000 * 2.0 ** k) <= x1]
+    else:
+        xticks = [(t, t) for t in nice_ticks(x0, x1)]
+    for t, label in xticks:
         X = sx(t)
         out.append(f'<line x1="{X:.1f}" y1="{mt}" x2="{X:.1f}" y2="{mt + ph}" stroke="#e5e5e5"/>')
         out.append(f'<line x1="{X:.1f}" y1="{mt + ph}" x2="{X:.1f}" y2="{mt + ph + 5}" stroke="black"/>')
-        out.append(f'<text x="{X:.1f}" y="{mt + ph + 18}" text-anchor="middle">{_fmt(t)}</text>')
+        out.append(f'<text x="{X:.1f}" y="{mt + ph + 18}" text-anchor="middle">{_fmt(label)}</text>')
     if logy and y1 - y0 < 1.5:
         # Less than ~1.5 decades: round values in linear space, placed on the log axis.
         yticks = [(math.log10(t), t) for t in nice_ticks(10 ** y0, 10 ** y1, 7) if t > 0]
@@ -116,7 +124,8 @@ def line_plot(path, title: str, series: dict[str, list[tuple[float, float]]],
         out.append(f'<text x="{ml - 8}" y="{Y + 4:.1f}" text-anchor="end">{_fmt(label)}</text>')
     # axes
     out.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="black"/>')
-    out.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 12}" text-anchor="middle">{escape(xlabel)}</text>')
+    xlab = escape(xlabel + (" (log scale)" if logx else ""))
+    out.append(f'<text x="{ml + pw / 2:.1f}" y="{height - 12}" text-anchor="middle">{xlab}</text>')
     ylab = escape(ylabel + (" (log scale)" if logy else ""))
     out.append(f'<text x="16" y="{mt + ph / 2:.1f}" text-anchor="middle" '
                f'transform="rotate(-90 16 {mt + ph / 2:.1f})">{ylab}</text>')
@@ -124,10 +133,10 @@ def line_plot(path, title: str, series: dict[str, list[tuple[float, float]]],
     for i, name in enumerate(names):
         color = PALETTE[i % len(PALETTE)]
         p = sorted(pts[name])
-        if len(p) == 1:
-            x, y = p[0]
-            out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(ty(y)):.1f}" r="3" fill="{color}"/>')
-        elif p:
+        if len(p) == 1 or markers:
+            for x, y in p:
+                out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(ty(y)):.1f}" r="4" fill="{color}"/>')
+        if len(p) > 1:
             d = " ".join(f"{sx(x):.1f},{sy(ty(y)):.1f}" for x, y in p)
             out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6" points="{d}"/>')
         ly = mt + 10 + 18 * i

@@ -591,6 +591,7 @@ def main(argv):
         vocab_info = dict(size=len(ids), chosen_by="most frequent response tokens of the training split"
                           + (" of data/train (not the extra data)" if extra else ""),
                           train_coverage=round(coverage(seqs, train_idx, ids, vocab), 4),
+                          **({"data_train_coverage": round(coverage(seqs, vocab_idx, ids, vocab), 4)} if extra else {}),
                           held_out_split_coverage=round(coverage(seqs, val_idx, ids, vocab), 4))
         print(f"draft vocabulary: {vocab_info}", flush=True)
     else:
@@ -826,7 +827,7 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
         prior = Path(args.init_from).with_suffix(".json")
         before = json.loads(prior.read_text()) if prior.is_file() else {}
         manifest["continued_from"] = dict(
-            weights=str(args.init_from), **{k: before.get(k) for k in
+            weights=os.path.relpath(Path(args.init_from).resolve(), REPO), **{k: before.get(k) for k in
                                             ("weights_sha256", "recipe", "steps", "wall_s", "device", "held_out_split")})
         if before.get("wall_s") is not None:
             manifest["total_wall_s"] = round(before.get("total_wall_s", before["wall_s"]) + manifest["wall_s"], 1)
