@@ -108,23 +108,24 @@ def iter_records(directory: Path, with_index: bool = False):
             yield (p, r, pi) if with_index else (p, r)
 
 
+def shards_dir(directory: Path | str) -> Path:
+    """The ``shards/`` directory itself, given it or its parent (``data/train``)."""
+    d = Path(directory)
+    return d / "shards" if not shard_ids(d) and (d / "shards").is_dir() else d
+
+
 def load_records(directory: Path | str) -> list[tuple[np.ndarray, np.ndarray]]:
     """All records of a shard directory as ``[(prompt_ids, response_ids)]``
     (``int64`` NumPy arrays), in record order.
 
     ``directory`` is the ``shards/`` directory itself (e.g. ``data/train/shards``)
     or its parent (``data/train``)."""
-    d = Path(directory)
-    if not shard_ids(d) and (d / "shards").is_dir():
-        d = d / "shards"
-    return list(iter_records(d))
+    return list(iter_records(shards_dir(directory)))
 
 
 def verify(directory: Path) -> dict:
     """Checks every shard against MANIFEST.json (parent dir); returns a summary."""
-    d = Path(directory)
-    if not shard_ids(d) and (d / "shards").is_dir():
-        d = d / "shards"
+    d = shards_dir(directory)
     manifest_path = d.parent / "MANIFEST.json"
     files = {}
     if manifest_path.is_file():

@@ -67,10 +67,7 @@ RECIPES = {
 def load_sequences(max_len, limit=None, directory=None, with_index=False):
     """`(ids, prompt_len)` per usable record of a shard set (default
     data/train); `with_index` also returns each one's prompt index."""
-    d = Path(directory or REPO / "data/train")
-    if (d / "shards").is_dir():
-        d = d / "shards"
-    recs = list(shards.iter_records(d, with_index=True))
+    recs = list(shards.iter_records(shards.shards_dir(directory or REPO / "data/train"), with_index=True))
     seqs, index = [], []
     for p, r, pi in recs[: limit or len(recs)]:
         ids = np.concatenate([p, r]).astype(np.int64)[:max_len]
