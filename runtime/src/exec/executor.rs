@@ -147,14 +147,22 @@ impl HostTime {
 
 /// Wall time per kernel family, measured by synchronising the device after
 /// every launch (so the totals are the device time plus launch overhead;
-/// profiling itself slows the run down).
+/// profiling itself slows the run down). The first launch of each family
+/// and shape compiles its kernel, which on lavapipe costs more than
+/// hundreds of launches; it is kept apart (`first_s`) and left out of the
+/// families and the pass total, so short runs show the steady state.
 #[derive(Clone, Debug, Default)]
 pub struct Profile {
-    /// `(family and pass rows, launches, seconds)` in first-seen order.
+    /// `(family and pass rows, launches, seconds)` in first-seen order,
+    /// without each one's first launch.
     pub families: Vec<(String, usize, f64)>,
-    /// Passes run and their wall time (launches plus host work between them).
+    /// Passes run and their wall time (launches plus host work between
+    /// them), less the first launches.
     pub passes: usize,
     pub total_s: f64,
+    /// First launches (kernel compilation included) and their wall time.
+    pub first: usize,
+    pub first_s: f64,
 }
 
 impl Profile {
@@ -164,7 +172,12 @@ impl Profile {
                 f.1 += 1;
                 f.2 += s;
             }
-            None => self.families.push((family.to_string(), 1, s)),
+            None => {
+                self.families.push((family.to_string(), 0, 0.0));
+                self.first += 1;
+                self.first_s += s;
+                self.total_s -= s;
+            }
         }
     }
 }
@@ -178,9 +191,14 @@ impl std::fmt::Display for Profile {
             self.total_s,
             1e3 * self.total_s / self.passes.max(1) as f64
         )?;
+        writeln!(
+            f,
+            "  (left out: the first launch of each of {} kernel shapes, {:.3} s with compilation)",
+            self.first, self.first_s
+        )?;
         let mut rows = self.families.clone();
         rows.sort_by(|a, b| b.2.total_cmp(&a.2));
-        for (name, n, s) in rows {
+        for (name, n, s) in rows.into_iter().filter(|r| r.1 > 0) {
             writeln!(
                 f,
                 "  {name:<52} {n:>7} launches {:>9.1} ms {:>5.1}%",
