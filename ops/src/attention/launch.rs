@@ -195,10 +195,7 @@ pub fn attention_rows<R: Runtime>(
         .into_iter()
         .find(|n| head_dim % n == 0)
         .unwrap_or(1);
-    let cap_scalars = [64usize, 256]
-        .into_iter()
-        .find(|&c| c >= head_dim)
-        .unwrap_or(256);
+    let cap_scalars = super::head_dim_cap(head_dim);
     let units = rows.len() * heads;
     let count = cube_count(OP, units.div_ceil(CUBE_UNITS as usize))?;
     let (code, p0, p1) = meta.mask.kernel_args();

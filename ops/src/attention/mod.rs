@@ -37,6 +37,19 @@ pub(crate) use kernel::fused_attention;
 /// Largest supported head dimension.
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// The per-unit accumulator sizes (in scalars) of the lanes attention
+/// kernel, each a comptime variant: a head is held in the smallest that
+/// fits, and the kernel's loops over it are unrolled (`kernel.rs`).
+pub const HEAD_DIM_CAPS: [usize; 3] = [64, 128, MAX_HEAD_DIM];
+
+/// The accumulator size for heads of `head_dim` (≤ [`MAX_HEAD_DIM`]).
+pub fn head_dim_cap(head_dim: usize) -> usize {
+    HEAD_DIM_CAPS
+        .into_iter()
+        .find(|&c| c >= head_dim)
+        .unwrap_or(MAX_HEAD_DIM)
+}
+
 /// Head counts and head size of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttnDims {

@@ -43,7 +43,7 @@ use cubecl_cpp::cuda::mma::{contiguous_elements_cuda, CudaWmmaCompiler};
 use cubecl_cpp::cuda::CudaDialect;
 use cubecl_cpp::shared::CppCompiler;
 
-use crate::attention::{fused_attention, Mask, MAX_HEAD_DIM};
+use crate::attention::{fused_attention, Mask};
 use crate::error::{OpsError, Result};
 use crate::kv::copy_rows;
 use crate::tensor::DType;

@@ -159,7 +159,8 @@ pub enum KernelSpec {
     /// The KV row-copy kernel of [`crate::kv`] (append, compaction, block copies).
     CopyRows { dtype: DType, vector: usize },
     /// The fused attention kernel ([`crate::attention`]); `head_dim_cap` is
-    /// the per-unit accumulator size in scalars (64 or 256).
+    /// the per-unit accumulator size in scalars (one of
+    /// [`crate::attention::HEAD_DIM_CAPS`]).
     Attention {
         dtype: DType,
         vector: usize,
@@ -290,7 +291,7 @@ impl KernelSpec {
             dtype,
             vector: vector_width(head_dim),
             mask,
-            head_dim_cap: if head_dim <= 64 { 64 } else { MAX_HEAD_DIM },
+            head_dim_cap: crate::attention::head_dim_cap(head_dim),
         }
     }
 
@@ -477,9 +478,14 @@ impl KernelSpec {
                 vector,
                 head_dim_cap,
                 ..
-            } if ![64, MAX_HEAD_DIM].contains(&head_dim_cap) || head_dim_cap % vector != 0 => bad(
-                format!("attention accumulator size {head_dim_cap} is not 64 or {MAX_HEAD_DIM}"),
-            ),
+            } if !crate::attention::HEAD_DIM_CAPS.contains(&head_dim_cap)
+                || head_dim_cap % vector != 0 =>
+            {
+                bad(format!(
+                    "attention accumulator size {head_dim_cap} is not one of {:?}",
+                    crate::attention::HEAD_DIM_CAPS
+                ))
+            }
             _ => Ok(()),
         }
     }
