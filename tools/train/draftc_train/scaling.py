@@ -40,10 +40,16 @@ def slope(points):
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
 
 
-def analyse(spec):
+def by_series(points):
+    """The points grouped by their series name, in first-seen order."""
     series = {}
-    for p in spec["points"]:
+    for p in points:
         series.setdefault(p["series"], []).append(p)
+    return series
+
+
+def analyse(spec):
+    series = by_series(spec["points"])
     slopes = {name: slope(series[name]) for name in spec.get("slopes_from", []) if len(series.get(name, [])) > 1}
     if not slopes:
         raise ValueError("no series in slopes_from has two points")
@@ -69,9 +75,8 @@ def main(argv):
     except (KeyError, ValueError) as e:
         raise SystemExit(f"{args.spec}: {e}")
     top, pool = res["top"], spec["pool"]["train_sequences"]
-    series = {}
-    for p in spec["points"]:
-        series.setdefault(p["series"], []).append((p["train_sequences"], p["value"]))
+    series = {name: [(p["train_sequences"], p["value"]) for p in points]
+              for name, points in by_series(spec["points"]).items()}
     end = max(pool, min(res["sequences_for_needed"], 64 * pool))
     ext = [(top["train_sequences"], top["value"])]
     x = top["train_sequences"]
