@@ -12,6 +12,7 @@
 //! | `draft_vocab.rs` | [`DraftVocab`]: a reduced draft vocabulary's ids, head rows and id map |
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
 //! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch |
+//! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
 //!
 //! Cache layout (written down here because every part relies on it):
@@ -26,13 +27,13 @@ mod draft_vocab;
 mod executor;
 mod interpret;
 mod step;
+mod timing;
 mod weights;
 
 pub use cache::{CacheStore, HostCaches};
 pub use draft_vocab::{file_specs, DraftVocab};
-pub use executor::{
-    linear_launch, ops_dtype, ExecError, Executor, HostTime, LinearLaunch, Outputs, Profile,
-};
+pub use executor::{linear_launch, ops_dtype, ExecError, Executor, LinearLaunch, Outputs};
 pub use interpret::{interpret, HostOutputs};
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step};
+pub use timing::{HostTime, Profile};
 pub use weights::HostWeights;
