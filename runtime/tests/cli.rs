@@ -175,6 +175,28 @@ fn bench_spec_refuses_tuned_with_a_tree_or_cut_before_loading_anything() {
     }
 }
 
+#[test]
+fn bad_lookup_values_are_refused_before_loading_anything() {
+    for cmd in [
+        &["generate", "--prompt", "hi"][..],
+        &["bench", "spec", "--tuned"][..],
+    ] {
+        for bad in ["4", "0", "two"] {
+            let mut args = cmd.to_vec();
+            args.extend_from_slice(&["--model", "/nonexistent/model", "--lookup", bad]);
+            let out = draftc(&args);
+            let err = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{err}");
+            assert!(
+                err.contains(&format!("--lookup `{bad}`"))
+                    && err.contains("1 to 3")
+                    && !err.contains("/nonexistent"),
+                "{cmd:?} {bad}: {err}"
+            );
+        }
+    }
+}
+
 /// `draftc generate --drafter models/beagle.draft` with no draft flags runs
 /// the settings Beagle's weights manifest tunes for lavapipe (the device
 /// the test machines have), says so on stderr, and stays lossless; any

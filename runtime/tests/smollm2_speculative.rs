@@ -144,7 +144,19 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
             None,
         ),
     ];
-    for (name, weights, tree, concurrent, confidence) in cases {
+    // Prompt lookup in front of the shipped Beagle's cut chain (`--lookup 2`).
+    let lookup_first = (
+        repo_file("models/beagle.draft"),
+        "shipped",
+        Some(TreeShape::Chain),
+        false,
+        cut,
+    );
+    let cases = cases
+        .into_iter()
+        .map(|c| (c, None))
+        .chain([(lookup_first, Some(2))]);
+    for ((name, weights, tree, concurrent, confidence), lookup) in cases {
         let choice = DrafterChoice {
             name: name.clone(),
             weights: weights.into(),
@@ -153,6 +165,7 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
             tree,
             concurrent,
             confidence,
+            lookup,
         };
         let mut d = make_drafter(&client, &choice, &model, &target, PlanDType::F32)
             .unwrap()
@@ -168,7 +181,7 @@ fn every_drafter_kind_is_lossless_on_smollm2() {
             &mut |_, _| {},
         )
         .unwrap();
-        assert_eq!(got.tokens, want, "{name}");
+        assert_eq!(got.tokens, want, "{name} lookup {lookup:?}");
         assert_eq!(
             got.stats.draft_errors, 0,
             "{name}: {:?}",

@@ -2,7 +2,8 @@
 //! drafter (prompt lookup as a chain and as a tree, MagicDec
 //! self-speculation, SpecFormer and Medusa as chains and static trees,
 //! Beagle and SPIRe as chains, static, EAGLE-2 dynamic and DuoDecoding
-//! multi-sequence trees, all with deterministic random weights), budgets,
+//! multi-sequence trees, all with deterministic random weights; prompt
+//! lookup in front of Beagle and SpecFormer), budgets,
 //! batch sizes 1, 3 and 16, and f32 and f16 plans, the speculative token ids
 //! equal autoregressive decoding's exactly. A faulty drafter (out-of-
 //! vocabulary ids, random trees, errors) changes nothing either.
@@ -15,8 +16,8 @@ use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{
-    generate_speculative, model_drafter, weight_specs, Drafter, EngineError, PromptLookupDrafter,
-    Sampling, SeqView, TargetModel,
+    generate_speculative, model_drafter, weight_specs, Drafter, EngineError, LookupFirst,
+    PromptLookupDrafter, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
 use draftc_runtime::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
@@ -101,6 +102,39 @@ fn model_drafters_are_lossless() {
                 }
             }
         }
+    }
+}
+
+/// Prompt lookup in front of a model drafter (`--lookup N`): rounds
+/// drafted by lookup and by the model mix within a generation and across
+/// a batch (an autoregressive drafter's memory then gets the rows of
+/// several rounds at once), and the output is autoregressive decoding's.
+#[test]
+fn lookup_first_is_lossless() {
+    let (mut t, tw) = target(3);
+    for (name, shape) in [
+        ("beagle", Some("chain")),
+        ("beagle", None),
+        ("specformer", None),
+    ] {
+        for n in [1, 2] {
+            let inner = drafter(&t, &tw, name, shape, PlanDType::F32);
+            let mut d = LookupFirst::new(inner, n).unwrap();
+            for b in [1, 3] {
+                for budget in [1, 4] {
+                    check(&mut t, &mut d, b, budget);
+                }
+            }
+            let c = d.counts();
+            assert!(
+                c.by_lookup > 0 && c.by_lookup < c.rounds,
+                "{name} {shape:?} lookup {n}: both drafters must draft: {c:?}"
+            );
+        }
+    }
+    for n in [0, 4] {
+        let inner = drafter(&t, &tw, "beagle", None, PlanDType::F32);
+        assert!(LookupFirst::new(inner, n).is_err(), "--lookup {n}");
     }
 }
 

@@ -18,7 +18,8 @@
 mod tiny;
 
 use draftc_runtime::engine::{
-    generate_speculative, Drafter, EngineError, Request, Sampling, SeqView, TargetModel,
+    generate_speculative, Drafter, EngineError, LookupFirst, Request, Sampling, SeqView,
+    TargetModel,
 };
 use draftc_runtime::spec::DraftTree;
 use tiny::*;
@@ -220,22 +221,42 @@ fn confidence_cut_drafter_samples_the_target_distribution() {
     reduced_vocabulary_beagle_follows(Some("0.3,0.5"));
 }
 
+/// The same drafter behind prompt lookup (`--lookup 1`): a sequence whose
+/// first token already occurs in its prompt is drafted by lookup (the
+/// token that followed it there), the others by Beagle, and the target's
+/// distribution is what comes out of the mixture.
+#[test]
+fn lookup_first_drafter_samples_the_target_distribution() {
+    let (mut t, tw) = target(SLOTS);
+    let (p2, likely) = second_token_marginal(&mut t);
+    let mut d = LookupFirst::new(reduced_vocabulary_beagle(&t, &tw, &likely), 1).unwrap();
+    assert_second_token_follows(&mut t, &mut d, &p2);
+    let c = d.counts();
+    assert!(
+        c.by_lookup > 0 && c.by_lookup < c.rounds,
+        "both drafters must draft: {c:?}"
+    );
+}
+
+/// Beagle with `draft_vocab 3` (the three most likely second tokens) and
+/// random weights, drafting a chain.
+fn reduced_vocabulary_beagle(
+    t: &TargetModel<Wgpu>,
+    tw: &draftc_runtime::exec::HostWeights,
+    likely: &[u32],
+) -> Box<dyn Drafter<Wgpu>> {
+    let g = compile_with("beagle", &tiny_config(), &[("draft_vocab", 3)]);
+    let w = drafter_weights(t, tw, &g, Some(likely));
+    let chain = Some(draftc_runtime::spec::TreeShape::Chain);
+    let client = draftc_ops::testing::wgpu_client();
+    draftc_runtime::engine::model_drafter(&client, &g, t, &w, draftc_codegen::PlanDType::F32, chain)
+        .unwrap()
+}
+
 fn reduced_vocabulary_beagle_follows(cut: Option<&str>) {
     let (mut t, tw) = target(SLOTS);
     let (p2, likely) = second_token_marginal(&mut t);
-    let g = compile_with("beagle", &tiny_config(), &[("draft_vocab", 3)]);
-    let w = drafter_weights(&t, &tw, &g, Some(&likely));
-    let chain = Some(draftc_runtime::spec::TreeShape::Chain);
-    let client = draftc_ops::testing::wgpu_client();
-    let mut d = draftc_runtime::engine::model_drafter(
-        &client,
-        &g,
-        &t,
-        &w,
-        draftc_codegen::PlanDType::F32,
-        chain,
-    )
-    .unwrap();
+    let mut d = reduced_vocabulary_beagle(&t, &tw, &likely);
     if let Some(cut) = cut {
         d.set_confidence(cut.parse().unwrap()).unwrap();
     }

@@ -80,8 +80,16 @@ pub struct SpecPoint {
     /// Accepted / drafted at draft depth 1, 2, …
     pub acceptance_by_depth: Vec<f64>,
     pub draft_errors: usize,
+    /// Sequence-rounds drafted by prompt lookup instead of the model
+    /// (`--lookup`).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub lookup_rounds: usize,
     /// The speculative tokens equalled the autoregressive ones.
     pub lossless: bool,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The whole report (`spec.json`).
@@ -239,6 +247,7 @@ pub fn run_spec<R: Runtime>(
                     seq_rounds: s.seq_rounds,
                     acceptance_by_depth: s.acceptance_by_depth(),
                     draft_errors: s.draft_errors,
+                    lookup_rounds: s.lookup_rounds,
                     lossless: tokens == base_tokens,
                 });
                 done += 1;

@@ -91,6 +91,11 @@ pub struct SpecArgs {
     /// flag to measure several cuts (and `off`) in one run.
     #[arg(long)]
     pub confidence: Vec<String>,
+    /// Put prompt lookup in front of model drafters: `N` (the shortest
+    /// n-gram match that drafts a round by lookup, 1 to 3) or `off`. Repeat
+    /// the flag to measure several (and `off`) in one run.
+    #[arg(long)]
+    pub lookup: Vec<String>,
     /// Draft budgets (comma-separated; default 4).
     #[arg(long, value_delimiter = ',')]
     pub budget: Vec<usize>,
@@ -98,7 +103,8 @@ pub struct SpecArgs {
     /// weights manifest tunes for the device (`decode` in
     /// models/weights/<name>.json: tree, budget, confidence cut), the ones
     /// `draftc generate` uses by default; drafters without them run at
-    /// `--budget`. Excludes `--tree` and `--confidence`.
+    /// `--budget`. Excludes `--tree` and `--confidence`; `--lookup`
+    /// replaces the manifest's lookup setting.
     #[arg(long)]
     pub tuned: bool,
     /// New tokens per sequence.
@@ -175,6 +181,9 @@ fn check_spec_args(args: &SpecArgs) -> Result<(), String> {
              drop --tree and --confidence (or --tuned)"
                 .into(),
         );
+    }
+    for l in &args.lookup {
+        super::drafter::parse_lookup(l)?;
     }
     Ok(())
 }
@@ -311,25 +320,40 @@ fn spec(
             })
             .collect::<Result<_, _>>()?
     };
-    let mut drafters: Vec<DrafterChoice> = names
-        .iter()
-        .flat_map(|name| {
-            cuts.iter().map(|&confidence| DrafterChoice {
-                name: name.clone(),
-                weights: args.drafter_weights.clone(),
-                budget: 0,
-                branches: args.branches,
-                tree: tree.clone(),
-                concurrent: false,
-                confidence,
-            })
-        })
-        .collect();
+    let lookups: Vec<Option<usize>> = if args.lookup.is_empty() {
+        vec![None]
+    } else {
+        args.lookup
+            .iter()
+            .map(|l| super::drafter::parse_lookup(l))
+            .collect::<Result<_, _>>()?
+    };
+    let mut drafters: Vec<DrafterChoice> = Vec::new();
+    for name in &names {
+        for &confidence in &cuts {
+            for &lookup in &lookups {
+                drafters.push(DrafterChoice {
+                    name: name.clone(),
+                    weights: args.drafter_weights.clone(),
+                    budget: 0,
+                    branches: args.branches,
+                    tree: tree.clone(),
+                    concurrent: false,
+                    confidence,
+                    lookup,
+                });
+            }
+        }
+    }
     if args.tuned {
         let class = client.class();
         for c in &mut drafters {
             if let Some(t) = super::tuned::tuned_for(c, class)? {
+                let lookup = c.lookup;
                 t.apply(c);
+                if !args.lookup.is_empty() {
+                    c.lookup = lookup;
+                }
             }
         }
     }

@@ -9,6 +9,10 @@
 //! LM head, the whole model for self-speculation) always come from the
 //! target. Compile errors are rendered as diagnostics on stderr.
 //!
+//! `lookup` (model drafters only) puts prompt lookup in front of the model
+//! (`engine::LookupFirst`): a sequence whose recent tokens occurred before
+//! drafts their continuation, the model drafts the rest.
+//!
 //! `concurrent` (prompt lookup and early exit only: drafters that need no
 //! target hidden states) runs the drafter on its own thread and wgpu client,
 //! drafting round r+1 while the target verifies round r, with paper 003's
@@ -21,8 +25,8 @@ use draftc_codegen::PlanDType;
 
 use crate::engine::{
     compile_target, model_drafter, target_config, weight_specs, BudgetPolicy, ConcurrentDrafter,
-    DraftWorker, Drafter, LmDrafter, PromptLookupDrafter, SyncTokenDrafter, TargetModel,
-    TokenDrafter,
+    DraftWorker, Drafter, LmDrafter, LookupFirst, PromptLookupDrafter, SyncTokenDrafter,
+    TargetModel, TokenDrafter,
 };
 use crate::exec::{file_specs, DraftVocab, HostWeights};
 use crate::model::ConvertedModel;
@@ -47,6 +51,24 @@ pub struct DrafterChoice {
     pub concurrent: bool,
     /// Cut the draft tree by the drafter's path probability.
     pub confidence: Option<Confidence>,
+    /// Prompt lookup first (`--lookup N`, model drafters): the shortest
+    /// n-gram match that drafts a round instead of the model.
+    pub lookup: Option<usize>,
+}
+
+/// `--lookup` values: `N` (the shortest n-gram match, 1 to 3) or `off`.
+pub fn parse_lookup(s: &str) -> Result<Option<usize>, String> {
+    let max = crate::engine::LOOKUP_MAX_NGRAM;
+    match s.trim() {
+        "off" => Ok(None),
+        t => match t.parse::<usize>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+            _ => Err(format!(
+                "--lookup `{s}`: expected the shortest n-gram match that drafts by lookup \
+                 (1 to {max}) or `off`"
+            )),
+        },
+    }
 }
 
 /// A drafter and where its weights came from.
@@ -67,6 +89,13 @@ pub fn make_drafter<R: Runtime>(
     dtype: PlanDType,
 ) -> Result<BuiltDrafter<R>, String> {
     if let Some((make, weights)) = token_drafter(choice, model, target, dtype)? {
+        if choice.lookup.is_some() {
+            return Err(format!(
+                "--lookup puts prompt lookup in front of a model drafter (a description file \
+                 such as models/beagle.draft); `{}` drafts from token ids already",
+                choice.name
+            ));
+        }
         let mut drafter: Box<dyn Drafter<R>> = if choice.concurrent {
             let worker = DraftWorker::spawn(make)?;
             Box::new(ConcurrentDrafter::new(worker, BudgetPolicy::HardwareAware))
@@ -131,6 +160,9 @@ pub fn make_drafter<R: Runtime>(
         .map_err(|e| e.to_string())?;
     if let Some(c) = choice.confidence {
         drafter.set_confidence(c).map_err(|e| e.to_string())?;
+    }
+    if let Some(n) = choice.lookup {
+        drafter = Box::new(LookupFirst::new(drafter, n).map_err(|e| e.to_string())?);
     }
     Ok(BuiltDrafter {
         drafter,

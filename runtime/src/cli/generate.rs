@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use clap::Args;
 use cubecl::prelude::*;
 
-use super::drafter::{make_drafter, DrafterChoice};
+use super::drafter::{make_drafter, parse_lookup, DrafterChoice};
 use crate::device::{Backend, OnClient};
 use crate::engine::{generate, generate_speculative, Request, Sampling, SpecStats, TargetModel};
 use crate::model::convert::ConvertOptions;
@@ -75,8 +75,14 @@ pub struct GenerateArgs {
     /// verifies nothing where it is not. Lossless either way.
     #[arg(long)]
     pub confidence: Option<String>,
+    /// Prompt lookup first (model drafters): a sequence whose last N to 3
+    /// tokens occurred earlier in its history drafts the tokens that
+    /// followed them (no drafter pass); the model drafts the others. `N`
+    /// (1 to 3) or `off`.
+    #[arg(long)]
+    pub lookup: Option<String>,
     /// Draft tokens per sequence per round at most (`k`). Without `--tree`,
-    /// `--budget` and `--confidence`, a drafter with shipped weights uses
+    /// `--budget`, `--confidence` and `--lookup`, a drafter with shipped weights uses
     /// the settings its weights manifest tunes for the device
     /// (`models/weights/<name>.json`, `decode`; printed on stderr); else 8.
     #[arg(long)]
@@ -155,6 +161,9 @@ pub fn run(args: GenerateArgs) -> ExitCode {
 fn run_inner(args: &GenerateArgs) -> Result<(), String> {
     let prompts = prompts(args)?;
     let backend = Backend::parse(&args.backend)?;
+    if let Some(l) = &args.lookup {
+        parse_lookup(l)?;
+    }
     crate::device::check_dtype(&args.dtype)?;
     let dir = match &args.model {
         Some(d) => d.clone(),
@@ -279,13 +288,20 @@ fn generate_on<R: Runtime>(
             Some(c) => Some(c.parse::<Confidence>().map_err(|e| e.to_string())?),
             None => None,
         },
+        lookup: match &args.lookup {
+            Some(l) => parse_lookup(l)?,
+            None => None,
+        },
     };
-    let untouched = args.tree.is_none() && args.budget.is_none() && args.confidence.is_none();
+    let untouched = args.tree.is_none()
+        && args.budget.is_none()
+        && args.confidence.is_none()
+        && args.lookup.is_none();
     if untouched && !args.concurrent {
         if let Some(t) = super::tuned::tuned_for(&choice, crate::device::profile(client).class)? {
             if !args.quiet {
                 eprintln!(
-                    "{}: settings tuned for {} ({}): {} (any of --tree, --budget, --confidence replaces them)",
+                    "{}: settings tuned for {} ({}): {} (any of --tree, --budget, --confidence, --lookup replaces them)",
                     args.drafter,
                     t.class,
                     t.manifest.display(),
@@ -379,8 +395,13 @@ pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> St
         ),
         None => String::new(),
     };
+    let lookup = if s.lookup_rounds > 0 {
+        format!(" ({} by lookup)", s.lookup_rounds)
+    } else {
+        String::new()
+    };
     format!(
-        "speculative ({drafter}): {} sequences, {} rounds, tau {:.2}, k {:.2}, kappa {:.2}, {} generated in {:.2} s ({speed:.1} tokens/s){speedup}",
+        "speculative ({drafter}): {} sequences, {} rounds{lookup}, tau {:.2}, k {:.2}, kappa {:.2}, {} generated in {:.2} s ({speed:.1} tokens/s){speedup}",
         s.sequences,
         s.seq_rounds,
         s.tau(),

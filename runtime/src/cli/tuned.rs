@@ -6,11 +6,12 @@
 //! ```json
 //! "decode": {
 //!   "lavapipe": { "tree": "chain", "budget": 3, "confidence": "0.05,0.3",
-//!                 "chosen_on": "...", "measured": "..." }
+//!                 "lookup": 3, "chosen_on": "...", "measured": "..." }
 //! }
 //! ```
 //!
-//! `tree` and `confidence` are optional (the file's tree; no cut). The best
+//! `tree`, `confidence` and `lookup` are optional (the file's tree; no
+//! cut; no prompt lookup in front of the model). The best
 //! draft shape depends on the weights (how far their confidence can be
 //! trusted) and on what a verified row costs on the device (about 5 % of a
 //! decoding step on lavapipe, close to nothing on a GPU), so the settings
@@ -33,6 +34,8 @@ pub struct Tuned {
     pub tree: Option<TreeShape>,
     pub budget: usize,
     pub confidence: Option<Confidence>,
+    /// Prompt lookup first: the shortest n-gram match (`--lookup`).
+    pub lookup: Option<usize>,
     /// The manifest they came from, and its device-class key.
     pub manifest: PathBuf,
     pub class: &'static str,
@@ -44,6 +47,7 @@ impl Tuned {
         choice.budget = self.budget;
         choice.tree = self.tree;
         choice.confidence = self.confidence;
+        choice.lookup = self.lookup;
     }
 
     /// The command-line flags that ask for the same settings.
@@ -55,6 +59,9 @@ impl Tuned {
         f.push(format!("--budget {}", self.budget));
         if let Some(c) = self.confidence {
             f.push(format!("--confidence {c}"));
+        }
+        if let Some(n) = self.lookup {
+            f.push(format!("--lookup {n}"));
         }
         f.join(" ")
     }
@@ -149,10 +156,24 @@ fn parse(text: &str, manifest: &Path, class: &'static str) -> Result<Option<Tune
         ),
         None => None,
     };
+    let max = crate::engine::LOOKUP_MAX_NGRAM as u64;
+    let lookup = match entry.get("lookup") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=max).contains(&n) => Some(n as usize),
+            _ => {
+                return Err(at(
+                    ".lookup",
+                    format!("expected the shortest n-gram match, 1 to {max}, found {v}"),
+                ))
+            }
+        },
+    };
     Ok(Some(Tuned {
         tree,
         budget,
         confidence,
+        lookup,
         manifest: manifest.to_path_buf(),
         class,
     }))
@@ -178,6 +199,12 @@ mod tests {
         assert_eq!(t.budget, 3);
         assert_eq!(t.confidence, Some("0.05,0.3".parse().unwrap()));
         assert_eq!(t.flags(), "--tree chain --budget 3 --confidence 0.05,0.3");
+        assert_eq!(t.lookup, None);
+        let l = parsed(r#"{"decode": {"lavapipe": {"budget": 3, "lookup": 2}}}"#)
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.lookup, Some(2));
+        assert_eq!(l.flags(), "--budget 3 --lookup 2");
         let plain = parsed(r#"{"decode": {"lavapipe": {"budget": 2}}}"#)
             .unwrap()
             .unwrap();
@@ -224,6 +251,14 @@ mod tests {
                 "decode.lavapipe.confidence",
             ),
             (r#"{"decode": {"lavapipe": 3}}"#, "decode.lavapipe"),
+            (
+                r#"{"decode": {"lavapipe": {"budget": 3, "lookup": 4}}}"#,
+                "decode.lavapipe.lookup",
+            ),
+            (
+                r#"{"decode": {"lavapipe": {"budget": 3, "lookup": "2"}}}"#,
+                "decode.lavapipe.lookup",
+            ),
         ] {
             let e = parsed(text).unwrap_err();
             assert!(e.starts_with("m.json: ") && e.contains(key), "{text}: {e}");

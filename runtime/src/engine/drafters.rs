@@ -109,6 +109,12 @@ pub trait Drafter<R: Runtime> {
         None
     }
 
+    /// Rounds drafted so far and how many of them by prompt lookup, for
+    /// drafters that put lookup first ([`super::LookupFirst`]).
+    fn lookup_rounds(&self) -> Option<super::LookupRounds> {
+        None
+    }
+
     /// Cut its draft trees by the drafter's confidence (`--confidence`);
     /// only drafters that build trees from their own probabilities can.
     fn set_confidence(&mut self, _confidence: Confidence) -> Result<(), EngineError> {

@@ -10,6 +10,7 @@
 //! | `autoregressive.rs` | [`generate`]: batched decoding, per-sequence stop, [`GenStats`] |
 //! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec), parallel (SpecFormer, Medusa) |
 //! | `autoregressive_drafter.rs` | [`AutoregressiveDrafter`]: Beagle / SPIRe over memory streams, trees built level by level |
+//! | `lookup_first.rs` | [`LookupFirst`]: prompt lookup first, a model drafter where the history has no n-gram match (`--lookup N`) |
 //! | `concurrent.rs` | [`ConcurrentDrafter`]: DuoDecoding — a [`TokenDrafter`] on its own thread drafts round r+1 while the target verifies round r; hardware-aware budget; [`LmDrafter`] |
 //! | `speculative.rs` | [`generate_speculative`]: draft, verify (tree mask), accept, commit, [`SpecStats`] |
 
@@ -17,6 +18,7 @@ mod autoregressive;
 mod autoregressive_drafter;
 mod concurrent;
 mod drafters;
+mod lookup_first;
 mod select;
 mod speculative;
 pub(crate) mod target;
@@ -31,6 +33,7 @@ pub use drafters::{
     model_drafter, Committed, Drafter, ParallelDrafter, PromptLookupDrafter, SelfSpecDrafter,
     SeqView,
 };
+pub use lookup_first::{LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM};
 pub use select::{select_tokens, top_candidates, Sampling};
 pub use speculative::{generate_speculative, SpecGeneration, SpecStats};
 pub use target::{

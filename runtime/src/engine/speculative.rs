@@ -55,6 +55,9 @@ pub struct SpecStats {
     /// whose tree had a node at depth `j`, and those that accepted one.
     pub depth_drafted: Vec<usize>,
     pub depth_accepted: Vec<usize>,
+    /// Sequence-rounds drafted by prompt lookup instead of the model
+    /// drafter (`--lookup`; 0 otherwise).
+    pub lookup_rounds: usize,
 }
 
 impl SpecStats {
@@ -94,6 +97,7 @@ impl SpecStats {
         self.draft_s += o.draft_s;
         self.verify_s += o.verify_s;
         self.draft_errors += o.draft_errors;
+        self.lookup_rounds += o.lookup_rounds;
         if o.last_draft_error.is_some() {
             self.last_draft_error.clone_from(&o.last_draft_error);
         }
@@ -187,6 +191,7 @@ pub fn generate_speculative<R: Runtime>(
         target.caches.reset(slot);
         drafter.reset(slot);
     }
+    let lookups_before = drafter.lookup_rounds().map_or(0, |c| c.by_lookup);
     let t0 = Instant::now();
     let client = target.client().clone();
     let vocab = target.vocab;
@@ -351,6 +356,7 @@ pub fn generate_speculative<R: Runtime>(
         active = still;
     }
     drafter.finished()?;
+    stats.lookup_rounds = drafter.lookup_rounds().map_or(0, |c| c.by_lookup) - lookups_before;
     stats.decode_s = t1.elapsed().as_secs_f64();
     stats.generated_tokens = out.iter().map(Vec::len).sum();
     Ok(SpecGeneration { tokens: out, stats })
