@@ -216,7 +216,7 @@ fn generate_runs_the_tuned_settings_of_shipped_weights() {
     let (tuned, err) = run(&["--drafter", "models/beagle.draft", "--no-baseline"]);
     assert!(
         err.contains("settings tuned for lavapipe")
-            && err.contains("--tree chain --budget 3 --confidence 0.05,0.3"),
+            && err.contains("--tree chain --budget 3 --confidence 0.05,0.3 --lookup 2"),
         "{err}"
     );
     assert_eq!(tuned, plain, "tuned speculative output differs from greedy");

@@ -80,8 +80,11 @@ pub struct SpecPoint {
     /// Accepted / drafted at draft depth 1, 2, …
     pub acceptance_by_depth: Vec<f64>,
     pub draft_errors: usize,
-    /// Sequence-rounds drafted by prompt lookup instead of the model
-    /// (`--lookup`).
+    /// Prompt lookup in front of the drafter: the shortest n-gram match
+    /// (`--lookup N`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<usize>,
+    /// Sequence-rounds drafted by prompt lookup instead of the model.
     #[serde(skip_serializing_if = "is_zero")]
     pub lookup_rounds: usize,
     /// The speculative tokens equalled the autoregressive ones.
@@ -247,6 +250,7 @@ pub fn run_spec<R: Runtime>(
                     seq_rounds: s.seq_rounds,
                     acceptance_by_depth: s.acceptance_by_depth(),
                     draft_errors: s.draft_errors,
+                    lookup: choice.lookup,
                     lookup_rounds: s.lookup_rounds,
                     lossless: tokens == base_tokens,
                 });

@@ -91,7 +91,8 @@ pub struct SpecArgs {
     /// flag to measure several cuts (and `off`) in one run.
     #[arg(long)]
     pub confidence: Vec<String>,
-    /// Put prompt lookup in front of model drafters: `N` (the shortest
+    /// Put prompt lookup in front of model drafters (description files;
+    /// `prompt-lookup` and `early-exit:N` run without): `N` (the shortest
     /// n-gram match that drafts a round by lookup, 1 to 3) or `off`. Repeat
     /// the flag to measure several (and `off`) in one run.
     #[arg(long)]
@@ -330,8 +331,14 @@ fn spec(
     };
     let mut drafters: Vec<DrafterChoice> = Vec::new();
     for name in &names {
+        // Lookup goes in front of model drafters only; the others run once.
+        let lookups = if name.ends_with(".draft") {
+            &lookups[..]
+        } else {
+            &[None][..]
+        };
         for &confidence in &cuts {
-            for &lookup in &lookups {
+            for &lookup in lookups {
                 drafters.push(DrafterChoice {
                     name: name.clone(),
                     weights: args.drafter_weights.clone(),

@@ -9,10 +9,10 @@
 //!
 //! A lookup costs no pass, and a long n-gram match is usually a copy in
 //! progress (a name, a quoted phrase, a list restated from the prompt), which
-//! the target accepts more often than a learned drafter's guess: on the
-//! trainer's held-out ShareGPT responses a trigram match proposing 3 tokens
-//! gets 1.75 of them accepted, against about 0.6 for Beagle's chain
-//! (docs/speculative.md, "Prompt lookup first").
+//! the target accepts more often than a learned drafter's guess: on 16
+//! held-out ShareGPT prompts, lookup drafted 15 % of Beagle's rounds at
+//! `N` = 2 and τ rose from 1.65 to 1.84 (docs/speculative.md, "Prompt
+//! lookup first").
 //!
 //! The model drafter still observes every committed row, whichever drafter
 //! proposed it, so its memory of target states stays complete. Output stays

@@ -11,6 +11,7 @@ so that a reader can check.
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 # The repository root, as emitted.REPO (not imported from there: that pulls
@@ -18,13 +19,32 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 
-def drafter_path(point):
-    """The drafter of a report point: `bench spec` names a point measured
-    with `--confidence KEEP,EXPAND` `<drafter> confidence KEEP,EXPAND` and
-    keeps the cut in its own `confidence` field."""
+LOOKUP = re.compile(r"\+lookup(\d)$")
+
+
+def _without_cut(point):
+    """The point's drafter name without its `--confidence` suffix: `bench
+    spec` names a point measured with `--confidence KEEP,EXPAND`
+    `<drafter> confidence KEEP,EXPAND` and keeps the cut in its own
+    `confidence` field."""
     name, cut = point["drafter"], point.get("confidence")
     suffix = f" confidence {cut}"
     return name[: -len(suffix)] if cut and name.endswith(suffix) else name
+
+
+def drafter_path(point):
+    """The drafter of a report point, without its cut and without the
+    `+lookupN` of a point measured behind prompt lookup (`--lookup N`)."""
+    return LOOKUP.sub("", _without_cut(point))
+
+
+def lookup_of(point):
+    """The `--lookup N` of a report point (None without lookup); reports
+    written before the `lookup` field existed name it only."""
+    if point.get("lookup") is not None:
+        return point["lookup"]
+    m = LOOKUP.search(_without_cut(point))
+    return int(m.group(1)) if m else None
 
 
 def main(argv):
@@ -53,8 +73,12 @@ def main(argv):
             device=report.get("device"),
             max_tokens=report.get("max_tokens"),
             points=[
-                {k: p.get(k) for k in ("batch", "prompts", "budget", "tree", "confidence", "tau", "k", "kappa", "tokens_per_s",
-                                   "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")}
+                dict(
+                    {k: p.get(k) for k in ("batch", "prompts", "budget", "tree", "confidence", "tau", "k", "kappa", "tokens_per_s",
+                                       "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")},
+                    **({"lookup": lookup_of(p), "lookup_rounds": p.get("lookup_rounds"), "seq_rounds": p.get("seq_rounds")}
+                       if lookup_of(p) is not None else {}),
+                )
                 for p in points
             ],
         )
