@@ -62,7 +62,7 @@ pub fn parse_lookup(s: &str) -> Result<Option<usize>, String> {
     match s.trim() {
         "off" => Ok(None),
         t => match t.parse::<usize>() {
-            Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+            Ok(n) if crate::engine::LOOKUP_MIN_NGRAMS.contains(&n) => Ok(Some(n)),
             _ => Err(format!(
                 "--lookup `{s}`: expected the shortest n-gram match that drafts by lookup \
                  (1 to {max}) or `off`"

@@ -156,11 +156,11 @@ fn parse(text: &str, manifest: &Path, class: &'static str) -> Result<Option<Tune
         ),
         None => None,
     };
-    let max = crate::engine::LOOKUP_MAX_NGRAM as u64;
+    let max = crate::engine::LOOKUP_MAX_NGRAM;
     let lookup = match entry.get("lookup") {
         None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=max).contains(&n) => Some(n as usize),
+        Some(v) => match v.as_u64().map(|n| n as usize) {
+            Some(n) if crate::engine::LOOKUP_MIN_NGRAMS.contains(&n) => Some(n),
             _ => {
                 return Err(at(
                     ".lookup",

@@ -20,13 +20,18 @@
 
 use cubecl::prelude::*;
 
-use super::drafters::{Committed, Drafter, SeqView};
+use std::ops::RangeInclusive;
+
+use super::drafters::{Committed, Drafter, PromptLookupDrafter, SeqView};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{Outputs, Profile};
 use crate::spec::{Confidence, DraftTree, PromptLookup};
 
 /// Longest n-gram a lookup tries first.
 pub const MAX_NGRAM: usize = 3;
+
+/// The values `--lookup N` (the shortest n-gram match) may take.
+pub const MIN_NGRAMS: RangeInclusive<usize> = 1..=MAX_NGRAM;
 
 /// Rounds by who drafted them (per sequence).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -40,22 +45,29 @@ pub struct LookupRounds {
 /// Prompt lookup first, a model drafter where the history has no match.
 pub struct LookupFirst<R: Runtime> {
     model: Box<dyn Drafter<R>>,
-    min_ngram: usize,
+    /// A chain of n-grams `min_ngram..=MAX_NGRAM`; its `max_tokens` is set
+    /// to each round's budget.
+    lookup: PromptLookupDrafter,
     counts: LookupRounds,
 }
 
 impl<R: Runtime> LookupFirst<R> {
     /// `min_ngram`: the shortest match that wins a round for lookup
-    /// (1..=[`MAX_NGRAM`]).
+    /// ([`MIN_NGRAMS`]).
     pub fn new(model: Box<dyn Drafter<R>>, min_ngram: usize) -> Result<Self, EngineError> {
-        if !(1..=MAX_NGRAM).contains(&min_ngram) {
+        if !MIN_NGRAMS.contains(&min_ngram) {
             return Err(EngineError::Invalid(format!(
                 "--lookup {min_ngram}: the shortest n-gram match must be 1 to {MAX_NGRAM}"
             )));
         }
+        let lookup = PromptLookup::new(min_ngram, MAX_NGRAM, 1)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?;
         Ok(LookupFirst {
             model,
-            min_ngram,
+            lookup: PromptLookupDrafter {
+                lookup,
+                branches: 1,
+            },
             counts: LookupRounds::default(),
         })
     }
@@ -64,20 +76,15 @@ impl<R: Runtime> LookupFirst<R> {
     pub fn counts(&self) -> LookupRounds {
         self.counts
     }
-
-    /// The lookup chain continuing `tokens` (empty without a match).
-    fn lookup(&self, tokens: &[u32], budget: usize) -> Result<DraftTree, EngineError> {
-        let pl = PromptLookup::new(self.min_ngram, MAX_NGRAM, budget)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let chain = pl.propose(tokens);
-        DraftTree::chain(&chain, &vec![0.0; chain.len()])
-            .map_err(|e| EngineError::Invalid(e.to_string()))
-    }
 }
 
 impl<R: Runtime> Drafter<R> for LookupFirst<R> {
     fn name(&self) -> String {
-        format!("{}+lookup{}", self.model.name(), self.min_ngram)
+        format!(
+            "{}+lookup{}",
+            self.model.name(),
+            self.lookup.lookup.min_ngram
+        )
     }
 
     fn length(&self) -> usize {
@@ -101,12 +108,12 @@ impl<R: Runtime> Drafter<R> for LookupFirst<R> {
     ) -> Result<Vec<DraftTree>, EngineError> {
         let mut trees = Vec::with_capacity(seqs.len());
         let mut rest = Vec::new();
+        self.lookup.lookup.max_tokens = budget;
         for (i, s) in seqs.iter().enumerate() {
-            let t = if budget == 0 {
-                DraftTree::new()
-            } else {
-                self.lookup(s.tokens, budget)?
-            };
+            let t = self
+                .lookup
+                .propose(s.tokens, budget)
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
             if t.is_empty() {
                 rest.push(i);
             }

@@ -33,7 +33,9 @@ pub use drafters::{
     model_drafter, Committed, Drafter, ParallelDrafter, PromptLookupDrafter, SelfSpecDrafter,
     SeqView,
 };
-pub use lookup_first::{LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM};
+pub use lookup_first::{
+    LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM, MIN_NGRAMS as LOOKUP_MIN_NGRAMS,
+};
 pub use select::{select_tokens, top_candidates, Sampling};
 pub use speculative::{generate_speculative, SpecGeneration, SpecStats};
 pub use target::{
