@@ -98,7 +98,7 @@ def render_chat(prompt: str, default_system: str | None) -> str:
 class Target:
     """The target model, tokenizer and template, loaded from a draftc model dir."""
 
-    def __init__(self, model_dir: Path, dtype: str = "bf16", threads: int = 2):
+    def __init__(self, model_dir: Path, dtype: str = "bf16", threads: int = 2, device: str = "cpu"):
         import torch
         from safetensors.torch import load_file
         from tokenizers import Tokenizer
@@ -143,7 +143,9 @@ class Target:
         elif dtype != "f32":
             raise ValueError(f"dtype {dtype!r}: expected bf16, bf16-all or f32")
         model.eval()
-        self.model = model
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.head_f32 = self.head_f32.to(self.device)
 
         self.tokenizer = Tokenizer.from_file(str(self.dir / "tokenizer.json"))
         self.tokenizer_config = json.loads((self.dir / "tokenizer_config.json").read_text())
@@ -175,11 +177,12 @@ class Target:
         for i, p in enumerate(batch):
             ids[i, L - len(p):] = torch.tensor(p)
             mask[i, L - len(p):] = 1
+        ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         out: list[list[int]] = [[] for _ in range(B)]
-        rows = torch.arange(B)
-        eos = torch.tensor(self.eos_ids)
+        rows = torch.arange(B, device=self.device)
+        eos = torch.tensor(self.eos_ids, device=self.device)
         with torch.inference_mode():
             o = self.model.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=cache, use_cache=True)
@@ -193,9 +196,13 @@ class Target:
                     break
                 if bool(done.any()):
                     keep = (~done).nonzero().squeeze(-1)
-                    cache.batch_select_indices(keep)
+                    if hasattr(cache, "batch_select_indices"):
+                        cache.batch_select_indices(keep)
+                    else:  # newer transformers: select each layer's keys and values
+                        for layer in cache.layers:
+                            layer.keys, layer.values = layer.keys[keep], layer.values[keep]
                     rows, nxt, mask, last_pos = rows[keep], nxt[keep], mask[keep], last_pos[keep]
-                mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype)], dim=1)
+                mask = torch.cat([mask, torch.ones((mask.shape[0], 1), dtype=mask.dtype, device=mask.device)], dim=1)
                 last_pos = last_pos + 1
                 o = self.model.model(input_ids=nxt[:, None], attention_mask=mask,
                                      position_ids=last_pos[:, None], past_key_values=cache,
@@ -230,12 +237,21 @@ def generate(args) -> int:
     if not (mdir / "model.safetensors").is_file():
         log(f"data: {mdir}/model.safetensors missing: run `draftc fetch` first")
         return 1
-    target = Target(mdir, args.dtype, args.threads)
+    target = Target(mdir, args.dtype, args.threads, args.device)
     prompts, stats = P.training_prompts(target.tokenizer, args.source)
     source = P.source_info(args.source)
     n = min(args.prompts, len(prompts))
     if n < args.prompts:
         log(f"data: only {len(prompts)} prompts selected; generating {n}")
+    # `--start S`: this shard set holds prompts S..n-1 of the selection (the
+    # earlier ones are another set's); records keep their global index.
+    base = args.start
+    if not 0 <= base < n:
+        log(f"data: --start {base} is outside the {n} prompts")
+        return 1
+    if base and args.out is None:
+        log("data: --start needs --out (a shard set of its own)")
+        return 1
     gen = {"model_dir": str(mdir), "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)",
            "model_safetensors_sha256": sha256_file(mdir / "model.safetensors"),
            "config_json_sha256": sha256_file(mdir / "config.json"),
@@ -244,12 +260,14 @@ def generate(args) -> int:
            "eos_ids": target.eos_ids, "default_system": target.default_system,
            "chat_template": "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt",
            "torch": torch.__version__, "transformers": transformers.__version__,
-           "threads": args.threads}
+           "threads": args.threads, "device": args.device}
     out = Path(args.out or (DEFAULT_OUT if args.source == "first-turns" else LATER_OUT))
     sdir = out / "shards"
     sdir.mkdir(parents=True, exist_ok=True)
     mpath = out / "MANIFEST.json"
     key = _run_key(gen, source)
+    if base:
+        key["start"] = base
     files: dict[str, str] = {}
     done_shards: set[int] = set()
     wall_before = 0.0
@@ -273,25 +291,27 @@ def generate(args) -> int:
     elif args.overwrite:
         for p in sdir.glob("shard-*"):
             p.unlink()
-    n_shards = (n + PER_SHARD - 1) // PER_SHARD
+    n_shards = (n - base + PER_SHARD - 1) // PER_SHARD
     # A shard written by an earlier, smaller run may be short: complete it,
     # keeping the records it has (regenerating them in another batch could
     # change a greedy answer through bf16 rounding).
     kept: dict[int, list] = {}
     for k in list(done_shards):
         tokens, index = read_shard(sdir, k)
-        want = min(PER_SHARD, n - k * PER_SHARD) if k < n_shards else index.shape[0]
+        want = min(PER_SHARD, n - base - k * PER_SHARD) if k < n_shards else index.shape[0]
         if index.shape[0] < want:
             done_shards.discard(k)
             kept[k] = [(tokens[off: off + pl].tolist(), tokens[off + pl: off + pl + rl].tolist(), int(i))
                        for off, pl, rl, i in index.tolist()]
     todo = [k for k in range(n_shards) if k not in done_shards]
-    total_records = sum(min(PER_SHARD, n - k * PER_SHARD) - len(kept.get(k, [])) for k in todo)
+    total_records = sum(min(PER_SHARD, n - base - k * PER_SHARD) - len(kept.get(k, [])) for k in todo)
     log(f"data: {n} prompts -> {n_shards} shards; {len(done_shards & set(range(n_shards)))} already written, "
         f"{total_records} records to generate (dtype {args.dtype}, batch {args.batch}, "
         f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
 
     source_flag = "" if args.source == "first-turns" else f"--source {args.source} "
+    if base:
+        source_flag += f"--start {base} --out {os.path.relpath(out.resolve(), REPO_ROOT)} "
 
     def manifest(status: str, wall: float) -> dict:
         counts = {"records": 0, "prompt_tokens": 0, "response_tokens": 0, "ended_with_eos": 0,
@@ -312,7 +332,8 @@ def generate(args) -> int:
             "status": status,
             "how_made": (f"python -m draftc_train data {source_flag}--prompts {n} "
                          f"--max-new-tokens {args.max_new_tokens} "
-                         f"--batch {args.batch} --dtype {args.dtype} --threads {args.threads}"),
+                         f"--batch {args.batch} --dtype {args.dtype} --threads {args.threads}"
+                         + (f" --device {args.device}" if args.device != "cpu" else "")),
             "source": source,
             "prompt_selection": stats,
             "eval_overlap": {"eval_set": "data/eval/mt-bench.jsonl (never used for training)",
@@ -335,27 +356,35 @@ def generate(args) -> int:
     prog = Progress(total_records, "data", unit="rec")
     new_tokens = 0
     t_run = time.time()
-    for k in todo:
-        lo, hi = k * PER_SHARD, min(n, (k + 1) * PER_SHARD)
-        have = kept.get(k, [])
-        for p, _, i in have:
-            if p != target.encode_prompt(prompts[i]["prompt"]):
-                raise SystemExit(f"shard {k}: record {i} does not match prompt {i}; use --overwrite")
-        items = [(i, target.encode_prompt(prompts[i]["prompt"])) for i in range(lo + len(have), hi)]
+    # Shards are generated `group` at a time, so a batch larger than a shard
+    # (a GPU's) spans several; each is written as soon as its group is done.
+    group = max(1, args.batch // PER_SHARD)
+    for g in range(0, len(todo), group):
+        ks = todo[g: g + group]
+        items, have = [], {}
+        for k in ks:
+            lo, hi = base + k * PER_SHARD, min(n, base + (k + 1) * PER_SHARD)
+            have[k] = kept.get(k, [])
+            for p, _, i in have[k]:
+                if p != target.encode_prompt(prompts[i]["prompt"]):
+                    raise SystemExit(f"shard {k}: record {i} does not match prompt {i}; use --overwrite")
+            items += [(k, i, target.encode_prompt(prompts[i]["prompt"])) for i in range(lo + len(have[k]), hi)]
         # Group by prompt length to limit padding; restore order afterwards.
-        order = sorted(range(len(items)), key=lambda j: len(items[j][1]))
+        order = sorted(range(len(items)), key=lambda j: len(items[j][2]))
         responses: dict[int, list[int]] = {}
         for b in range(0, len(order), args.batch):
             chunk = order[b: b + args.batch]
-            outs = target.greedy([items[j][1] for j in chunk], args.max_new_tokens)
+            outs = target.greedy([items[j][2] for j in chunk], args.max_new_tokens)
             for j, r in zip(chunk, outs):
                 responses[j] = r
                 new_tokens += len(r)
             el = time.time() - t_run
-            prog.update(len(chunk), shard=k, tok_s=new_tokens / el if el > 0 else 0.0)
-        recs = have + [(items[j][1], responses[j], items[j][0]) for j in range(len(items))]
-        files.update(write_shard(sdir, k, recs))
-        done_shards.add(k)
+            prog.update(len(chunk), shard=ks[-1], tok_s=new_tokens / el if el > 0 else 0.0)
+        for k in ks:
+            recs = have[k] + [(items[j][2], responses[j], items[j][1]) for j in range(len(items))
+                              if items[j][0] == k]
+            files.update(write_shard(sdir, k, recs))
+            done_shards.add(k)
         _write_json_atomic(mpath, manifest("partial", wall_before + time.time() - t_start))
     prog.close()
     # Drop shards beyond n from the record (when a smaller n is requested they stay on disk only
@@ -426,6 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--dtype", choices=("bf16", "f32", "bf16-all"), default="bf16")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device of the target (cuda on a lent GPU)")
+    ap.add_argument("--start", type=int, default=0,
+                    help="first prompt of this shard set (the prompts before it are another set's; needs --out)")
     ap.add_argument("--model-dir", type=Path, default=None, help="default: $DRAFTC_CACHE/" + str(MODEL_SUBDIR))
     ap.add_argument("--source", choices=P.SOURCES, default="first-turns",
                     help="which human turns of ShareGPT are the prompts (later turns: when the first are used up)")

@@ -372,11 +372,13 @@ def select_training_prompts(tokenizer, eval_texts: list[str],
 def training_prompts(tokenizer, source: str = "first-turns") -> tuple[list[dict], dict]:
     """Selected training prompts (cached under $DRAFTC_CACHE/prompts, keyed by
     the rules, the wheels and the tokenizer), and selection stats."""
-    tok_json = tokenizer.to_str()
+    # Keyed by the vocabulary, not the serialised tokenizer: other versions
+    # of `tokenizers` (a GPU machine's) serialise the same file differently.
+    vocab = json.dumps(sorted(tokenizer.get_vocab(with_added_tokens=True).items()))
     evals = eval_prompts()
     key = hashlib.sha256("\n".join([
         rules_of(source), SHAREGPT.wheel_sha256, MT_BENCH.wheel_sha256,
-        hashlib.sha256(tok_json.encode()).hexdigest(),
+        hashlib.sha256(vocab.encode()).hexdigest(),
         hashlib.sha256("\n".join(evals).encode()).hexdigest(),
     ]).encode()).hexdigest()[:16]
     stem = "sharegpt-train" if source == "first-turns" else "sharegpt-later"

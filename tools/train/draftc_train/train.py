@@ -50,6 +50,10 @@ from .svg import line_plot
 REPO = emitted.REPO
 # The output every learned drafter binds (its next-token logits).
 OUT = "logits"
+# The torch device type training runs on (`--device`): "cpu", or "cuda" on a
+# lent GPU, where it is also torch's default device, so every tensor the
+# recipes and the emitted modules create lands there.
+DEV = "cpu"
 
 RECIPES = {
     "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
@@ -109,10 +113,12 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
         h.update(plen.to_bytes(4, "little"))
     key = f"n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}-{h.hexdigest()[:12]}"
     path = REPO / "target/train/features" / f"{key}.pt"
-    if path.exists():
+    # On a GPU the states are recomputed in seconds and stay in its memory.
+    on_disk = DEV == "cpu"
+    if on_disk and path.exists():
         return torch.load(path)
     # A cache of the same sequences with more taps serves too.
-    for other in sorted(path.parent.glob(f"n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")):
+    for other in [] if not on_disk else sorted(path.parent.glob(f"n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")):
         have = {int(t) for t in other.name.split("-taps")[1].split("-")[0].split("_")}
         if set(taps) <= have:
             return [{t: f[t] for t in taps} for f in torch.load(other)]
@@ -120,7 +126,7 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     out = [dict() for _ in seqs]
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     prog = Progress(len(seqs), "target hidden states", unit="seq")
-    bs = 8
+    bs = 8 if DEV == "cpu" else 128
     for s in range(0, len(order), bs):
         idx = order[s : s + bs]
         T = max(len(seqs[i][0]) for i in idx)
@@ -130,15 +136,16 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
             n = len(seqs[i][0])
             ids[b, :n] = seqs[i][0]
             valid[b, :n] = True
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(DEV, dtype=torch.bfloat16):
             hs = tgt.hidden(ids, valid, taps)
         for b, i in enumerate(idx):
             n = len(seqs[i][0])
             out[i] = {t: hs[t][b, :n].to(torch.float16).clone() for t in taps}
         prog.update(len(idx))
     prog.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(out, path)
+    if on_disk:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(out, path)
     return out
 
 
@@ -239,6 +246,7 @@ class Head:
     misses in the accuracy."""
 
     def __init__(self, lm_head, ids=None):
+        ids = None if ids is None else ids.to(lm_head.device)
         self.ids = ids
         self.w = lm_head if ids is None else lm_head[ids]
         self.t2d = None
@@ -282,7 +290,7 @@ def coverage(seqs, idx, ids, vocab):
     for i in idx:
         x, plen = seqs[i]
         tot += len(x) - plen
-        hit += int(inside[x[plen:]].sum())
+        hit += int(inside[x[plen:].to(inside.device)].sum())
     return hit / max(1, tot)
 
 
@@ -452,7 +460,7 @@ def load_weights(path):
 
         sd, step = load_file(str(path)), None
     else:
-        st = torch.load(path)
+        st = torch.load(path, map_location=DEV)
         sd, step = st["model"], st["step"]
     return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, step
 
@@ -482,6 +490,11 @@ def main(argv):
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--ckpt-every", type=int, default=50)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="torch device (cuda on a lent GPU)")
+    ap.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                    help="shorten --steps so that the run (data loading and target states included) ends "
+                         "within SECONDS of wall time, at the pace of its first 30 steps; the schedule then "
+                         "decays over the shortened run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true",
                     help="export the --work checkpoint (implies --resume; an error without one)")
@@ -514,6 +527,13 @@ def main(argv):
     args = ap.parse_args(argv)
     # Exporting without the checkpoint would write the initial weights.
     args.resume = args.resume or args.export_only
+    t_main = time.time()
+    global DEV
+    DEV = torch.device(args.device).type
+    if DEV != "cpu":
+        if DEV == "cuda" and not torch.cuda.is_available():
+            raise SystemExit(f"--device {args.device}: torch {torch.__version__} sees no CUDA device")
+        torch.set_default_device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
@@ -569,7 +589,7 @@ def main(argv):
                           manifest_sha256=shards.sha256_file(m) if m.is_file() else None))
         print(f"extra data {d}: {len(more)} training sequences ({dropped} dropped: their conversation "
               "opens a held-out prompt)", flush=True)
-    tgt_tensors = emitted.load_target_tensors()
+    tgt_tensors = {k: v.to(DEV) for k, v in emitted.load_target_tensors().items()}
     n_target = 1 + max(int(k.split(".")[2]) for k in tgt_tensors if k.startswith("model.layers."))
     if r.get("soft_tap") == "n":
         r = dict(r, soft_tap=n_target)
@@ -636,7 +656,7 @@ def main(argv):
     if args.export_only and not ckpt.exists():
         raise SystemExit(f"--export-only: no checkpoint {ckpt} (train first, or pass the run's --work)")
     if args.resume and ckpt.exists():
-        st = torch.load(ckpt)
+        st = torch.load(ckpt, map_location=DEV)
         # The draft vocabulary is chosen from the data, not trained.
         st["model"].pop("draft_vocab.ids", None)
         missing, unexpected = net.load_state_dict(st["model"], strict=False)
@@ -648,6 +668,7 @@ def main(argv):
         torch.set_rng_state(st["torch_rng"])
         print(f"resumed {args.drafter} at step {step}", flush=True)
     start_wall = time.time()
+    first_step = step
     prior_wall = log[-1]["wall"] if log else 0.0
 
     plabels = None
@@ -672,6 +693,14 @@ def main(argv):
         gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), r["clip"]).item()
         opt.step()
         step += 1
+        if args.time_budget and step == first_step + 30:
+            per = (time.time() - start_wall) / 30
+            fit = step + int((args.time_budget - (time.time() - t_main)) / per)
+            if fit < args.steps:
+                print(f"--time-budget {args.time_budget:.0f}s: {per * 1e3:.0f} ms/step, "
+                      f"steps {args.steps} -> {fit}", flush=True)
+                args.steps = max(step + 1, fit)
+                prog.total = args.steps - first_step
         entry = dict(step=step, lr=lr, loss=loss.item(), gnorm=gnorm, wall=prior_wall + time.time() - start_wall, **stats)
         log.append(entry)
         prog.update(1, loss=round(loss.item(), 3), **{k: round(v, 3) for k, v in stats.items() if k.startswith("acc")})
@@ -705,7 +734,7 @@ def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
     def loss_fn(idx, train, frac):
         ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
         extra = extra_labels(plabels, idx, ids.shape[1]) if train and plabels is not None else None
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(DEV, dtype=torch.bfloat16):
             if mod.KIND == "parallel":
                 L = mod.SYMBOLS.get("l", 1)
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
@@ -747,7 +776,7 @@ def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
         for b in range(0, len(idx), batch):
             ids, valid, resp, hidden = batch_of(seqs, feats, idx[b : b + batch], taps)
             keep = {}
-            with torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autocast(DEV, dtype=torch.bfloat16):
                 autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, 1.0, False, keep)
             k = len(keep)
             start = resp[:, 1:]
@@ -776,13 +805,13 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
     out = REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
-        k: v.detach().contiguous() if not v.is_floating_point() else v.detach().to(torch.float16).contiguous()
+        k: (v.detach() if not v.is_floating_point() else v.detach().to(torch.float16)).cpu().contiguous()
         for k, v in net.state_dict().items()
     }
     if head.ids is not None:
         # The reduced draft vocabulary ships with the weights (`draft_vocab N`):
         # the module's `draft_vocab.ids` buffer holds the subset training chose.
-        tensors["draft_vocab.ids"] = head.ids.to(torch.int64).contiguous()
+        tensors["draft_vocab.ids"] = head.ids.to(torch.int64).cpu().contiguous()
     path = out / f"{args.drafter}.safetensors"
     save_file(tensors, str(path), metadata={"drafter": args.drafter, "steps": str(log[-1]["step"] if log else 0)})
     plot_path = out / f"{args.drafter}.loss.svg"
@@ -811,7 +840,8 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
         steps=last.get("step", 0),
         planned_steps=args.steps,
         wall_s=round(last.get("wall", 0.0), 1),
-        device=f"CPU, {args.threads} threads, torch {torch.__version__}, bf16 autocast",
+        device=(f"CPU, {args.threads} threads" if DEV == "cpu" else torch.cuda.get_device_name())
+        + f", torch {torch.__version__}, bf16 autocast",
         final=dict(train_loss=last.get("loss"), **{k: v for k, v in (val[-1] if val else {}).items() if k.startswith("val_")}),
         held_out_split=held,
         loss_curve=plot_path.name,

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Shrinks what a device call carries (the tracked tree travels with every
+# call, and 64 MiB is the limit): `on 1` leaves out the drafter weights,
+# snapshots, docs and data (call 1 of tools/gpu/train.sh), `on 2` only the
+# weights other than Beagle's, snapshots and docs; `off` restores the index.
+# The files stay on disk: they leave the index and are ignored meanwhile.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+exclude="$(git rev-parse --git-dir)/info/exclude"
+off() {
+  sed -i '/^# slim.sh begin$/,/^# slim.sh end$/d' "$exclude"
+  git reset -q
+}
+case ${1:-} in
+on)
+  off
+  paths=(snapshots docs models/weights/specformer.safetensors models/weights/spire.safetensors
+    models/weights/medusa.safetensors)
+  [ "${2:-}" = 1 ] && paths+=(models/weights data)
+  echo '# slim.sh begin' >>"$exclude"
+  for p in "${paths[@]}"; do
+    git rm -r -q --cached "$p"
+    echo "/$p" >>"$exclude"
+  done
+  echo '# slim.sh end' >>"$exclude"
+  ;;
+off) off ;;
+*) echo "usage: slim.sh on 1|2 | off" >&2; exit 2 ;;
+esac
+echo "travels: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes tracked"
