@@ -260,7 +260,8 @@ def generate(args) -> int:
            "eos_ids": target.eos_ids, "default_system": target.default_system,
            "chat_template": "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt",
            "torch": torch.__version__, "transformers": transformers.__version__,
-           "threads": args.threads, "device": args.device}
+           "threads": args.threads,
+           "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device}
     out = Path(args.out or (DEFAULT_OUT if args.source == "first-turns" else LATER_OUT))
     sdir = out / "shards"
     sdir.mkdir(parents=True, exist_ok=True)

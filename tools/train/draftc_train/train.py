@@ -193,6 +193,7 @@ def prompt_labels(seqs, feats, tap, target):
                 k += b - a
             prog.update(len(chunk))
     prog.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(out, path)
     return out
 
@@ -462,7 +463,7 @@ def load_weights(path):
     else:
         st = torch.load(path, map_location=DEV)
         sd, step = st["model"], st["step"]
-    return {k: v.float() if v.is_floating_point() else v for k, v in sd.items()}, step
+    return {k: (v.float() if v.is_floating_point() else v).to(DEV) for k, v in sd.items()}, step
 
 
 def lr_at(step, total, r):
@@ -693,8 +694,10 @@ def main(argv):
         gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), r["clip"]).item()
         opt.step()
         step += 1
+        if args.time_budget and step == first_step + 10:
+            t_10 = time.time()
         if args.time_budget and step == first_step + 30:
-            per = (time.time() - start_wall) / 30
+            per = (time.time() - t_10) / 20
             fit = step + int((args.time_budget - (time.time() - t_main)) / per)
             if fit < args.steps:
                 print(f"--time-budget {args.time_budget:.0f}s: {per * 1e3:.0f} ms/step, "
