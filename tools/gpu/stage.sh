@@ -5,7 +5,11 @@
 #   .gpu1/  draftc (release, --features cuda), xz-compressed; half the GGUF
 #   .gpu2/  the other half of the GGUF
 #   .gpu3/  the kernel test binaries (--features cuda-tests), xz-compressed
-# The folders are git-ignored (.git/info/exclude).
+# The folders are git-ignored (.git/info/exclude). The tracked tree travels
+# with every call too and is larger than what is left beside .gpu1 or .gpu2:
+# take those calls with `tools/gpu/slim.sh on 1` (call with .gpu1) and
+# `on 2` (.gpu2), and `slim.sh off` afterwards. `on 2` leaves out the weights
+# of SpecFormer, SPIRe and Medusa: a bench of those needs them carried.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p "$(git rev-parse --git-dir)/info"
