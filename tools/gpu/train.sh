@@ -9,8 +9,10 @@
 #   bash tools/gpu/train.sh run STAGE [SECONDS]   # call 2: the rest, then all steps
 #
 # `run` converts the GGUF with draftc, smoke-tests data generation and
-# training on CUDA (and stops there if either fails), generates the
-# later-turn responses not yet in data/train-later into data/train-gpu,
+# training on CUDA (it stops if training fails, and goes on without new
+# data if generation fails), generates the
+# later-turn responses not yet in data/train-later (into STAGE/train-gpu,
+# copied to data/train-gpu),
 # continues Beagle from its shipped weights on all data within the time
 # left of SECONDS (default 560), and benches the result with draftc on CUDA
 # at batch 1 and 16. What comes back in $OUT: log.txt, the weights and
@@ -64,11 +66,15 @@ timeout 150 $py train beagle --device cuda "${threads[@]}" --steps 4 --records 6
 [ -f /tmp/smoke-train/ckpt.pt ] || { say "SMOKE FAILED: train"; exit 3; }
 
 # Data: what is left of the later-turn selection (6,400 of it are data/train-later).
+# Written under the stage, which outlives a call (each call re-syncs the
+# working tree and would delete data/train-gpu), so a later call resumes it.
 data_s=$(($(left) / 4))
 [ ${#smoke_data[@]} = 0 ] && data_s=0
 say "data: up to ${data_s}s"
 [ "$data_s" -gt 0 ] && timeout "$data_s" $py data --source later-turns --start 6400 --prompts 36278 --max-new-tokens 64 \
-  --batch 1024 --device cuda "${threads[@]}" --out "$repo/data/train-gpu" 2>&1 | tr '\r' '\n' | awk 'NR % 20 == 1 || !/^data \|/'
+  --batch 1024 --device cuda "${threads[@]}" --out "$stage/train-gpu" 2>&1 | tr '\r' '\n' | awk 'NR % 20 == 1 || !/^data \|/'
+rm -rf "$repo/data/train-gpu"
+[ -d "$stage/train-gpu" ] && cp -r "$stage/train-gpu" "$repo/data/train-gpu"
 extra=(--extra-data "$repo/data/train-later")
 [ -f "$repo/data/train-gpu/MANIFEST.json" ] && extra+=(--extra-data "$repo/data/train-gpu")
 tar -C "$repo/data" -cf "$out/train-gpu.tar" train-gpu 2>/dev/null

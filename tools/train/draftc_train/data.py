@@ -20,6 +20,9 @@ and the tied LM head in float32 on the float32 embedding (so the argmax is not
 taken over coarse bf16 logits); ``f32`` runs everything in float32;
 ``bf16-all`` also runs the head in bf16 (measured, not recommended).
 ``--bench`` measures tokens/s and greedy divergence from f32 without writing data.
+``--device cuda`` runs the target on a GPU (a batch larger than a shard then
+spans several shards); ``--start N --out DIR`` writes the selection's prompts
+from ``N`` on as a shard set of its own (docs/training.md, "On a lent GPU").
 """
 
 from __future__ import annotations

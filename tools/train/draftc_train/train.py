@@ -25,7 +25,7 @@ labels. Target hidden states are computed once with the target's own
 emitted module (models/llama.draft) and cached under target/train/.
 
 AdamW, linear warm-up then cosine decay, global gradient clipping, bf16
-autocast on CPU, checkpoints every --ckpt-every steps (resume with
+autocast (on the CPU, or on CUDA with `--device cuda`), checkpoints every --ckpt-every steps (resume with
 --resume), progress with steps/s, loss and ETA, loss curves as SVG.
 """
 
@@ -118,7 +118,8 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     if on_disk and path.exists():
         return torch.load(path)
     # A cache of the same sequences with more taps serves too.
-    for other in [] if not on_disk else sorted(path.parent.glob(f"n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")):
+    others = sorted(path.parent.glob(f"n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")) if on_disk else []
+    for other in others:
         have = {int(t) for t in other.name.split("-taps")[1].split("-")[0].split("_")}
         if set(taps) <= have:
             return [{t: f[t] for t in taps} for f in torch.load(other)]
@@ -494,7 +495,7 @@ def main(argv):
     ap.add_argument("--device", default="cpu", help="torch device (cuda on a lent GPU)")
     ap.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
                     help="shorten --steps so that the run (data loading and target states included) ends "
-                         "within SECONDS of wall time, at the pace of its first 30 steps; the schedule then "
+                         "within SECONDS of wall time, at the pace of its steps 10-30; the schedule then "
                          "decays over the shortened run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true",
