@@ -2,14 +2,15 @@
 # Shrinks what a device call carries (the tracked tree travels with every
 # call, and 64 MiB is the limit): `on 1` leaves out the drafter weights,
 # snapshots, docs and data (call 1 of tools/gpu/train.sh), `on 2` only the
-# weights other than Beagle's, snapshots and docs; `off` restores the index.
+# weights other than Beagle's, snapshots and docs; `off` puts them back in the index.
 # The files stay on disk: they leave the index and are ignored meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 exclude="$(git rev-parse --git-dir)/info/exclude"
-off() {
+off() { # restore only the paths `on` took out (the rest of the index stays as staged)
+  mapfile -t taken < <(sed -n '/^# slim.sh begin$/,/^# slim.sh end$/{/^\//s|^/||p}' "$exclude")
   sed -i '/^# slim.sh begin$/,/^# slim.sh end$/d' "$exclude"
-  git reset -q
+  [ ${#taken[@]} = 0 ] || git reset -q -- "${taken[@]}"
 }
 case ${1:-} in
 on)

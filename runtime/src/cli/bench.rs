@@ -332,10 +332,10 @@ fn spec(
     let mut drafters: Vec<DrafterChoice> = Vec::new();
     for name in &names {
         // Lookup goes in front of model drafters only; the others run once.
-        let lookups = if name.ends_with(".draft") {
-            &lookups[..]
-        } else {
+        let lookups = if super::drafter::is_token_drafter(name) {
             &[None][..]
+        } else {
+            &lookups[..]
         };
         for &confidence in &cuts {
             for &lookup in lookups {

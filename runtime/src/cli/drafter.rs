@@ -196,6 +196,12 @@ fn compile_drafter<R: Runtime>(
     )
 }
 
+/// Whether `name` drafts from token ids alone (`prompt-lookup`,
+/// `early-exit:N`) rather than being a description file.
+pub fn is_token_drafter(name: &str) -> bool {
+    name == "prompt-lookup" || name.starts_with("early-exit:")
+}
+
 /// How to build a token-only drafter on whichever thread runs it.
 type MakeTokenDrafter = Box<dyn FnOnce() -> Result<Box<dyn TokenDrafter>, String> + Send>;
 
@@ -209,6 +215,9 @@ fn token_drafter<R: Runtime>(
     target: &TargetModel<R>,
     dtype: PlanDType,
 ) -> Result<Option<(MakeTokenDrafter, &'static str)>, String> {
+    if !is_token_drafter(&choice.name) {
+        return Ok(None);
+    }
     if choice.name == "prompt-lookup" {
         let lookup = PromptLookup::new(1, 3, choice.budget.max(1)).map_err(|e| e.to_string())?;
         let branches = choice.branches.max(1);

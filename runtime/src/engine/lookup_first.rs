@@ -55,13 +55,10 @@ impl<R: Runtime> LookupFirst<R> {
     /// `min_ngram`: the shortest match that wins a round for lookup
     /// ([`MIN_NGRAMS`]).
     pub fn new(model: Box<dyn Drafter<R>>, min_ngram: usize) -> Result<Self, EngineError> {
-        if !MIN_NGRAMS.contains(&min_ngram) {
-            return Err(EngineError::Invalid(format!(
-                "--lookup {min_ngram}: the shortest n-gram match must be 1 to {MAX_NGRAM}"
-            )));
-        }
+        // PromptLookup's own range check (1 <= min_ngram <= MAX_NGRAM) is
+        // exactly MIN_NGRAMS.
         let lookup = PromptLookup::new(min_ngram, MAX_NGRAM, 1)
-            .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            .map_err(|e| EngineError::Invalid(format!("--lookup {min_ngram}: {e}")))?;
         Ok(LookupFirst {
             model,
             lookup: PromptLookupDrafter {
