@@ -296,7 +296,12 @@ def coverage(seqs, idx, ids, vocab):
     return hit / max(1, tot)
 
 
-def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max_rows=None):
+def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max_rows=None, keep=None):
+    """SpecFormer and Medusa: row j at position p predicts token p + 2 + j
+    (the target's own next token p + 1 is known when the drafter runs).
+    `keep`, when given (evaluation: every row scored), receives per draft
+    position j + 1 a `[B, T - 2 - j]` mask of the rows whose greedy draft
+    equals the label (false where there is none): `chain_tau` reads it."""
     B, T = ids.shape
     pos = torch.arange(T)[None, :].expand(B, T)
     ctx = mod.Ctx(pos, valid=valid, hidden=hidden)
@@ -311,6 +316,8 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
         lab_ok = resp[:, sh:]
         rows = feats[:, : T - sh, j][lab_ok]
         labels = ids[:, sh:][lab_ok]
+        if keep is not None:
+            keep[j + 1] = torch.zeros(B, T - sh, dtype=torch.bool)
         if labels.numel() == 0:
             continue
         if max_rows and labels.numel() > max_rows:
@@ -320,6 +327,8 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
             pick = torch.randperm(labels.numel())[:max_rows]
             rows, labels = rows[pick], labels[pick]
         loss, hit = ce_rows(rows, head, labels)
+        if keep is not None and not max_rows:
+            keep[j + 1][lab_ok] = hit
         total = total + w * loss
         stats[f"loss{j}"] = loss.item()
         stats[f"acc{j}"] = hit.float().mean().item()
@@ -524,6 +533,11 @@ def main(argv):
     ap.add_argument("--extra-data", type=Path, action="append", default=[], metavar="DIR",
                     help="another shard set (e.g. data/train-later) whose records only add training sequences; "
                          "the held-out split and the draft vocabulary stay those of data/train")
+    ap.add_argument("--train-sequences", type=int, default=None, metavar="N",
+                    help="train on the first N sequences of data/train's training split only, for data-scaling "
+                         "runs: the held-out split and its feature cache stay those of all the records, so runs "
+                         "of different N are measured on the same sequences; the draft vocabulary is chosen "
+                         "from these N")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
@@ -570,6 +584,11 @@ def main(argv):
     n_val = max(8, len(seqs) // 20)
     train_idx = list(range(len(seqs) - n_val))
     val_idx = list(range(len(seqs) - n_val, len(seqs)))
+    if args.train_sequences is not None:
+        if not 1 <= args.train_sequences <= len(train_idx):
+            raise SystemExit(f"--train-sequences {args.train_sequences}: the training split holds "
+                             f"{len(train_idx)} sequences")
+        train_idx = train_idx[: args.train_sequences]
     # The draft vocabulary is chosen on the first-turn training split alone,
     # so extra data leaves it (and `--init-from` weights) unchanged.
     vocab_idx = list(train_idx)
@@ -623,13 +642,15 @@ def main(argv):
         # (none of them in either run's training split when the older run
         # used a prefix of the records).
         sd, step = load_weights(args.eval_only)
-        net.load_state_dict(sd)
-        if "draft_vocab.ids" in sd:
-            head = Head(lm_head, sd["draft_vocab.ids"].long())
+        missing, unexpected = net.load_state_dict(sd, strict=False)
+        if unexpected or set(missing) - {"draft_vocab.ids"}:
+            raise SystemExit(f"{args.eval_only}: does not match the module (missing {missing}, unexpected {unexpected})")
+        # The head it was trained with: its draft vocabulary, or the
+        # target's whole one (weights from before `draft_vocab`).
+        head = Head(lm_head, sd["draft_vocab.ids"].long()) if "draft_vocab.ids" in sd else Head(lm_head)
         loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
         res = dict(checkpoint=str(args.eval_only), step=step, **held_out_eval(net, loss_fn, val_idx, r["batch"]))
-        if mod.KIND != "parallel":
-            res["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
+        res["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
         print(json.dumps(res), flush=True)
         return
     if head.ids is not None and getattr(mod, "DRAFT_VOCAB", None):
@@ -724,8 +745,7 @@ def main(argv):
     if prog is not None:
         prog.close()
     held = held_out_eval(net, eval_fn, val_idx, r["batch"])
-    if mod.KIND != "parallel":
-        held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
+    held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
     print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
     if not args.no_export:
         export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held, extra)
@@ -767,13 +787,15 @@ def held_out_eval(net, loss_fn, val_idx, batch, limit=256):
 
 
 def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
-    """What greedy chain drafting would accept on sequences `idx`, from the
-    simulated steps (autoregressive drafters): a round starting at query s
-    accepts depth d when steps 1..d, queried at s..s+d-1, all match the
-    target's greedy tokens. Returns the chain τ for each length 1..k and the
-    cumulative acceptance by depth (as `draftc bench spec` reports it), over
-    every response position of the sequences. This is what the runtime would
-    measure on these sequences if drafting equals the training simulation."""
+    """What greedy chain drafting would accept on sequences `idx`.
+    Autoregressive drafters, from the simulated steps: a round starting at
+    query s accepts depth d when steps 1..d, queried at s..s+d-1, all match
+    the target's greedy tokens. Parallel drafters (SpecFormer, Medusa): a
+    round drafting from position p accepts depth d when rows 1..d at p all
+    match. Returns the chain τ for each length 1..k and the cumulative
+    acceptance by depth (as `draftc bench spec` reports it), over every
+    response position of the sequences. This is what the runtime would
+    measure on these sequences if drafting equals the training forward."""
     net.eval()
     sums, starts = None, 0
     with torch.no_grad():
@@ -781,13 +803,18 @@ def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
             ids, valid, resp, hidden = batch_of(seqs, feats, idx[b : b + batch], taps)
             keep = {}
             with torch.autocast(DEV, dtype=torch.bfloat16):
-                autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, 1.0, False, keep)
+                if mod.KIND == "parallel":
+                    L = mod.SYMBOLS.get("l", 1)
+                    parallel_loss(mod, net, target, head, ids, valid, resp, hidden, [1.0] * L, keep=keep)
+                else:
+                    autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, 1.0, False, keep)
             k = len(keep)
-            start = resp[:, 1:]
+            parallel = mod.KIND == "parallel"
+            start = resp[:, 2:] if parallel else resp[:, 1:]
             run = start.clone()
             part = []
             for d in range(1, k + 1):
-                hit = keep[d][:, d - 1 :]
+                hit = keep[d] if parallel else keep[d][:, d - 1 :]
                 run = run[:, : hit.shape[1]] & hit
                 part.append(float(run.sum()))
             sums = part if sums is None else [a + c for a, c in zip(sums, part)]
