@@ -94,7 +94,8 @@ def main(argv):
     summary = dict(slopes_per_doubling={k: round(v, 4) for k, v in res["slopes"].items()},
                    mean_slope_per_doubling=round(res["per_doubling"], 4),
                    extrapolated_at_pool=round(res["value_at_pool"], 4),
-                   training_sequences_for_needed=round(res["sequences_for_needed"]))
+                   training_sequences_for_needed=(round(res["sequences_for_needed"])
+                                                  if res["sequences_for_needed"] < 1e12 else "over 1e12"))
     print(json.dumps(summary, indent=2))
     print(f"wrote {out}", file=sys.stderr)
     return 0
