@@ -476,6 +476,15 @@ def load_weights(path):
     return {k: (v.float() if v.is_floating_point() else v).to(DEV) for k, v in sd.items()}, step
 
 
+def load_state(net, sd, source):
+    """Load state dict `sd` into `net`; only the draft vocabulary buffer
+    (chosen from data, not trained) may be absent. Other mismatches are an
+    error naming `source`."""
+    missing, unexpected = net.load_state_dict(sd, strict=False)
+    if unexpected or set(missing) - {"draft_vocab.ids"}:
+        raise SystemExit(f"{source}: does not match the module (missing {missing}, unexpected {unexpected})")
+
+
 def lr_at(step, total, r):
     if step < r["warmup"]:
         return r["lr"] * (step + 1) / r["warmup"]
@@ -642,9 +651,7 @@ def main(argv):
         # (none of them in either run's training split when the older run
         # used a prefix of the records).
         sd, step = load_weights(args.eval_only)
-        missing, unexpected = net.load_state_dict(sd, strict=False)
-        if unexpected or set(missing) - {"draft_vocab.ids"}:
-            raise SystemExit(f"{args.eval_only}: does not match the module (missing {missing}, unexpected {unexpected})")
+        load_state(net, sd, args.eval_only)
         # The head it was trained with: its draft vocabulary, or the
         # target's whole one (weights from before `draft_vocab`).
         head = Head(lm_head, sd["draft_vocab.ids"].long()) if "draft_vocab.ids" in sd else Head(lm_head)
@@ -666,9 +673,7 @@ def main(argv):
         elif "draft_vocab.ids" in sd and (head.ids is None or not torch.equal(sd["draft_vocab.ids"].long(), head.ids)):
             raise SystemExit(f"{args.init_from}: its draft vocabulary differs from the one this data selects")
         sd.pop("draft_vocab.ids", None)
-        missing, unexpected = net.load_state_dict(sd, strict=False)
-        if unexpected or set(missing) - {"draft_vocab.ids"}:
-            raise SystemExit(f"{args.init_from}: does not match the module (missing {missing}, unexpected {unexpected})")
+        load_state(net, sd, args.init_from)
         print(f"initialised from {args.init_from}", flush=True)
     elif r.get("pruned") and not (args.resume and (work / "ckpt.pt").exists()):
         copied = pruned_init(net, tgt_tensors)
@@ -682,9 +687,7 @@ def main(argv):
         st = torch.load(ckpt, map_location=DEV)
         # The draft vocabulary is chosen from the data, not trained.
         st["model"].pop("draft_vocab.ids", None)
-        missing, unexpected = net.load_state_dict(st["model"], strict=False)
-        if unexpected or set(missing) - {"draft_vocab.ids"}:
-            raise SystemExit(f"{ckpt}: does not match the module (missing {missing}, unexpected {unexpected})")
+        load_state(net, st["model"], ckpt)
         opt.load_state_dict(st["opt"])
         step, log = st["step"], st["log"]
         random.setstate(st["py_rng"])
@@ -797,19 +800,19 @@ def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
     response position of the sequences. This is what the runtime would
     measure on these sequences if drafting equals the training forward."""
     net.eval()
+    parallel = mod.KIND == "parallel"
     sums, starts = None, 0
     with torch.no_grad():
         for b in range(0, len(idx), batch):
             ids, valid, resp, hidden = batch_of(seqs, feats, idx[b : b + batch], taps)
             keep = {}
             with torch.autocast(DEV, dtype=torch.bfloat16):
-                if mod.KIND == "parallel":
+                if parallel:
                     L = mod.SYMBOLS.get("l", 1)
                     parallel_loss(mod, net, target, head, ids, valid, resp, hidden, [1.0] * L, keep=keep)
                 else:
                     autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, 1.0, False, keep)
             k = len(keep)
-            parallel = mod.KIND == "parallel"
             start = resp[:, 2:] if parallel else resp[:, 1:]
             run = start.clone()
             part = []
