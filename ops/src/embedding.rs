@@ -1,7 +1,10 @@
 //! Embedding gather: `out[t, :] = table[ids[t], :]` for a `[vocab, d]` table
-//! and u32 ids `[t]`. Ids are validated on the host (read back, one sync):
-//! an out-of-range id is an [`OpsError::IndexOutOfRange`], never a launch.
-//! The kernel also clamps ids, so memory stays safe whatever the ids hold.
+//! and u32 ids `[t]`. [`embedding`] validates the ids on the host (read
+//! back, one sync): an out-of-range id is an [`OpsError::IndexOutOfRange`],
+//! never a launch. [`embedding_clamped`] skips that read, for callers that
+//! validated the ids before uploading them (a decode step must not wait on
+//! the device mid-pass). The kernel clamps ids to the last row either way,
+//! so memory stays safe whatever the ids hold.
 
 use cubecl::prelude::*;
 
@@ -37,12 +40,34 @@ pub fn embedding_kernel<F: Float + CubeElement, N: Size>(
     }
 }
 
-/// Gathers rows of `table` (`[vocab, d]`) by `ids` (u32, `[t]`) into `out` (`[t, d]`).
+/// Gathers rows of `table` (`[vocab, d]`) by `ids` (u32, `[t]`) into `out`
+/// (`[t, d]`), after reading the ids back to check them.
 pub fn embedding<R: Runtime>(
     client: &ComputeClient<R>,
     table: &DeviceTensor<R>,
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
+) -> Result<()> {
+    launch(client, table, ids, out, true)
+}
+
+/// [`embedding`] without reading the ids back: an id `>= vocab` gathers the
+/// last row instead of failing. For ids the caller checked on the host.
+pub fn embedding_clamped<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    launch(client, table, ids, out, false)
+}
+
+fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    check_ids: bool,
 ) -> Result<()> {
     const OP: &str = "embedding";
     expect_float(client, OP, "table", table)?;
@@ -55,19 +80,21 @@ pub fn embedding<R: Runtime>(
     let tokens = ids.numel();
     expect_shape(OP, "out", out, &[tokens, d])?;
     expect_dtype(OP, "out", out, table.dtype())?;
-    let host_ids = ids.download_u32(client)?;
-    if let Some((position, &id)) = host_ids
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id as usize >= vocab)
-    {
-        return Err(OpsError::IndexOutOfRange {
-            op: OP,
-            arg: "ids",
-            position,
-            index: id as u64,
-            bound: vocab,
-        });
+    if check_ids {
+        let host_ids = ids.download_u32(client)?;
+        if let Some((position, &id)) = host_ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= vocab)
+        {
+            return Err(OpsError::IndexOutOfRange {
+                op: OP,
+                arg: "ids",
+                position,
+                index: id as u64,
+                bound: vocab,
+            });
+        }
     }
     let n = vector_width(client, d);
     let count = cube_count(OP, tokens)?;

@@ -73,7 +73,6 @@ fn check_indices(
     bound: usize,
     distinct: bool,
 ) -> Result<()> {
-    let mut seen = vec![false; if distinct { bound } else { 0 }];
     for (position, &i) in idx.iter().enumerate() {
         if i as usize >= bound {
             return Err(OpsError::IndexOutOfRange {
@@ -84,17 +83,49 @@ fn check_indices(
                 bound,
             });
         }
-        if distinct {
-            if seen[i as usize] {
-                return Err(OpsError::InvalidArgument {
-                    op,
-                    reason: format!("`{arg}` repeats slot {i}"),
-                });
-            }
-            seen[i as usize] = true;
+    }
+    if distinct {
+        // O(n log n) in the indices, not O(bound): a decode step's append
+        // checks one row, not the whole cache.
+        let mut sorted = idx.to_vec();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(OpsError::InvalidArgument {
+                op,
+                reason: format!("`{arg}` repeats slot {}", w[0]),
+            });
         }
     }
     Ok(())
+}
+
+/// A list of row indices on the device, with its host copy (launches
+/// validate against it): uploaded once, then shared by every copy that
+/// uses the same rows (the K and V appends of every layer of a pass).
+pub struct RowIndex<R: Runtime> {
+    host: Vec<u32>,
+    /// `None` for an empty list (nothing to upload; no launch reads it).
+    dev: Option<DeviceTensor<R>>,
+}
+
+impl<R: Runtime> RowIndex<R> {
+    /// Uploads `idx`.
+    pub fn upload(client: &ComputeClient<R>, idx: &[u32]) -> Result<Self> {
+        let dev = if idx.is_empty() {
+            None
+        } else {
+            Some(DeviceTensor::upload_u32(client, idx, &[idx.len()])?)
+        };
+        Ok(RowIndex {
+            host: idx.to_vec(),
+            dev,
+        })
+    }
+
+    /// The indices.
+    pub fn as_slice(&self) -> &[u32] {
+        &self.host
+    }
 }
 
 /// Launches `dst[l, dst_idx[i]] = src[l, src_idx[i]]` after validation.
@@ -106,6 +137,21 @@ fn launch_copy<R: Runtime>(
     dst: &DeviceTensor<R>,
     dst_idx: &[u32],
 ) -> Result<()> {
+    let si = RowIndex::upload(client, src_idx)?;
+    let di = RowIndex::upload(client, dst_idx)?;
+    launch_copy_indexed(client, op, src, &si, dst, &di)
+}
+
+/// [`launch_copy`] with indices already on the device.
+fn launch_copy_indexed<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    src: &DeviceTensor<R>,
+    src_index: &RowIndex<R>,
+    dst: &DeviceTensor<R>,
+    dst_index: &RowIndex<R>,
+) -> Result<()> {
+    let (src_idx, dst_idx) = (src_index.as_slice(), dst_index.as_slice());
     let (ls, rs, ws) = dims3(op, "src", src)?;
     let (ld, rd, wd) = dims3(op, "dst", dst)?;
     expect_float(client, op, "src", src)?;
@@ -140,8 +186,9 @@ fn launch_copy<R: Runtime>(
         .unwrap_or(1);
     let units = ls * n * (ws / vec);
     let count = cube_count(op, units.div_ceil(CUBE_UNITS as usize))?;
-    let si = DeviceTensor::<R>::upload_u32(client, src_idx, &[n])?;
-    let di = DeviceTensor::<R>::upload_u32(client, dst_idx, &[n])?;
+    let (Some(si), Some(di)) = (&src_index.dev, &dst_index.dev) else {
+        return Ok(()); // n > 0 here, so both lists were uploaded
+    };
     crate::dispatch_float!(src.dtype(), op, F => {
         // SAFETY: every index was checked against its tensor's slot count,
         // layers and widths match, and the kernel guards `idx < units`.
@@ -165,6 +212,19 @@ pub fn append_rows<R: Runtime>(
     let (_, n, _) = dims3("kv_append", "new", new)?;
     let identity: Vec<u32> = (0..n as u32).collect();
     launch_copy(client, "kv_append", new, &identity, cache, slots)
+}
+
+/// [`append_rows`] with the row lists on the device: `rows` must be
+/// `0..n` for the `n` rows of `new` (its identity list), `slots` the
+/// destination slots. Several appends of one pass share both lists.
+pub fn append_rows_indexed<R: Runtime>(
+    client: &ComputeClient<R>,
+    new: &DeviceTensor<R>,
+    rows: &RowIndex<R>,
+    slots: &RowIndex<R>,
+    cache: &DeviceTensor<R>,
+) -> Result<()> {
+    launch_copy_indexed(client, "kv_append", new, rows, cache, slots)
 }
 
 /// General row gather/scatter: `dst[dst_rows[i]] = src[src_rows[i]]` for

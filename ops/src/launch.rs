@@ -4,6 +4,10 @@
 //! Every safe launch function in this crate follows the same steps:
 //! validate with the `expect_*` helpers → size the grid with [`cube_count`] →
 //! launch through [`dispatch_float!`](crate::dispatch_float) → [`finish`].
+//! The flush policy lives here too: [`finish`] flushes after each launch
+//! unless the thread is inside [`defer_flushes`] (a GPU pass flushes once).
+
+use std::cell::Cell;
 
 use cubecl::prelude::*;
 
@@ -32,11 +36,53 @@ pub fn cube_count(op: &'static str, cubes: usize) -> Result<CubeCount> {
     Ok(CubeCount::Static(x as u32, y as u32, 1))
 }
 
-/// Submits queued work and surfaces server errors (resource limits, launch
-/// failures). Panics while a kernel is expanded are *not* reported by cubecl
-/// (see the cubecl guide §5.4); tests catch those by comparing outputs.
+/// Ends a launch: counts it ([`counters`](crate::counters)) and, unless
+/// this thread is inside [`defer_flushes`], submits the queued work and
+/// surfaces server errors (resource limits, launch failures) with the op
+/// that caused them. Panics while a kernel is expanded are *not* reported
+/// by cubecl (see the cubecl guide §5.4); tests catch those by comparing
+/// outputs.
 pub fn finish<R: Runtime>(client: &ComputeClient<R>, op: &'static str) -> Result<()> {
-    client.flush().map_err(|e| OpsError::device(op, e))
+    crate::counters::launch();
+    if DEFER_FLUSH.with(Cell::get) {
+        return Ok(());
+    }
+    flush(client, op)
+}
+
+/// Submits the work queued so far (counted as a flush). On cubecl-cuda 0.10
+/// this is a round trip to the device's runner thread that waits for the
+/// previous flush's fence, so a GPU pass flushes once, at its end; on
+/// lavapipe a flush after each launch overlaps the host's encoding with
+/// execution and is faster (GPU-NOTES.md).
+pub fn flush<R: Runtime>(client: &ComputeClient<R>, op: &'static str) -> Result<()> {
+    crate::counters::flush(|| client.flush()).map_err(|e| OpsError::device(op, e))
+}
+
+thread_local! {
+    static DEFER_FLUSH: Cell<bool> = const { Cell::new(false) };
+}
+
+/// While the returned guard lives, [`finish`] on this thread queues launches
+/// without flushing; the caller flushes once with [`flush`] (a device error
+/// then names the pass, not the op). Dropping the guard restores the
+/// previous policy, so guards nest.
+#[must_use = "launches flush again as soon as the guard is dropped"]
+pub fn defer_flushes() -> DeferFlushes {
+    DeferFlushes {
+        previous: DEFER_FLUSH.with(|d| d.replace(true)),
+    }
+}
+
+/// Guard of [`defer_flushes`].
+pub struct DeferFlushes {
+    previous: bool,
+}
+
+impl Drop for DeferFlushes {
+    fn drop(&mut self) {
+        DEFER_FLUSH.with(|d| d.set(self.previous));
+    }
 }
 
 /// Fails unless `t` is a float tensor the device supports.

@@ -52,6 +52,7 @@
 
 pub mod attention;
 pub mod block;
+pub mod counters;
 pub mod error;
 pub mod kv;
 pub mod launch;

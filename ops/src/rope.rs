@@ -54,12 +54,55 @@ pub fn rope_kernel<F: Float + CubeElement>(
 }
 
 /// Applies RoPE to `x` (`[t, heads, head_dim]`) at `positions` (u32 `[t]`)
-/// with base `theta`, into `out` (same shape; may be `x`).
+/// with base `theta`, into `out` (same shape; may be `x`). Uploads the
+/// frequencies on every call: a caller that launches RoPE repeatedly keeps
+/// [`rope_freqs`] and calls [`rope_with_freqs`].
 pub fn rope<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     positions: &DeviceTensor<R>,
     theta: f32,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    let hd = x.shape().last().copied().unwrap_or(0);
+    let freqs = rope_freqs(client, hd, theta)?;
+    rope_with_freqs(client, x, positions, &freqs, out)
+}
+
+/// The frequencies of RoPE with base `theta` over `head_dim` (f32
+/// `[head_dim / 2]`, HF's `inv_freq`), on the device: a per-model constant.
+pub fn rope_freqs<R: Runtime>(
+    client: &ComputeClient<R>,
+    head_dim: usize,
+    theta: f32,
+) -> Result<DeviceTensor<R>> {
+    const OP: &str = "rope";
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("head_dim must be even and positive, got {head_dim}"),
+        });
+    }
+    if !(theta > 1.0 && theta.is_finite()) {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("theta must be finite and > 1, got {theta}"),
+        });
+    }
+    DeviceTensor::<R>::upload_f32(
+        client,
+        &reference::inv_freq(head_dim, theta),
+        &[head_dim / 2],
+        DType::F32,
+    )
+}
+
+/// [`rope`] with frequencies from [`rope_freqs`] (f32 `[head_dim / 2]`).
+pub fn rope_with_freqs<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    positions: &DeviceTensor<R>,
+    freqs: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "rope";
@@ -73,23 +116,13 @@ pub fn rope<R: Runtime>(
             reason: format!("head_dim must be even, got {hd}"),
         });
     }
-    if !(theta > 1.0 && theta.is_finite()) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("theta must be finite and > 1, got {theta}"),
-        });
-    }
     expect_dtype(OP, "positions", positions, DType::U32)?;
     expect_shape(OP, "positions", positions, &[t])?;
     expect_shape(OP, "out", out, x.shape())?;
     expect_dtype(OP, "out", out, x.dtype())?;
     let half = hd / 2;
-    let freqs = DeviceTensor::<R>::upload_f32(
-        client,
-        &reference::inv_freq(hd, theta),
-        &[half],
-        DType::F32,
-    )?;
+    expect_dtype(OP, "freqs", freqs, DType::F32)?;
+    expect_shape(OP, "freqs", freqs, &[half])?;
     let pairs = t * heads * half;
     let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
     // Unchecked launch: no per-access bounds checks in the shader.

@@ -88,7 +88,9 @@ impl<R: Runtime> std::fmt::Debug for DeviceTensor<R> {
 }
 
 /// Allocation size for `numel` elements: padded to 16 bytes, never zero.
-fn padded_bytes(numel: usize, dtype: DType) -> usize {
+/// Bytes a tensor of `numel` elements of `dtype` is allocated with (padded
+/// to 16; what [`DeviceTensor::empty`] asks for).
+pub fn padded_bytes(numel: usize, dtype: DType) -> usize {
     (numel * dtype.size()).div_ceil(16).max(1) * 16
 }
 
@@ -135,6 +137,7 @@ impl<R: Runtime> DeviceTensor<R> {
             }
         };
         bytes.resize(padded_bytes(data.len(), dtype), 0);
+        crate::counters::upload();
         Self::from_handle(client.create_from_slice(&bytes), shape, dtype)
     }
 
@@ -143,12 +146,14 @@ impl<R: Runtime> DeviceTensor<R> {
         check_len("upload_u32", data.len(), shape)?;
         let mut bytes = bytemuck::cast_slice::<u32, u8>(data).to_vec();
         bytes.resize(padded_bytes(data.len(), DType::U32), 0);
+        crate::counters::upload();
         Self::from_handle(client.create_from_slice(&bytes), shape, DType::U32)
     }
 
     /// A zero-filled tensor.
     pub fn zeros(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
         let numel = shape.iter().product::<usize>();
+        crate::counters::upload();
         let handle = client.create_from_slice(&vec![0u8; padded_bytes(numel, dtype)]);
         Self {
             handle,
@@ -161,6 +166,7 @@ impl<R: Runtime> DeviceTensor<R> {
     /// An uninitialised tensor, for outputs that a launch overwrites entirely.
     pub fn empty(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
         let numel = shape.iter().product::<usize>();
+        crate::counters::allocation();
         Self {
             handle: client.empty(padded_bytes(numel, dtype)),
             shape: shape.to_vec(),
@@ -196,8 +202,7 @@ impl<R: Runtime> DeviceTensor<R> {
     }
 
     fn read_bytes(&self, client: &ComputeClient<R>, op: &'static str) -> Result<Vec<u8>> {
-        let bytes = client
-            .read_one(self.handle.clone())
+        let bytes = crate::counters::read(|| client.read_one(self.handle.clone()))
             .map_err(|e| OpsError::device(op, e))?;
         if bytes.len() < self.numel() * self.dtype.size() {
             return Err(OpsError::Device {

@@ -1,6 +1,7 @@
-//! Embedding gather against the reference; out-of-range ids are errors.
+//! Embedding gather against the reference; out-of-range ids are errors
+//! (`embedding`) or gather the last row (`embedding_clamped`).
 
-use draftc_ops::embedding::{embedding, reference};
+use draftc_ops::embedding::{embedding, embedding_clamped, reference};
 use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -19,8 +20,26 @@ proptest! {
         let out = DeviceTensor::empty(&client, &[t, d], dtype);
         embedding(&client, &tt, &it, &out).unwrap();
         // A gather is exact.
-        prop_assert_eq!(out.download_f32(&client).unwrap(), reference::embedding(&table, d, &ids));
+        let want = reference::embedding(&table, d, &ids);
+        prop_assert_eq!(out.download_f32(&client).unwrap(), want.clone());
+        let out2 = DeviceTensor::empty(&client, &[t, d], dtype);
+        embedding_clamped(&client, &tt, &it, &out2).unwrap();
+        prop_assert_eq!(out2.download_f32(&client).unwrap(), want);
     }
+}
+
+#[test]
+fn clamped_ids_gather_the_last_row() {
+    let client = test_client();
+    let host = random_f32(2, 40, -1.0, 1.0, DType::F32);
+    let table = DeviceTensor::upload_f32(&client, &host, &[10, 4], DType::F32).unwrap();
+    let ids = DeviceTensor::upload_u32(&client, &[3, 10, 4_000_000_000], &[3]).unwrap();
+    let out = DeviceTensor::empty(&client, &[3, 4], DType::F32);
+    embedding_clamped(&client, &table, &ids, &out).unwrap();
+    assert_eq!(
+        out.download_f32(&client).unwrap(),
+        reference::embedding(&host, 4, &[3, 9, 9])
+    );
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! RoPE against the reference (HF rotate_half), explicit positions incl.
 //! large ones, f32 and f16.
 
-use draftc_ops::rope::{reference, rope};
+use draftc_ops::rope::{reference, rope, rope_freqs, rope_with_freqs};
 use draftc_ops::testing::{
     assert_close, awkward_size, config, float_dtype, random_f32, random_u32, test_client,
+    TestRuntime,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -23,7 +24,12 @@ proptest! {
         let pt = DeviceTensor::upload_u32(&client, &pos, &[t]).unwrap();
         let out = DeviceTensor::empty(&client, &[t, heads, hd], dtype);
         rope(&client, &xt, &pt, theta, &out).unwrap();
-        assert_close("rope", &out.download_f32(&client).unwrap(), &reference::rope(&x, &pos, heads, hd, theta), dtype)?;
+        let want = reference::rope(&x, &pos, heads, hd, theta);
+        assert_close("rope", &out.download_f32(&client).unwrap(), &want, dtype)?;
+        // The same with frequencies built once (what the executor keeps).
+        let freqs = rope_freqs(&client, hd, theta).unwrap();
+        rope_with_freqs(&client, &xt, &pt, &freqs, &out).unwrap();
+        assert_close("rope_with_freqs", &out.download_f32(&client).unwrap(), &want, dtype)?;
     }
 }
 
@@ -62,6 +68,14 @@ fn errors() {
             ..
         })
     ));
+    // Frequencies built for another head size.
+    let f6 = rope_freqs(&client, 6, 1e4).unwrap();
+    assert!(matches!(
+        rope_with_freqs(&client, &x, &p, &f6, &x),
+        Err(OpsError::ShapeMismatch { arg: "freqs", .. })
+    ));
+    assert!(rope_freqs::<TestRuntime>(&client, 7, 1e4).is_err());
+    assert!(rope_freqs::<TestRuntime>(&client, 8, 0.5).is_err());
     let x2 = DeviceTensor::zeros(&client, &[2, 8], DType::F32);
     assert!(matches!(
         rope(&client, &x2, &p, 1e4, &x2),

@@ -150,6 +150,62 @@ pub fn gpu_layout_profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfil
     p
 }
 
+/// When a pass submits its launches (issue 31; GPU-NOTES.md "Launch path").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlushPolicy {
+    /// Flush after every launch: lavapipe runs a submission on its own
+    /// threads while the host encodes the next launch, which measured
+    /// faster there than one flush a pass (7.2–7.4 against 5.2–6.1 tokens/s
+    /// at batch 1 on a 2-core host). Also the debug setting that names the
+    /// op behind a device error.
+    PerLaunch,
+    /// Queue every launch of a pass and flush once at its end: on
+    /// cubecl-cuda 0.10 a flush is a blocking round trip to the runner
+    /// thread, so per-launch flushing keeps host and GPU in lock-step.
+    PerPass,
+}
+
+impl FlushPolicy {
+    /// The environment variable that overrides the device's policy:
+    /// `launch` or `pass`.
+    pub const ENV: &'static str = "DRAFTC_FLUSH";
+
+    /// The policy for `device`: its class's, unless `DRAFTC_FLUSH` says
+    /// `launch` or `pass` (any other value is ignored with a warning).
+    pub fn for_device(device: &DeviceProfile) -> FlushPolicy {
+        match std::env::var(Self::ENV).as_deref() {
+            Ok("launch") => FlushPolicy::PerLaunch,
+            Ok("pass") => FlushPolicy::PerPass,
+            Ok(other) => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                WARNED.call_once(|| {
+                    eprintln!(
+                        "warning: {}={other:?} is neither `launch` nor `pass`; using the device's policy",
+                        Self::ENV
+                    )
+                });
+                Self::default_for(device)
+            }
+            Err(_) => Self::default_for(device),
+        }
+    }
+
+    /// The measured better policy of a device class.
+    pub fn default_for(device: &DeviceProfile) -> FlushPolicy {
+        match device.class {
+            DeviceClass::Emulator => FlushPolicy::PerLaunch,
+            DeviceClass::Gpu => FlushPolicy::PerPass,
+        }
+    }
+
+    /// Under [`FlushPolicy::PerPass`], a guard that defers this thread's
+    /// per-launch flushes while it lives (work that ends in a read needs no
+    /// flush of its own: a read submits what is queued before it).
+    pub fn defer(self) -> Option<draftc_ops::launch::DeferFlushes> {
+        (self == FlushPolicy::PerPass).then(draftc_ops::launch::defer_flushes)
+    }
+}
+
 /// The compute dtype `--dtype NAME` asks for on `client`: `f32`, `f16`, or
 /// `auto` (f16 weights and activations with f32 accumulation on a GPU,
 /// where decoding is bandwidth-bound; f32 on lavapipe, where the tuned

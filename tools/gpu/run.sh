@@ -2,18 +2,37 @@
 # On a lent NVIDIA machine (no Rust toolchain, no network): runs what
 # tools/gpu/stage.sh prepared here and the device tool carried there.
 #
-#   bash tools/gpu/run.sh stage   STAGE   # only unpack what this call carried
+#   bash tools/gpu/run.sh unpack  STAGE   # call 1 (carries .gpu1): unpack only
+#   bash tools/gpu/run.sh bench   STAGE [SECONDS]
+#                                         # call 2 (carries .gpu2 .gpu3): everything
+#                                         # below in one command, paced to SECONDS
+#                                         # (default 300), report in $OUT
 #   bash tools/gpu/run.sh model   STAGE   # reassemble + convert the GGUF
 #   bash tools/gpu/run.sh tests   STAGE   # the kernel tests on CUDA
 #   bash tools/gpu/run.sh sanitize STAGE  # the same under compute-sanitizer memcheck
 #                                         # (global memory only: shared-memory reads
 #                                         # past an array but inside the block's
 #                                         # allocation go unseen)
-#   bash tools/gpu/run.sh bench   STAGE   # decode + speculative benches on CUDA,
-#                                         # and transformers' decode on the same weights
 #
-# STAGE is a directory outside the repository that survives between calls
-# while the machine stays warm (e.g. /root/stage). Results go to $OUT.
+# `bench` runs, each stage under its own time limit so that one slow or
+# failing stage never loses the others' results:
+#   1. the GGUF reassembled and converted (f32 safetensors);
+#   2. the CUDA kernel tests (ops-* binaries, --features cuda-tests);
+#   3. compute-sanitizer memcheck over as many test binaries as its share
+#      of the time allows (the report says which ran);
+#   4. `draftc bench decode` in f16 and f32 at batch 1/4/16/64 with the
+#      measured counters (launches, flushes, reads, uploads, allocations,
+#      host µs per step), and f16 again with DRAFTC_FLUSH=launch (the old
+#      per-launch flush) beside it;
+#   5. transformers on the same converted weights: eager (f16, f32) and
+#      torch.compile with the static cache, mode="reduce-overhead" (f16);
+#   6. `draftc bench spec` for the shipped Beagle at batch 1 and 16.
+# CUDA-graph replay is not built yet (issue 31 item 6), so there is no
+# graphs-on/off pair; the flush-policy pair is the host-overhead A/B.
+#
+# What comes back in $OUT: report.md (every table), bench.tar.xz (logs,
+# JSON, SVG). STAGE is a directory outside the repository that survives
+# between calls while the machine stays warm (e.g. /root/stage).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=$1
@@ -21,6 +40,8 @@ stage=$2
 out=${OUT:-/tmp/out}
 mkdir -p "$stage" "$out"
 export PATH="$stage/bin:$PATH"
+t0=$(date +%s)
+say() { echo "[$(($(date +%s) - t0))s] $*"; }
 
 unpack() { # carried .xz programs into $stage/bin, GGUF parts into $stage; once per carry
   mkdir -p "$stage/bin"
@@ -38,69 +59,160 @@ unpack() { # carried .xz programs into $stage/bin, GGUF parts into $stage; once 
   done
 }
 
-case $what in
-stage)
-  unpack .gpu1 .gpu2 .gpu3
-  ls -la "$stage" "$stage/bin"
-  ;;
-model)
-  unpack .gpu1 .gpu2 .gpu3
+model() {
   if [ ! -f "$stage/model/f32/model.safetensors" ]; then
     cat "$stage"/*.gguf.part* >"$stage/model.gguf"
     sha256sum "$stage/model.gguf"
     draftc convert "$stage/model.gguf" --out "$stage/model/f32" --dtype f32 --quiet
   fi
   ls -la "$stage/model/f32"
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv
-  ;;
-tests)
-  unpack .gpu1 .gpu2 .gpu3
-  status=0
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
+}
+
+# tests DIR [DEADLINE_EPOCH]: every ops-* test binary, logs into DIR.
+tests() {
+  local dir=$1 deadline=${2:-0} status=0
   for t in "$stage"/bin/ops-*; do
     name=$(basename "$t")
-    if "$t" --test-threads 4 >"$out/$name.log" 2>&1; then
-      echo "PASS $name: $(grep -h '^test result' "$out/$name.log" | tail -1)"
+    if [ "$deadline" -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "NOT RUN $name (time)"
+      status=1
+      continue
+    fi
+    if timeout 120 "$t" --test-threads 4 >"$dir/$name.log" 2>&1; then
+      echo "PASS $name: $(grep -h '^test result' "$dir/$name.log" | tail -1)"
     else
       status=1
       echo "FAIL $name"
-      grep -h -A20 'panicked\|FAILED\|failures:' "$out/$name.log" | head -60
+      grep -h -A20 'panicked\|FAILED\|failures:' "$dir/$name.log" | head -60
     fi
   done
-  exit $status
+  return $status
+}
+
+# sanitize DIR [DEADLINE_EPOCH]: compute-sanitizer memcheck per binary.
+sanitize() {
+  local dir=$1 deadline=${2:-0} status=0 left
+  for t in "$stage"/bin/ops-*; do
+    name=$(basename "$t")
+    left=120
+    [ "$deadline" -gt 0 ] && left=$((deadline - $(date +%s)))
+    if [ "$left" -le 5 ]; then
+      echo "NOT RUN $name (time)"
+      continue
+    fi
+    [ "$left" -gt 120 ] && left=120
+    timeout "$left" compute-sanitizer --tool memcheck --error-exitcode 99 "$t" --test-threads 1 \
+      >"$dir/$name.memcheck" 2>&1
+    rc=$?
+    if [ $rc = 0 ]; then
+      echo "CLEAN $name"
+    elif [ $rc = 124 ]; then
+      echo "TIMEOUT $name (${left}s; no error reported before it)"
+      grep -h -m5 -A6 'Invalid\|ERROR SUMMARY' "$dir/$name.memcheck"
+    else
+      status=1
+      echo "ERROR $name (exit $rc)"
+      grep -h -m5 -A6 'Invalid\|ERROR SUMMARY\|panicked' "$dir/$name.memcheck"
+    fi
+  done
+  return $status
+}
+
+case $what in
+unpack | stage)
+  unpack .gpu1 .gpu2 .gpu3
+  ls -la "$stage" "$stage/bin"
+  ;;
+model)
+  unpack .gpu1 .gpu2 .gpu3
+  model
+  ;;
+tests)
+  unpack .gpu1 .gpu2 .gpu3
+  tests "$out"
   ;;
 sanitize)
   unpack .gpu1 .gpu2 .gpu3
-  status=0
-  for t in "$stage"/bin/ops-*; do
-    name=$(basename "$t")
-    if timeout 120 compute-sanitizer --tool memcheck --error-exitcode 99 "$t" --test-threads 1 \
-      >"$out/$name.memcheck" 2>&1; then
-      echo "CLEAN $name"
-    else
-      status=1
-      echo "ERROR $name (exit $?)"
-      grep -h -m5 -A6 'Invalid\|ERROR SUMMARY\|panicked' "$out/$name.memcheck"
-    fi
-  done
-  exit $status
+  sanitize "$out"
   ;;
 bench)
+  budget=${3:-300}
   unpack .gpu1 .gpu2 .gpu3
-  model="$stage/model/f32"
-  # GPU kernel layouts (plane linears, plane decode attention) in f16 and
-  # f32; the tables include launches per step and host us per launch.
+  work=/tmp/gpu-bench
+  rm -rf "$work" && mkdir -p "$work"
+  report="$out/report.md"
+  exec > >(tee "$work/log.txt") 2>&1
+  left() { echo $((budget - ($(date +%s) - t0))); }
+  {
+    echo "# tools/gpu/run.sh bench — $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
+    echo
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  } >"$report"
+  say "model"
+  model >"$work/model.log" 2>&1 || { say "MODEL FAILED"; cat "$work/model.log"; exit 3; }
+  m="$stage/model/f32"
+
+  say "kernel tests (up to 60 s)"
+  mkdir -p "$work/tests"
+  { echo; echo "## CUDA kernel tests"; echo; echo '```'; tests "$work/tests" $(($(date +%s) + 60)); echo '```'; } |
+    tee -a "$report"
+
+  say "decode benches"
   for dt in f16 f32; do
-    mkdir -p "$out/$dt"
-    draftc bench decode --backend cuda --dtype $dt --model "$model" --batch 1,4,16,64 --steps 32 \
-      --out "$out/$dt" 2>"$out/$dt/decode.err" | tee "$out/$dt/decode.md"
-    python3 tools/gpu/hf_decode.py "$model" 1,4,16,64 32 $dt 2>"$out/$dt/hf_decode.err" \
-      | tee "$out/$dt/hf_decode.md"
+    mkdir -p "$work/decode-$dt"
+    timeout 90 draftc bench decode --backend cuda --dtype $dt --model "$m" --batch 1,4,16,64 --steps 32 \
+      --out "$work/decode-$dt" 2>"$work/decode-$dt/decode.err" >"$work/decode-$dt/decode.md" ||
+      echo "decode $dt failed or timed out (exit $?): $(tail -3 "$work/decode-$dt/decode.err")"
+    { echo; cat "$work/decode-$dt/decode.md"; } >>"$report"
   done
-  draftc bench spec --backend cuda --prompts mt-bench --prompt-count 16 --model "$model" \
-    --batch 1,16 --budget 3,4 --max-tokens 48 --out "$out" 2>"$out/spec.err" | tee "$out/spec.md"
+  mkdir -p "$work/decode-f16-flush-launch"
+  DRAFTC_FLUSH=launch timeout 60 draftc bench decode --backend cuda --dtype f16 --model "$m" --batch 1,64 --steps 32 \
+    --out "$work/decode-f16-flush-launch" 2>"$work/decode-f16-flush-launch/decode.err" \
+    >"$work/decode-f16-flush-launch/decode.md" || echo "decode (flush per launch) failed (exit $?)"
+  { echo; echo "### f16 with DRAFTC_FLUSH=launch (a flush after every launch, the policy before issue 31)";
+    cat "$work/decode-f16-flush-launch/decode.md"; } >>"$report"
+  cat "$work"/decode-*/decode.md
+
+  say "transformers (eager f16 and f32, torch.compile f16)"
+  for dt in f16 f32; do
+    timeout 60 python3 tools/gpu/hf_decode.py "$m" 1,4,16,64 32 $dt eager 50 \
+      >"$work/hf-eager-$dt.md" 2>"$work/hf-eager-$dt.err" || echo "transformers eager $dt: exit $?"
+  done
+  c_s=$(($(left) - 75))
+  [ "$c_s" -gt 150 ] && c_s=150
+  if [ "$c_s" -gt 20 ]; then
+    timeout $((c_s + 15)) python3 tools/gpu/hf_decode.py "$m" 1,4,16,64 32 f16 compile "$c_s" \
+      >"$work/hf-compile-f16.md" 2>"$work/hf-compile-f16.err" || echo "transformers compile: exit $?"
+  else
+    echo "torch.compile skipped: ${c_s}s left for it" >"$work/hf-compile-f16.md"
+  fi
+  for f in hf-eager-f16 hf-eager-f32 hf-compile-f16; do
+    { echo; echo "## transformers ($f)"; echo; cat "$work/$f.md"; } | tee -a "$report"
+  done
+
+  say "speculative bench"
+  spec_s=$(($(left) - 40))
+  if [ "$spec_s" -gt 20 ]; then
+    timeout "$spec_s" draftc bench spec --backend cuda --prompts mt-bench --prompt-count 8 --model "$m" \
+      --batch 1,16 --budget 3 --max-tokens 32 --drafter models/beagle.draft --lookup off --lookup 2 \
+      --out "$work/spec" --quiet 2>"$work/spec.err" >"$work/spec.md" || echo "spec: exit $? $(tail -3 "$work/spec.err")"
+    { echo; cat "$work/spec.md"; } | tee -a "$report"
+  fi
+
+  say "compute-sanitizer memcheck (the time left)"
+  mkdir -p "$work/memcheck"
+  { echo; echo "## compute-sanitizer memcheck"; echo; echo '```';
+    sanitize "$work/memcheck" $((t0 + budget - 8)); echo '```'; } | tee -a "$report"
+  say "done"
+  cp "$report" "$work/"
+  tar -C /tmp -cJf "$out/bench.tar.xz" gpu-bench
+  ls -la "$out"
   ;;
 *)
-  echo "usage: run.sh stage|model|tests|bench STAGE" >&2
+  echo "usage: run.sh unpack|bench|model|tests|sanitize STAGE [SECONDS]" >&2
   exit 2
   ;;
 esac

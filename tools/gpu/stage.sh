@@ -4,12 +4,15 @@
 # in three carry folders small enough for one device call each (64 MiB):
 #   .gpu1/  draftc (release, --features cuda), xz-compressed; half the GGUF
 #   .gpu2/  the other half of the GGUF
-#   .gpu3/  the kernel test binaries (--features cuda-tests), xz-compressed
+#   .gpu3/  the kernel tests (--features cuda-tests) as one binary, xz-compressed
 # The folders are git-ignored (.git/info/exclude). The tracked tree travels
 # with every call too and is larger than what is left beside .gpu1 or .gpu2:
 # take those calls with `tools/gpu/slim.sh on 1` (call with .gpu1) and
-# `on 2` (.gpu2), and `slim.sh off` afterwards. `on 2` leaves out the weights
-# of SpecFormer, SPIRe and Medusa: a bench of those needs them carried.
+# `on 2` (.gpu2 and .gpu3), and `slim.sh off` afterwards:
+#   call 1: carry [.gpu1]        bash tools/gpu/run.sh unpack /root/stage
+#   call 2: carry [.gpu2, .gpu3] bash tools/gpu/run.sh bench /root/stage 300
+# (the second within the 30 s a machine stays warm). `on 2` leaves out the
+# weights of SpecFormer, SPIRe and Medusa: a bench of those needs them carried.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p "$(git rev-parse --git-dir)/info"
@@ -22,7 +25,9 @@ cargo build --release -p draftc-runtime --features cuda
 strip -o .gpu1/draftc target/release/draftc
 xz -T2 -6 .gpu1/draftc
 
-cargo test --release -p draftc-ops --features cuda-tests --no-run --message-format=json 2>/dev/null |
+# One binary holding every kernel test file (ops/tests/cuda_all.rs): thirteen
+# separately linked binaries would not fit a device call.
+cargo test --release -p draftc-ops --features cuda-tests --test cuda_all --no-run --message-format=json 2>/dev/null |
   python3 -c '
 import json, sys
 for line in sys.stdin:

@@ -13,6 +13,7 @@
 
 use cubecl::prelude::*;
 use draftc_codegen::{PlanConfig, PlanDType};
+use draftc_ops::counters::Counts;
 use draftc_ops::probe::Roofline;
 use serde::Serialize;
 
@@ -54,8 +55,20 @@ pub struct DecodePoint {
     /// over the host's memory read bandwidth.
     pub fraction_of_device_read: f64,
     pub fraction_of_host_read: f64,
-    /// Kernel launches in one decode step (the plan's count).
-    pub launches_per_step: usize,
+    /// What one decode step asked of the device, measured over the timed
+    /// steps (`draftc_ops::counters`, selection included), not taken from
+    /// the plan: kernel launches, flushes (submissions), device→host
+    /// reads, host→device uploads and device allocations, per step.
+    pub launches_per_step: f64,
+    pub flushes_per_step: f64,
+    pub reads_per_step: f64,
+    pub uploads_per_step: f64,
+    pub allocations_per_step: f64,
+    /// Host microseconds per step: the step's wall time less the time the
+    /// host was blocked in reads and flushes (waiting for the device).
+    pub host_us_per_step: f64,
+    /// The fused plan's launch count for one step (target pass only).
+    pub plan_launches_per_step: usize,
     /// Host time issuing one launch, mean over the timed decode passes
     /// (`exec::HostTime`): the cost a launch adds before the device sees
     /// it. On lavapipe, which runs kernels on the submitting CPU threads,
@@ -135,6 +148,10 @@ pub fn run_decode<R: Runtime>(
             },
         );
         let seconds = timed.iter().sum::<f64>().max(1e-9);
+        let counts = run.stats.decode_pass_counts[1..=cfg.steps]
+            .iter()
+            .fold(Counts::default(), |a, c| a.plus(c));
+        let per_step = |n: u64| n as f64 / cfg.steps as f64;
         let prompt_mean = requests.iter().map(|r| r.prompt.len()).sum::<usize>() as f64 / b as f64;
         // The timed passes read contexts prompt + 1 … prompt + steps.
         let mean_context = prompt_mean + (cfg.steps + 1) as f64 / 2.0;
@@ -170,7 +187,13 @@ pub fn run_decode<R: Runtime>(
             achieved_flops_per_s: flops / step_s,
             fraction_of_device_read: bytes / step_s / roofline.device_read,
             fraction_of_host_read: bytes / step_s / roofline.host_read,
-            launches_per_step: plan.launches.len(),
+            launches_per_step: per_step(counts.launches),
+            flushes_per_step: per_step(counts.flushes),
+            reads_per_step: per_step(counts.reads),
+            uploads_per_step: per_step(counts.uploads),
+            allocations_per_step: per_step(counts.allocations),
+            host_us_per_step: 1e6 * (seconds - counts.blocked_s).max(0.0) / cfg.steps as f64,
+            plan_launches_per_step: plan.launches.len(),
             host_us_per_launch: host.us_per_launch(),
         });
     }
@@ -207,8 +230,8 @@ impl DecodeReport {
         let mut s = format!(
             "## autoregressive decode — {}, {} ({} MB of weights)\n\
              rooflines: device streaming read {:.2} GB/s, host read {:.1} GB/s, host copy {:.1} GB/s\n\n\
-             | batch | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s | launches/step | host µs/launch |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | batch | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s | launches/step | flushes | reads | uploads | allocations | host µs/step | host µs/launch |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.device,
             self.dtype,
             self.weight_bytes / 1_000_000,
@@ -218,7 +241,7 @@ impl DecodeReport {
         );
         for p in &self.points {
             s.push_str(&format!(
-                "| {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} | {} | {:.1} |\n",
+                "| {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} |\n",
                 p.batch,
                 p.tokens_per_s,
                 p.step_ms,
@@ -230,6 +253,11 @@ impl DecodeReport {
                 100.0 * p.fraction_of_host_read,
                 p.achieved_flops_per_s / 1e9,
                 p.launches_per_step,
+                p.flushes_per_step,
+                p.reads_per_step,
+                p.uploads_per_step,
+                p.allocations_per_step,
+                p.host_us_per_step,
                 p.host_us_per_launch,
             ));
         }

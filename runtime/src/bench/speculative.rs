@@ -87,6 +87,14 @@ pub struct SpecPoint {
     /// Sequence-rounds drafted by prompt lookup instead of the model.
     #[serde(skip_serializing_if = "is_zero")]
     pub lookup_rounds: usize,
+    /// What one speculative round (draft, verify, accept, commit of the
+    /// whole batch) asked of the device, measured (`draftc_ops::counters`):
+    /// launches, flushes, reads, uploads and allocations per round.
+    pub launches_per_round: f64,
+    pub flushes_per_round: f64,
+    pub reads_per_round: f64,
+    pub uploads_per_round: f64,
+    pub allocations_per_round: f64,
     /// The speculative tokens equalled the autoregressive ones.
     pub lossless: bool,
 }
@@ -225,6 +233,7 @@ pub fn run_spec<R: Runtime>(
                     tokens.extend(spec.tokens);
                 }
                 let decode = s.decode_s.max(1e-9);
+                let per_round = |n: u64| n as f64 / s.rounds.max(1) as f64;
                 points.push(SpecPoint {
                     drafter: match choice.confidence {
                         Some(c) => format!("{} confidence {c}", drafter.name()),
@@ -252,6 +261,11 @@ pub fn run_spec<R: Runtime>(
                     draft_errors: s.draft_errors,
                     lookup: choice.lookup,
                     lookup_rounds: s.lookup_rounds,
+                    launches_per_round: per_round(s.round_counts.launches),
+                    flushes_per_round: per_round(s.round_counts.flushes),
+                    reads_per_round: per_round(s.round_counts.reads),
+                    uploads_per_round: per_round(s.round_counts.uploads),
+                    allocations_per_round: per_round(s.round_counts.allocations),
                     lossless: tokens == base_tokens,
                 });
                 done += 1;
@@ -292,8 +306,8 @@ impl SpecReport {
     pub fn table(&self) -> String {
         let mut s = format!(
             "## speculative vs autoregressive decoding — {}, {}, {} new tokens per sequence\n\n\
-             | drafter | weights | batch | prompts | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | lossless |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | drafter | weights | batch | prompts | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | launches / flushes / reads / uploads / allocs per round | lossless |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.device, self.dtype, self.max_tokens
         );
         for p in &self.points {
@@ -304,7 +318,7 @@ impl SpecReport {
                 .map(|a| format!("{a:.2}"))
                 .collect();
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {:.0} / {:.1} / {:.1} / {:.0} / {:.0} | {} |\n",
                 p.drafter,
                 p.weights,
                 p.batch,
@@ -322,6 +336,11 @@ impl SpecReport {
                 100.0 * p.draft_share,
                 100.0 * p.verify_share,
                 depth.join(" "),
+                p.launches_per_round,
+                p.flushes_per_round,
+                p.reads_per_round,
+                p.uploads_per_round,
+                p.allocations_per_round,
                 if p.lossless { "yes" } else { "NO" },
             ));
         }

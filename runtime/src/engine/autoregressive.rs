@@ -34,6 +34,10 @@ pub struct GenStats {
     /// The target executor's launches and host issue time in each of those
     /// passes (`exec::HostTime`).
     pub decode_pass_host: Vec<crate::exec::HostTime>,
+    /// What each of those steps asked of the device, measured
+    /// (`draftc_ops::counters`): launches, flushes, reads, uploads,
+    /// allocations, and time blocked on the device.
+    pub decode_pass_counts: Vec<draftc_ops::counters::Counts>,
 }
 
 impl GenStats {
@@ -81,6 +85,9 @@ pub fn generate<R: Runtime>(
     for slot in 0..b {
         target.caches.reset(slot);
     }
+    // On a GPU the whole run queues its launches; each pass flushes once
+    // and the selection's read is the step's only wait.
+    let _flushes = target.exec.flush_policy().defer();
     let t0 = Instant::now();
     let prompts: Vec<(usize, Vec<u32>)> = requests
         .iter()
@@ -104,6 +111,7 @@ pub fn generate<R: Runtime>(
     while !active.is_empty() {
         let pass_start = Instant::now();
         let host0 = target.exec.host_time();
+        let counts0 = draftc_ops::counters::snapshot();
         let step = Step {
             seqs: active
                 .iter()
@@ -123,6 +131,9 @@ pub fn generate<R: Runtime>(
         stats
             .decode_pass_host
             .push(target.exec.host_time().since(&host0));
+        stats
+            .decode_pass_counts
+            .push(draftc_ops::counters::snapshot().since(&counts0));
         let mut still = Vec::with_capacity(active.len());
         for (&i, &tok) in active.iter().zip(&next) {
             out[i].push(tok);

@@ -58,6 +58,11 @@ pub struct SpecStats {
     /// Sequence-rounds drafted by prompt lookup instead of the model
     /// drafter (`--lookup`; 0 otherwise).
     pub lookup_rounds: usize,
+    /// Rounds (batch-wide, not per sequence) and what they asked of the
+    /// device in all, measured (`draftc_ops::counters`, this thread only: a
+    /// concurrent drafter's thread is not counted).
+    pub rounds: usize,
+    pub round_counts: draftc_ops::counters::Counts,
 }
 
 impl SpecStats {
@@ -98,6 +103,8 @@ impl SpecStats {
         self.verify_s += o.verify_s;
         self.draft_errors += o.draft_errors;
         self.lookup_rounds += o.lookup_rounds;
+        self.rounds += o.rounds;
+        self.round_counts = self.round_counts.plus(&o.round_counts);
         if o.last_draft_error.is_some() {
             self.last_draft_error.clone_from(&o.last_draft_error);
         }
@@ -192,6 +199,9 @@ pub fn generate_speculative<R: Runtime>(
         drafter.reset(slot);
     }
     let lookups_before = drafter.lookup_rounds().map_or(0, |c| c.by_lookup);
+    // On a GPU the run queues its launches; each pass flushes once and the
+    // reads (acceptance, a drafter's selections) are the only waits.
+    let _flushes = target.exec.flush_policy().defer();
     let t0 = Instant::now();
     let client = target.client().clone();
     let vocab = target.vocab;
@@ -235,6 +245,7 @@ pub fn generate_speculative<R: Runtime>(
     }
     while !active.is_empty() {
         round += 1;
+        let counts0 = draftc_ops::counters::snapshot();
         // 1. Draft.
         let td = Instant::now();
         let views: Vec<SeqView<'_>> = active
@@ -354,6 +365,10 @@ pub fn generate_speculative<R: Runtime>(
         }
         drafter.observe(&client, &o, &committed)?;
         active = still;
+        stats.rounds += 1;
+        stats.round_counts = stats
+            .round_counts
+            .plus(&draftc_ops::counters::snapshot().since(&counts0));
     }
     drafter.finished()?;
     stats.lookup_rounds = drafter.lookup_rounds().map_or(0, |c| c.by_lookup) - lookups_before;

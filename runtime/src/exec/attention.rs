@@ -66,9 +66,24 @@ impl<R: Runtime> Run<'_, R> {
         if rows.is_empty() {
             return Ok((cache, in_target));
         }
-        draftc_ops::kv::append_rows(self.client, &kt, &rows, &kc)?;
-        draftc_ops::kv::append_rows(self.client, &vt, &rows, &vc)?;
+        let n = kt.shape()[0] as u32;
+        let src = self.row_index((0..n).collect())?;
+        let dst = self.row_index(rows)?;
+        let (src, dst) = (&self.row_indices[src].1, &self.row_indices[dst].1);
+        draftc_ops::kv::append_rows_indexed(self.client, &kt, src, dst, &kc)?;
+        draftc_ops::kv::append_rows_indexed(self.client, &vt, src, dst, &vc)?;
         Ok((cache, in_target))
+    }
+
+    /// The position in `row_indices` of `idx` on the device, uploaded once
+    /// per pass: the K and V appends of every layer write the same rows.
+    fn row_index(&mut self, idx: Vec<u32>) -> Result<usize, ExecError> {
+        if let Some(i) = self.row_indices.iter().position(|(k, _)| *k == idx) {
+            return Ok(i);
+        }
+        let dev = draftc_ops::kv::RowIndex::upload(self.client, &idx)?;
+        self.row_indices.push((idx, dev));
+        Ok(self.row_indices.len() - 1)
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -32,10 +32,12 @@ use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
 
+use super::arena::{Arena, Use};
 use super::cache::CacheStore;
 use super::step::Step;
 use super::timing::{HostTime, Profile};
 use super::weights::HostWeights;
+use crate::device::FlushPolicy;
 
 /// Why a pass could not run.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +120,13 @@ pub struct Executor<R: Runtime> {
     host: HostTime,
     /// Per-launch wall times when profiling (`DRAFTC_PROFILE=1`).
     profile: Option<Profile>,
+    /// When a pass flushes: the device's policy or `DRAFTC_FLUSH`.
+    flush: FlushPolicy,
+    /// RoPE frequencies by (head_dim, theta bits): per-model constants,
+    /// uploaded once.
+    rope_freqs: HashMap<(usize, u64), DeviceTensor<R>>,
+    /// Pass-internal buffers kept across passes.
+    arena: Arena,
 }
 
 /// The ops dtype of a plan dtype.
@@ -221,6 +230,9 @@ impl<R: Runtime> Executor<R> {
             fuse,
             weights: dev,
             plans,
+            flush: FlushPolicy::for_device(&device),
+            rope_freqs: HashMap::new(),
+            arena: Arena::default(),
             device,
             host: HostTime::default(),
             profile: std::env::var_os("DRAFTC_PROFILE")
@@ -248,9 +260,16 @@ impl<R: Runtime> Executor<R> {
     /// the GPU kernel layouts on lavapipe.
     pub fn set_device(&mut self, device: DeviceProfile) {
         if device != self.device {
+            self.flush = FlushPolicy::for_device(&device);
             self.device = device;
             self.plans.clear();
         }
+    }
+
+    /// When this executor's passes flush (the device profile's policy,
+    /// unless `DRAFTC_FLUSH` overrides it).
+    pub fn flush_policy(&self) -> FlushPolicy {
+        self.flush
     }
 
     /// A weight this executor bound, by binder name (`model.norm.weight`).
@@ -317,6 +336,22 @@ impl<R: Runtime> Executor<R> {
         }
         self.plan(rows)?;
         let plan = Arc::clone(&self.plans[&rows]);
+        for launch in &plan.launches {
+            if let draftc_codegen::kernel::Kernel::Rope {
+                head_dim, theta, ..
+            } = launch.kernel
+            {
+                let key = (head_dim as usize, theta.get().to_bits());
+                if !self.rope_freqs.contains_key(&key) {
+                    let f = draftc_ops::rope::rope_freqs(
+                        &self.client,
+                        head_dim as usize,
+                        theta.get() as f32,
+                    )?;
+                    self.rope_freqs.insert(key, f);
+                }
+            }
+        }
         let mut run = Run {
             client: &self.client,
             plan: &plan,
@@ -329,13 +364,22 @@ impl<R: Runtime> Executor<R> {
             pending: BTreeMap::new(),
             memory: BTreeMap::new(),
             attn_metas: Vec::new(),
+            rope_freqs: &self.rope_freqs,
+            positions: Vec::new(),
+            row_indices: Vec::new(),
+            arena: &mut self.arena,
         };
         run.slot_handles = plan
             .slots
             .iter()
-            .map(|&b| self.client.empty(b.max(16) as usize))
+            .enumerate()
+            .map(|(i, &b)| {
+                run.arena
+                    .take(&self.client, rows, Use::Slot(i), b.max(16) as usize)
+            })
             .collect();
         let pass_start = std::time::Instant::now();
+        let deferred = self.flush.defer();
         run.bind_inputs(inputs)?;
         for launch in &plan.launches {
             let t = std::time::Instant::now();
@@ -363,6 +407,17 @@ impl<R: Runtime> Executor<R> {
                 );
             }
         }
+        if deferred.is_some() {
+            drop(deferred);
+            draftc_ops::launch::flush(&self.client, "pass").map_err(|e| {
+                ExecError::Internal(format!(
+                    "a pass of {} launches failed on the device: {e} \
+                     ({}=launch flushes after every launch and names the op)",
+                    plan.launches.len(),
+                    FlushPolicy::ENV
+                ))
+            })?;
+        }
         let out = run.outputs();
         if let Some(p) = &mut self.profile {
             p.passes += 1;
@@ -388,6 +443,15 @@ pub(super) struct Run<'a, R: Runtime> {
     memory: BTreeMap<String, DeviceTensor<R>>,
     /// Attention metadata already uploaded in this pass.
     pub(super) attn_metas: Vec<(super::attention::MetaKey, AttnMeta<R>)>,
+    /// RoPE frequencies by (head_dim, theta bits), built by the executor.
+    rope_freqs: &'a HashMap<(usize, u64), DeviceTensor<R>>,
+    /// Position ids already uploaded in this pass, by row source (every
+    /// RoPE of a pass rotates the same rows' positions).
+    positions: Vec<(RowSource, DeviceTensor<R>)>,
+    /// Row-index lists already uploaded in this pass (KV appends).
+    pub(super) row_indices: Vec<(Vec<u32>, draftc_ops::kv::RowIndex<R>)>,
+    /// The executor's kept buffers (slots, pending K/V rows).
+    arena: &'a mut Arena,
 }
 
 impl<R: Runtime> Run<'_, R> {
@@ -580,7 +644,15 @@ impl<R: Runtime> Run<'_, R> {
                 let w = weight(self.weights, launch, wi)?.clone();
                 let ob = launch.outputs[0];
                 let out = if self.is_cache(ob) {
-                    let t = DeviceTensor::empty(c, &[m, n], self.dtype);
+                    // Consumed within the pass (RoPE, then the append).
+                    let bytes = draftc_ops::tensor::padded_bytes(m * n, self.dtype);
+                    let h = self.arena.take(
+                        c,
+                        self.step.rows(),
+                        Use::Pending(launch.id.0 as usize),
+                        bytes,
+                    );
+                    let t = DeviceTensor::from_handle(h, &[m, n], self.dtype)?;
                     self.pending.insert(ob, (t.clone(), src));
                     t
                 } else {
@@ -661,10 +733,21 @@ impl<R: Runtime> Run<'_, R> {
                         pos.len()
                     )));
                 }
-                let pos = self.upload_u32(&pos)?;
+                let pos = match self.positions.iter().find(|(s, _)| *s == src) {
+                    Some((_, t)) => t.clone(),
+                    None => {
+                        let t = self.upload_u32(&pos)?;
+                        self.positions.push((src, t.clone()));
+                        t
+                    }
+                };
                 let x = x.reshape(&[tokens, h, hd])?;
                 let out = out.reshape(&[tokens, h, hd])?;
-                draftc_ops::rope::rope(c, &x, &pos, theta.get() as f32, &out)?;
+                let freqs = self
+                    .rope_freqs
+                    .get(&(hd, theta.get().to_bits()))
+                    .ok_or_else(|| ExecError::Internal("rope frequencies not built".into()))?;
+                draftc_ops::rope::rope_with_freqs(c, &x, &pos, freqs, &out)?;
             }
             Kernel::KvAppend { width, .. } => {
                 let width = width as usize;
@@ -723,7 +806,15 @@ impl<R: Runtime> Run<'_, R> {
                 let n = ids.numel();
                 let ids = ids.reshape(&[n])?;
                 let out = self.tensor(launch.outputs[0])?.reshape(&[n, d as usize])?;
-                draftc_ops::embedding::embedding(c, weight(self.weights, launch, 0)?, &ids, &out)?;
+                // Ids are checked on the host where they are uploaded
+                // (`TargetModel::forward`) or come from the device's own
+                // selections; reading them back here would stall the pass.
+                draftc_ops::embedding::embedding_clamped(
+                    c,
+                    weight(self.weights, launch, 0)?,
+                    &ids,
+                    &out,
+                )?;
             }
             Kernel::Elementwise { op, numel, b_numel } => {
                 let out = self.tensor(launch.outputs[0])?;

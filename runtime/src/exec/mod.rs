@@ -11,7 +11,8 @@
 //! | `weights.rs` | [`HostWeights`]: random, from safetensors, checked against a plan |
 //! | `draft_vocab.rs` | [`DraftVocab`]: a reduced draft vocabulary's ids, head rows and id map |
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
-//! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch |
+//! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch, flush policy |
+//! | `arena.rs` | buffers a pass uses internally (slots, pending K/V), kept across passes |
 //! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
 //!
@@ -21,6 +22,7 @@
 //! A pass appends its new rows after them; the engine later truncates or
 //! compacts (accepted tree path) through [`CacheStore`].
 
+mod arena;
 mod attention;
 mod cache;
 mod draft_vocab;

@@ -1,0 +1,166 @@
+//! What the host asks of the device, counted per thread: kernel launches,
+//! flushes (submissions), device→host reads, host→device uploads, device
+//! buffer allocations, and the wall time the host spent blocked in reads
+//! and flushes (issue 31).
+//!
+//! Every safe launch function ends in [`launch::finish`](crate::launch::finish),
+//! and every upload, allocation and read of a [`DeviceTensor`](crate::DeviceTensor)
+//! goes through `tensor.rs`, so counting there sees all of them; a caller
+//! that allocates a raw cubecl handle itself records it with
+//! [`allocation`]. The counts are measured, not taken from a plan: a
+//! decode step's real cost (argument uploads, scratch buffers, the selection
+//! read) shows up, on every backend, so the default test suite can hold a
+//! budget on lavapipe.
+//!
+//! Counters are thread-local: each thread drives its own compute stream
+//! (concurrent drafting runs the drafter on a thread of its own), and tests
+//! running in parallel do not see each other's work. Take a [`snapshot`]
+//! before and after the work and subtract ([`Counts::since`]).
+
+use std::cell::Cell;
+use std::time::Instant;
+
+/// Device requests made by one thread (monotonic; subtract two snapshots).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Counts {
+    /// Kernel launches (one per `finish`).
+    pub launches: u64,
+    /// Flushes / submissions of queued work.
+    pub flushes: u64,
+    /// Device→host reads (each blocks until the work before it has run).
+    pub reads: u64,
+    /// Host→device uploads.
+    pub uploads: u64,
+    /// Device buffer allocations (uploads allocate too and count in both).
+    pub allocations: u64,
+    /// Wall seconds the host spent inside reads and flushes, waiting for
+    /// the device or its runner thread.
+    pub blocked_s: f64,
+}
+
+impl Counts {
+    /// The requests made since `earlier`.
+    pub fn since(&self, earlier: &Counts) -> Counts {
+        Counts {
+            launches: self.launches - earlier.launches,
+            flushes: self.flushes - earlier.flushes,
+            reads: self.reads - earlier.reads,
+            uploads: self.uploads - earlier.uploads,
+            allocations: self.allocations - earlier.allocations,
+            blocked_s: self.blocked_s - earlier.blocked_s,
+        }
+    }
+
+    /// The sum of two counts (aggregating passes).
+    pub fn plus(&self, other: &Counts) -> Counts {
+        Counts {
+            launches: self.launches + other.launches,
+            flushes: self.flushes + other.flushes,
+            reads: self.reads + other.reads,
+            uploads: self.uploads + other.uploads,
+            allocations: self.allocations + other.allocations,
+            blocked_s: self.blocked_s + other.blocked_s,
+        }
+    }
+}
+
+thread_local! {
+    static COUNTS: Cell<Counts> = const {
+        Cell::new(Counts {
+            launches: 0,
+            flushes: 0,
+            reads: 0,
+            uploads: 0,
+            allocations: 0,
+            blocked_s: 0.0,
+        })
+    };
+}
+
+/// This thread's counts so far.
+pub fn snapshot() -> Counts {
+    COUNTS.with(Cell::get)
+}
+
+fn bump(f: impl FnOnce(&mut Counts)) {
+    COUNTS.with(|c| {
+        let mut v = c.get();
+        f(&mut v);
+        c.set(v);
+    });
+}
+
+pub(crate) fn launch() {
+    bump(|c| c.launches += 1);
+}
+
+pub(crate) fn upload() {
+    bump(|c| {
+        c.uploads += 1;
+        c.allocations += 1;
+    });
+}
+
+/// Records a device allocation made outside [`DeviceTensor`](crate::DeviceTensor)
+/// (a raw `client.empty` handle).
+pub fn allocation() {
+    bump(|c| c.allocations += 1);
+}
+
+/// Runs `f`, a blocking read, counting it and the time it blocked.
+pub(crate) fn read<T>(f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let out = f();
+    let s = t.elapsed().as_secs_f64();
+    bump(|c| {
+        c.reads += 1;
+        c.blocked_s += s;
+    });
+    out
+}
+
+/// Runs `f`, a flush, counting it and the time it blocked.
+pub(crate) fn flush<T>(f: impl FnOnce() -> T) -> T {
+    let t = Instant::now();
+    let out = f();
+    let s = t.elapsed().as_secs_f64();
+    bump(|c| {
+        c.flushes += 1;
+        c.blocked_s += s;
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_and_plus_are_inverse() {
+        let a = snapshot();
+        launch();
+        upload();
+        allocation();
+        read(|| ());
+        flush(|| ());
+        let d = snapshot().since(&a);
+        assert_eq!(
+            (d.launches, d.flushes, d.reads, d.uploads, d.allocations),
+            (1, 1, 1, 1, 2)
+        );
+        assert_eq!(a.plus(&d).launches, snapshot().launches);
+    }
+
+    #[test]
+    fn counts_are_per_thread() {
+        let before = snapshot();
+        std::thread::spawn(|| {
+            for _ in 0..5 {
+                launch();
+            }
+        })
+        .join()
+        .unwrap();
+        assert_eq!(snapshot().since(&before).launches, 0);
+    }
+}
