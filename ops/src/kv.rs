@@ -66,7 +66,7 @@ fn dims3<R: Runtime>(
 }
 
 /// Checks every index is `< bound` and (for destinations) distinct.
-fn check_indices(
+pub(crate) fn check_indices(
     op: &'static str,
     arg: &'static str,
     idx: &[u32],
@@ -125,6 +125,11 @@ impl<R: Runtime> RowIndex<R> {
     /// The indices.
     pub fn as_slice(&self) -> &[u32] {
         &self.host
+    }
+
+    /// The device copy (`None` for an empty list).
+    pub(crate) fn device(&self) -> Option<&DeviceTensor<R>> {
+        self.dev.as_ref()
     }
 }
 

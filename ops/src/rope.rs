@@ -9,6 +9,10 @@
 //! and uploaded (`h` floats); the kernel reduces the angle modulo 2π in two
 //! steps (Cody–Waite) before `sin`/`cos`, so large positions stay accurate
 //! on backends with a short-range `sin`.
+//!
+//! [`rope_append`] fuses a pass's last steps before attention: it rotates
+//! the new K rows and writes them, with the new V rows, straight into the
+//! caches at their slots (one launch for RoPE on K and both KV appends).
 
 use cubecl::prelude::*;
 
@@ -51,6 +55,114 @@ pub fn rope_kernel<F: Float + CubeElement>(
         out[base + i] = F::cast_from(x1 * c - x2 * s);
         out[base + i + half] = F::cast_from(x2 * c + x1 * s);
     }
+}
+
+/// One unit per (row, kv head, i < half): rotates `k` into `k_cache` and
+/// copies `v` into `v_cache`, both at row `slots[row]`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_append_kernel<F: Float + CubeElement>(
+    k: &Array<F>,
+    v: &Array<F>,
+    pos: &Array<u32>,
+    inv_freq: &Array<f32>,
+    slots: &Array<u32>,
+    k_cache: &mut Array<F>,
+    v_cache: &mut Array<F>,
+    pairs: usize,
+    heads: usize,
+    half: usize,
+) {
+    let p = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
+    if p < pairs {
+        let i = p % half;
+        let th = p / half; // row * heads + head
+        let t = th / heads;
+        let head = th % heads;
+        let a = f32::cast_from(pos[t]) * inv_freq[i];
+        let kk = f32::round(a / comptime!(TWO_PI_HI + TWO_PI_LO));
+        let r = (a - kk * TWO_PI_HI) - kk * TWO_PI_LO;
+        let (c, s) = (f32::cos(r), f32::sin(r));
+        let src = th * 2 * half;
+        let dst = (slots[t] as usize * heads + head) * 2 * half;
+        let x1 = f32::cast_from(k[src + i]);
+        let x2 = f32::cast_from(k[src + i + half]);
+        k_cache[dst + i] = F::cast_from(x1 * c - x2 * s);
+        k_cache[dst + i + half] = F::cast_from(x2 * c + x1 * s);
+        v_cache[dst + i] = v[src + i];
+        v_cache[dst + i + half] = v[src + i + half];
+    }
+}
+
+/// Rotates the new K rows `k` (`[n, heads, head_dim]`) at `positions` (u32
+/// `[n]`) with `freqs` ([`rope_freqs`]) and writes them into `k_cache`, and
+/// the new V rows `v` (same shape) unchanged into `v_cache`, both
+/// `[rows, heads · head_dim]`, at row `slots[i]` (distinct, `< rows`):
+/// [`rope_with_freqs`] on K then `kv::append_rows` of K and V, in one launch.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_append<R: Runtime>(
+    client: &ComputeClient<R>,
+    k: &DeviceTensor<R>,
+    v: &DeviceTensor<R>,
+    positions: &DeviceTensor<R>,
+    freqs: &DeviceTensor<R>,
+    slots: &crate::kv::RowIndex<R>,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "rope_append";
+    expect_float(client, OP, "k", k)?;
+    let s = expect_rank(OP, "k", k, 3, "[n, heads, head_dim]")?;
+    let (n, heads, hd) = (s[0], s[1], s[2]);
+    if hd % 2 != 0 || hd == 0 {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("head_dim must be even and positive, got {hd}"),
+        });
+    }
+    expect_shape(OP, "v", v, k.shape())?;
+    expect_dtype(OP, "v", v, k.dtype())?;
+    expect_dtype(OP, "positions", positions, DType::U32)?;
+    expect_shape(OP, "positions", positions, &[n])?;
+    let half = hd / 2;
+    expect_dtype(OP, "freqs", freqs, DType::F32)?;
+    expect_shape(OP, "freqs", freqs, &[half])?;
+    let width = heads * hd;
+    let rows = expect_rank(OP, "k_cache", k_cache, 2, "[rows, heads * head_dim]")?[0];
+    expect_shape(OP, "k_cache", k_cache, &[rows, width])?;
+    expect_shape(OP, "v_cache", v_cache, &[rows, width])?;
+    expect_dtype(OP, "k_cache", k_cache, k.dtype())?;
+    expect_dtype(OP, "v_cache", v_cache, k.dtype())?;
+    if slots.as_slice().len() != n {
+        return Err(OpsError::ShapeMismatch {
+            op: OP,
+            arg: "slots",
+            expected: format!("[{n}]"),
+            found: vec![slots.as_slice().len()],
+        });
+    }
+    crate::kv::check_indices(OP, "slots", slots.as_slice(), rows, true)?;
+    for (arg, t) in [("k_cache", k_cache), ("v_cache", v_cache)] {
+        crate::launch::expect_bindable(OP, arg, t)?;
+    }
+    let Some(slot_dev) = slots.device() else {
+        return Ok(()); // no rows
+    };
+    let pairs = n * heads * half;
+    let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
+    crate::dispatch_float!(k.dtype(), OP, F => {
+        // SAFETY: shapes validated above; every slot is < rows and distinct,
+        // so each unit writes its own in-bounds elements; `p < pairs` guards.
+        unsafe {
+            rope_append_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32),
+                k.array_arg(), v.array_arg(), positions.array_arg(), freqs.array_arg(),
+                slot_dev.array_arg(), k_cache.array_arg(), v_cache.array_arg(),
+                pairs, heads, half,
+            )
+        }
+    })?;
+    finish(client, OP)
 }
 
 /// Applies RoPE to `x` (`[t, heads, head_dim]`) at `positions` (u32 `[t]`)
@@ -146,6 +258,29 @@ pub mod reference {
         (0..head_dim / 2)
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
             .collect()
+    }
+
+    /// [`rope_append`](super::rope_append) on host caches (`[rows, heads ·
+    /// head_dim]`): rotated `k` rows and `v` rows written at `slots`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_append(
+        k: &[f32],
+        v: &[f32],
+        pos: &[u32],
+        slots: &[u32],
+        heads: usize,
+        head_dim: usize,
+        theta: f32,
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+    ) {
+        let width = heads * head_dim;
+        let rotated = rope(k, pos, heads, head_dim, theta);
+        for (i, &s) in slots.iter().enumerate() {
+            let (src, dst) = (i * width, s as usize * width);
+            k_cache[dst..dst + width].copy_from_slice(&rotated[src..src + width]);
+            v_cache[dst..dst + width].copy_from_slice(&v[src..src + width]);
+        }
     }
 
     /// RoPE of `x` (`[t, heads, head_dim]`) at `pos` (`[t]`).

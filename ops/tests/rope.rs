@@ -1,7 +1,8 @@
 //! RoPE against the reference (HF rotate_half), explicit positions incl.
 //! large ones, f32 and f16.
 
-use draftc_ops::rope::{reference, rope, rope_freqs, rope_with_freqs};
+use draftc_ops::kv::RowIndex;
+use draftc_ops::rope::{reference, rope, rope_append, rope_freqs, rope_with_freqs};
 use draftc_ops::testing::{
     assert_close, awkward_size, config, float_dtype, random_f32, random_u32, test_client,
     TestRuntime,
@@ -80,5 +81,76 @@ fn errors() {
     assert!(matches!(
         rope(&client, &x2, &p, 1e4, &x2),
         Err(OpsError::ShapeMismatch { arg: "x", .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// RoPE on new K rows fused with the K and V appends equals the
+    /// reference's rotation then row writes, at distinct random slots.
+    #[test]
+    fn rope_append_matches_reference(n in awkward_size(24), heads in 1usize..5, half in prop_oneof![Just(1usize), Just(32), 1usize..40],
+                                     extra in 0usize..40, dtype in float_dtype(), seed in any::<u64>()) {
+        let client = test_client();
+        let hd = 2 * half;
+        let width = heads * hd;
+        let rows = n + extra;
+        let k = random_f32(seed, n * width, -2.0, 2.0, dtype);
+        let v = random_f32(seed ^ 1, n * width, -2.0, 2.0, dtype);
+        let pos = random_u32(seed ^ 3, n, 4096);
+        // Distinct slots: a seeded shuffle of 0..rows, first n.
+        let mut slots: Vec<u32> = (0..rows as u32).collect();
+        let mut x = seed | 1;
+        for i in (1..slots.len()).rev() {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            slots.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        slots.truncate(n);
+        let k0 = random_f32(seed ^ 5, rows * width, -1.0, 1.0, dtype);
+        let v0 = random_f32(seed ^ 7, rows * width, -1.0, 1.0, dtype);
+        let kt = DeviceTensor::upload_f32(&client, &k, &[n, heads, hd], dtype).unwrap();
+        let vt = DeviceTensor::upload_f32(&client, &v, &[n, heads, hd], dtype).unwrap();
+        let pt = DeviceTensor::upload_u32(&client, &pos, &[n]).unwrap();
+        let kc = DeviceTensor::upload_f32(&client, &k0, &[rows, width], dtype).unwrap();
+        let vc = DeviceTensor::upload_f32(&client, &v0, &[rows, width], dtype).unwrap();
+        let freqs = rope_freqs(&client, hd, 1e4).unwrap();
+        let idx = RowIndex::upload(&client, &slots).unwrap();
+        rope_append(&client, &kt, &vt, &pt, &freqs, &idx, &kc, &vc).unwrap();
+        let (mut want_k, mut want_v) = (k0.clone(), v0.clone());
+        reference::rope_append(&k, &v, &pos, &slots, heads, hd, 1e4, &mut want_k, &mut want_v);
+        assert_close("rope_append k", &kc.download_f32(&client).unwrap(), &want_k, dtype)?;
+        // V rows and untouched rows are copies: exact.
+        prop_assert_eq!(vc.download_f32(&client).unwrap(), want_v);
+    }
+}
+
+#[test]
+fn rope_append_errors() {
+    let client = test_client();
+    let k = DeviceTensor::zeros(&client, &[2, 1, 8], DType::F32);
+    let p = DeviceTensor::upload_u32(&client, &[0, 1], &[2]).unwrap();
+    let f = rope_freqs(&client, 8, 1e4).unwrap();
+    let cache = DeviceTensor::zeros(&client, &[4, 8], DType::F32);
+    let twice = RowIndex::upload(&client, &[1, 1]).unwrap();
+    assert!(matches!(
+        rope_append(&client, &k, &k, &p, &f, &twice, &cache, &cache),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    let far = RowIndex::upload(&client, &[0, 4]).unwrap();
+    assert!(matches!(
+        rope_append(&client, &k, &k, &p, &f, &far, &cache, &cache),
+        Err(OpsError::IndexOutOfRange { .. })
+    ));
+    let one = RowIndex::upload(&client, &[0]).unwrap();
+    assert!(matches!(
+        rope_append(&client, &k, &k, &p, &f, &one, &cache, &cache),
+        Err(OpsError::ShapeMismatch { arg: "slots", .. })
+    ));
+    let narrow = DeviceTensor::zeros(&client, &[4, 6], DType::F32);
+    let ok = RowIndex::upload(&client, &[0, 3]).unwrap();
+    assert!(matches!(
+        rope_append(&client, &k, &k, &p, &f, &ok, &narrow, &cache),
+        Err(OpsError::ShapeMismatch { arg: "k_cache", .. })
     ));
 }

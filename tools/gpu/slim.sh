@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Shrinks what a device call carries (the tracked tree travels with every
 # call, and 64 MiB is the limit): `on 1` leaves out the drafter weights,
-# snapshots, docs and data (call 1 of tools/gpu/train.sh), `on 2` only the
-# weights other than Beagle's, snapshots and docs; `off` puts them back in the index.
+# snapshots, docs and data (call 1 of tools/gpu/train.sh, calls 1-2 of
+# tools/gpu/campaign.sh), `on 2` only the weights other than Beagle's,
+# snapshots and docs, `on 3` only snapshots and docs (campaign.sh's `run`
+# call: every drafter's weights and the data travel); `off` puts them back
+# in the index.
 # The files stay on disk: they leave the index and are ignored meanwhile.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,7 +18,8 @@ off() { # restore only the paths `on` took out (the rest of the index stays as s
 case ${1:-} in
 on)
   off
-  paths=(snapshots docs models/weights/specformer.safetensors models/weights/spire.safetensors
+  paths=(snapshots docs)
+  [ "${2:-}" = 3 ] || paths+=(models/weights/specformer.safetensors models/weights/spire.safetensors
     models/weights/medusa.safetensors)
   [ "${2:-}" = 1 ] && paths+=(models/weights data)
   echo '# slim.sh begin' >>"$exclude"
@@ -26,6 +30,6 @@ on)
   echo '# slim.sh end' >>"$exclude"
   ;;
 off) off ;;
-*) echo "usage: slim.sh on 1|2 | off" >&2; exit 2 ;;
+*) echo "usage: slim.sh on 1|2|3 | off" >&2; exit 2 ;;
 esac
 echo "travels: $(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1) bytes tracked"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Here (with a Rust toolchain and the training venv's prompt selection):
-# stages what tools/gpu/train.sh runs on a lent NVIDIA machine, in two carry
+# stages what tools/gpu/train.sh and tools/gpu/campaign.sh run on a lent
+# NVIDIA machine, in two carry
 # folders, one per device call (64 MiB each, the working tree included):
 #   .gpu1/  the GGUF's first 58 MB
 #   .gpu2/  the rest of the GGUF, draftc (--features cuda, xz) and the
@@ -14,7 +15,9 @@ grep -qsx '/.gpu1/' "$exclude" || printf '/.gpu1/\n/.gpu2/\n/.gpu3/\n' >>"$exclu
 rm -rf .gpu1 .gpu2
 mkdir -p .gpu1 .gpu2
 
-cargo build --release -p draftc-runtime --features cuda
+# STAGE_NO_BUILD=1: take target/release/draftc as it is (built with
+# --features cuda by someone else; another cargo build would wait on theirs).
+[ "${STAGE_NO_BUILD:-}" = 1 ] || cargo build --release -p draftc-runtime --features cuda
 strip -o .gpu2/draftc target/release/draftc
 xz -T2 -6 .gpu2/draftc
 

@@ -156,6 +156,9 @@ pub enum KernelSpec {
     RmsNorm { dtype: DType, vector: usize },
     /// [`crate::rope::rope_kernel`] (scalar loads, no `N`).
     Rope { dtype: DType },
+    /// [`crate::rope::rope_append_kernel`]: RoPE on new K rows written
+    /// into the cache with the new V rows (scalar loads, no `N`).
+    RopeAppend { dtype: DType },
     /// The KV row-copy kernel of [`crate::kv`] (append, compaction, block copies).
     CopyRows { dtype: DType, vector: usize },
     /// The fused attention kernel ([`crate::attention`]); `head_dim_cap` is
@@ -276,6 +279,11 @@ impl KernelSpec {
         KernelSpec::Rope { dtype }
     }
 
+    /// RoPE on new K rows fused with the KV append.
+    pub fn rope_append(dtype: DType) -> KernelSpec {
+        KernelSpec::RopeAppend { dtype }
+    }
+
     /// Row copies of `width` scalars (KV append, stack/concat block copies).
     pub fn copy_rows(dtype: DType, width: usize) -> KernelSpec {
         KernelSpec::CopyRows {
@@ -347,6 +355,7 @@ impl KernelSpec {
             | KernelSpec::LinearPlanes { dtype, .. }
             | KernelSpec::RmsNorm { dtype, .. }
             | KernelSpec::Rope { dtype }
+            | KernelSpec::RopeAppend { dtype }
             | KernelSpec::CopyRows { dtype, .. }
             | KernelSpec::Attention { dtype, .. }
             | KernelSpec::AttentionPlanes { dtype, .. }
@@ -360,7 +369,7 @@ impl KernelSpec {
     /// The vector width `N` (1 for kernels without one).
     pub fn vector(&self) -> usize {
         match *self {
-            KernelSpec::Rope { .. } => 1,
+            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. } => 1,
             KernelSpec::Linear { vector, .. }
             | KernelSpec::LinearPlanes { vector, .. }
             | KernelSpec::RmsNorm { vector, .. }
@@ -381,6 +390,7 @@ impl KernelSpec {
             KernelSpec::LinearPlanes { .. } => "linear_plane_kernel",
             KernelSpec::RmsNorm { .. } => "rms_norm_kernel",
             KernelSpec::Rope { .. } => "rope_kernel",
+            KernelSpec::RopeAppend { .. } => "rope_append_kernel",
             KernelSpec::CopyRows { .. } => "copy_rows",
             KernelSpec::Attention { .. } => "fused_attention",
             KernelSpec::AttentionPlanes { .. } => "decode_attention",
@@ -399,7 +409,9 @@ impl KernelSpec {
             DType::F32 | DType::U32 => "f32",
         };
         match self {
-            KernelSpec::Rope { .. } => format!("{}_f_{f}", self.kernel_fn()),
+            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. } => {
+                format!("{}_f_{f}", self.kernel_fn())
+            }
             _ => format!("{}_f_{f}_n_{}", self.kernel_fn(), self.vector()),
         }
     }
@@ -411,7 +423,7 @@ impl KernelSpec {
             // 32-lane planes (the CUDA warp).
             KernelSpec::LinearPlanes { planes, .. } => 32 * *planes as u32,
             KernelSpec::RmsNorm { .. } => rms_norm::BLOCK as u32,
-            KernelSpec::Rope { .. } => rope::BLOCK as u32,
+            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. } => rope::BLOCK as u32,
             KernelSpec::CopyRows { .. } => COPY_UNITS,
             KernelSpec::Attention { .. } => ATTENTION_UNITS,
             KernelSpec::AttentionPlanes { planes, .. } => 32 * *planes as u32,
@@ -495,7 +507,10 @@ impl fmt::Display for KernelSpec {
     /// `linear_kernel<f32, N=4> mb=8 norm epilogue=residual`
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}<{}", self.kernel_fn(), self.dtype())?;
-        if !matches!(self, KernelSpec::Rope { .. }) {
+        if !matches!(
+            self,
+            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. }
+        ) {
             write!(f, ", N={}", self.vector())?;
         }
         write!(f, ">")?;

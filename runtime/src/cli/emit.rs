@@ -20,7 +20,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{AttentionLayout, Kernel, LaunchId, Plan, PlanDType};
+use draftc_codegen::{AttentionLayout, BufferClass, Kernel, LaunchId, Plan, PlanDType};
 use draftc_ir::op::Mask;
 use draftc_ops::source::{self, Backend, ElementwiseKind, KernelSpec, LinearEpilogue, MaskKind};
 use draftc_ops::{DType, OpsError};
@@ -107,6 +107,14 @@ pub fn unique_kernels(plan: &Plan) -> Result<Vec<UniqueKernel>, EmitError> {
             plan.config.dtype,
             plan.config.device.max_vector,
         )
+        .map(|spec| match (&launch.kernel, launch.inputs.first()) {
+            // RoPE on new cache rows runs fused with their append when the
+            // attention reads the cache (`exec/attention.rs`).
+            (Kernel::Rope { .. }, Some(&b)) if plan.buffer(b).class == BufferClass::State => {
+                KernelSpec::rope_append(spec.dtype())
+            }
+            _ => spec,
+        })
         .map_err(|reason| EmitError::Launch {
             launch: launch.id,
             kernel: launch.kernel.to_string(),

@@ -66,8 +66,31 @@ impl<R: Runtime> Run<'_, R> {
         if rows.is_empty() {
             return Ok((cache, in_target));
         }
-        let n = kt.shape()[0] as u32;
-        let src = self.row_index((0..n).collect())?;
+        let n = kt.shape()[0];
+        if let Some((heads, hd, theta)) = self.rope_pending.remove(&k) {
+            let pos = self.positions_tensor(&src)?;
+            let freqs = self.rope_freqs(hd, theta)?.clone();
+            let kt = kt.reshape(&[n, heads, hd])?;
+            if vt.shape() == [n, heads * hd] {
+                // RoPE on K and both appends in one launch.
+                let dst = self.row_index(rows)?;
+                let vt = vt.reshape(&[n, heads, hd])?;
+                let slots = &self.row_indices[dst].1;
+                draftc_ops::rope::rope_append(
+                    self.client,
+                    &kt,
+                    &vt,
+                    &pos,
+                    &freqs,
+                    slots,
+                    &kc,
+                    &vc,
+                )?;
+                return Ok((cache, in_target));
+            }
+            draftc_ops::rope::rope_with_freqs(self.client, &kt, &pos, &freqs, &kt)?;
+        }
+        let src = self.row_index((0..n as u32).collect())?;
         let dst = self.row_index(rows)?;
         let (src, dst) = (&self.row_indices[src].1, &self.row_indices[dst].1);
         draftc_ops::kv::append_rows_indexed(self.client, &kt, src, dst, &kc)?;

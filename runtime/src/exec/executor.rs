@@ -367,6 +367,7 @@ impl<R: Runtime> Executor<R> {
             rope_freqs: &self.rope_freqs,
             positions: Vec::new(),
             row_indices: Vec::new(),
+            rope_pending: BTreeMap::new(),
             arena: &mut self.arena,
         };
         run.slot_handles = plan
@@ -450,6 +451,9 @@ pub(super) struct Run<'a, R: Runtime> {
     positions: Vec<(RowSource, DeviceTensor<R>)>,
     /// Row-index lists already uploaded in this pass (KV appends).
     pub(super) row_indices: Vec<(Vec<u32>, draftc_ops::kv::RowIndex<R>)>,
+    /// Pending cache rows whose RoPE runs fused with their append: (kv
+    /// heads, head_dim, theta bits) by cache half buffer.
+    pub(super) rope_pending: BTreeMap<BufferId, (usize, usize, u64)>,
     /// The executor's kept buffers (slots, pending K/V rows).
     arena: &'a mut Arena,
 }
@@ -578,6 +582,31 @@ impl<R: Runtime> Run<'_, R> {
             RowSource::Step => Ok(self.step.positions()),
             RowSource::Memory(name) => Ok(self.step.memory[name].positions.clone()),
         }
+    }
+
+    /// The positions of `src`'s rows on the device, uploaded once per pass
+    /// (every RoPE of a pass rotates the same rows).
+    pub(super) fn positions_tensor(
+        &mut self,
+        src: &RowSource,
+    ) -> Result<DeviceTensor<R>, ExecError> {
+        if let Some((_, t)) = self.positions.iter().find(|(s, _)| s == src) {
+            return Ok(t.clone());
+        }
+        let t = self.upload_u32(&self.positions_of(src)?)?;
+        self.positions.push((src.clone(), t.clone()));
+        Ok(t)
+    }
+
+    /// RoPE frequencies the executor built for (head_dim, theta bits).
+    pub(super) fn rope_freqs(
+        &self,
+        head_dim: usize,
+        theta_bits: u64,
+    ) -> Result<&DeviceTensor<R>, ExecError> {
+        self.rope_freqs
+            .get(&(head_dim, theta_bits))
+            .ok_or_else(|| ExecError::Internal("rope frequencies not built".into()))
     }
 
     pub(super) fn lens_of(&self, src: &RowSource) -> Vec<usize> {
@@ -722,31 +751,26 @@ impl<R: Runtime> Run<'_, R> {
                 } else {
                     (self.tensor(ib)?, self.tensor(ob)?, RowSource::Step)
                 };
-                let pos = self.positions_of(&src)?;
+                let rows = self.positions_of(&src)?.len();
                 let tokens = x.numel() / (h * hd);
-                if tokens == 0 && pos.is_empty() {
+                if tokens == 0 && rows == 0 {
                     return Ok(());
                 }
-                if tokens != pos.len() {
+                if tokens != rows {
                     return Err(ExecError::Unsupported(format!(
-                        "rope over {tokens} rows but the pass has {} positions",
-                        pos.len()
+                        "rope over {tokens} rows but the pass has {rows} positions"
                     )));
                 }
-                let pos = match self.positions.iter().find(|(s, _)| *s == src) {
-                    Some((_, t)) => t.clone(),
-                    None => {
-                        let t = self.upload_u32(&pos)?;
-                        self.positions.push((src, t.clone()));
-                        t
-                    }
-                };
+                if self.pending.contains_key(&ib) {
+                    // New cache rows: rotated as they are appended, in one
+                    // launch with the V rows (`attention.rs`, `flush`).
+                    self.rope_pending.insert(ib, (h, hd, theta.get().to_bits()));
+                    return Ok(());
+                }
+                let pos = self.positions_tensor(&src)?;
                 let x = x.reshape(&[tokens, h, hd])?;
                 let out = out.reshape(&[tokens, h, hd])?;
-                let freqs = self
-                    .rope_freqs
-                    .get(&(hd, theta.get().to_bits()))
-                    .ok_or_else(|| ExecError::Internal("rope frequencies not built".into()))?;
+                let freqs = self.rope_freqs(hd, theta.get().to_bits())?;
                 draftc_ops::rope::rope_with_freqs(c, &x, &pos, freqs, &out)?;
             }
             Kernel::KvAppend { width, .. } => {

@@ -53,7 +53,10 @@ def load(draft, sets=None):
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{Path(draft).stem}-{digest}.py"
     if not path.exists():
-        path.write_text(text)
+        # Atomically: trainings started together emit the same target module.
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
     spec = importlib.util.spec_from_file_location(f"draftc_emitted_{Path(draft).stem}_{digest}", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

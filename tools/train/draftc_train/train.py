@@ -146,8 +146,16 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     prog.close()
     if on_disk:
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(out, path)
+        save_atomic(out, path)
     return out
+
+
+def save_atomic(obj, path):
+    """torch.save through a temporary file: trainings run side by side may
+    write the same cache."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def prompt_labels(seqs, feats, tap, target):
@@ -195,7 +203,7 @@ def prompt_labels(seqs, feats, tap, target):
             prog.update(len(chunk))
     prog.close()
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(out, path)
+    save_atomic(out, path)
     return out
 
 
@@ -485,6 +493,64 @@ def load_state(net, sd, source):
         raise SystemExit(f"{source}: does not match the module (missing {missing}, unexpected {unexpected})")
 
 
+class Pacer:
+    """`--time-budget`: fits the run's step count to the wall time left.
+
+    Re-fitted every `every` steps from step 30 on (not once from steps
+    10-30, whose pace includes the allocator's and the kernels' warm-up: on
+    an H200 that measured 56 ms a step against 26.7 ms later, and the run
+    used 128 s of its 225 s). Per stage (the teacher-forced steps and the
+    late stage's simulated ones, which cost more), the pace is the mean
+    step time over the later half of the steps measured so far, checkpoints
+    included; until late steps are measured they are guessed at `late_cost`
+    teacher-forced steps. The final evaluation's time (`eval_batches`
+    forward batches of the late stage, about half a training step each) is
+    kept aside. The step count may grow back up to `cap` (the `--steps`
+    given), and a run in its late stage stays there."""
+
+    def __init__(self, budget, t_start, cap, late_frac, late_cost, eval_batches, every=50):
+        self.budget, self.t_start, self.cap = budget, t_start, cap
+        self.late_frac, self.late_cost, self.eval_batches, self.every = late_frac, late_cost, eval_batches, every
+        self.durs = {False: [], True: []}
+        self.last = None
+        self.n = 0
+
+    def pace(self, late):
+        d = self.durs[late]
+        return sum(d[len(d) // 2 :]) / len(d[len(d) // 2 :]) if d else None
+
+    def after_step(self, step, total, late):
+        """Called after each step (`step` steps done, `late`: it was a
+        late-stage step); returns the new total, or None to keep it."""
+        now = time.time()
+        self.n += 1
+        if self.last is not None and self.n > 10:
+            self.durs[late].append(now - self.last)
+        self.last = now
+        if self.n < 30 or (self.n - 30) % self.every:
+            return None
+        early = self.pace(False)
+        late_pace = self.pace(True) if len(self.durs[True]) >= 10 else None
+        if late_pace is None:
+            late_pace = (early or 0.0) * self.late_cost
+        if early is None:
+            early = late_pace
+        left = self.budget - (now - self.t_start) - self.eval_batches * 0.5 * late_pace
+        lf = self.late_frac
+        if not lf:
+            fit = step + left / early
+        elif late:
+            # Stay in the late stage: step / total >= 1 - lf.
+            fit = min(step + left / late_pace, step / (1.0 - lf))
+        else:
+            # The late stage starts at (1 - lf) * total.
+            fit = (left + step * early) / ((1.0 - lf) * early + lf * late_pace)
+            if (1.0 - lf) * fit < step:
+                fit = step + left / late_pace
+        fit = min(self.cap, max(step + 1, int(fit)))
+        return fit if fit != total else None
+
+
 def lr_at(step, total, r):
     if step < r["warmup"]:
         return r["lr"] * (step + 1) / r["warmup"]
@@ -512,13 +578,23 @@ def main(argv):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", help="torch device (cuda on a lent GPU)")
     ap.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
-                    help="shorten --steps so that the run (data loading and target states included) ends "
-                         "within SECONDS of wall time, at the pace of its steps 10-30; the schedule then "
-                         "decays over the shortened run")
+                    help="fit the step count (at most --steps) so that the run (data loading, target states "
+                         "and the final evaluation included) ends within SECONDS of wall time: re-fitted every 50 "
+                         "steps from step 30 on, at the measured pace of each stage; the schedule decays over "
+                         "the fitted run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true",
                     help="export the --work checkpoint (implies --resume; an error without one)")
     ap.add_argument("--no-export", action="store_true", help="train and evaluate, leave models/weights alone")
+    ap.add_argument("--export-dir", type=Path, default=None, metavar="DIR",
+                    help="export the weights, manifest and loss curve into DIR instead of models/weights "
+                         "(the manifest still names models/DRAFTER.draft as the description)")
+    ap.add_argument("--eval-init", action="store_true",
+                    help="with --init-from: evaluate those weights on this run's held-out split before training "
+                         "(the baseline of the result, on the same sequences)")
+    ap.add_argument("--summary", type=Path, default=None, metavar="PATH",
+                    help="write the run's results as JSON: held-out split of the result (and of the --init-from "
+                         "weights with --eval-init), steps, wall time")
     ap.add_argument("--work", type=Path, default=None, help="checkpoint directory (default target/train/DRAFTER)")
     ap.add_argument("--eval-only", type=Path, default=None, metavar="CKPT",
                     help="evaluate CKPT (a ckpt.pt or shipped .safetensors, with the draft vocabulary it "
@@ -645,6 +721,7 @@ def main(argv):
         head = Head(lm_head)
 
     net = mod.Model()
+    init_held = None
     if args.eval_only:
         # A run with more records has another held-out split: evaluating an
         # older checkpoint there compares data sizes on the same sequences
@@ -659,6 +736,7 @@ def main(argv):
         res = dict(checkpoint=str(args.eval_only), step=step, **held_out_eval(net, loss_fn, val_idx, r["batch"]))
         res["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
         print(json.dumps(res), flush=True)
+        write_summary(args, t_main, eval_only=res)
         return
     if head.ids is not None and getattr(mod, "DRAFT_VOCAB", None):
         net.get_buffer("draft_vocab.ids").copy_(head.ids)
@@ -670,11 +748,32 @@ def main(argv):
             # depends on it).
             print(f"{args.init_from}: draft vocabulary {len(sd['draft_vocab.ids'])} -> {len(head.ids)} tokens "
                   "(the description's draft_vocab)", flush=True)
-        elif "draft_vocab.ids" in sd and (head.ids is None or not torch.equal(sd["draft_vocab.ids"].long(), head.ids)):
-            raise SystemExit(f"{args.init_from}: its draft vocabulary differs from the one this data selects")
+        elif "draft_vocab.ids" in sd and head.ids is None:
+            raise SystemExit(f"{args.init_from}: has a draft vocabulary, the description none")
+        elif "draft_vocab.ids" in sd and not torch.equal(sd["draft_vocab.ids"].long(), head.ids):
+            # Weights trained on other records (another --records, or before
+            # more data) chose another subset: they go on with their own, the
+            # rows their head was trained to rank.
+            head = Head(lm_head, sd["draft_vocab.ids"].long())
+            if getattr(mod, "DRAFT_VOCAB", None):
+                net.get_buffer("draft_vocab.ids").copy_(head.ids)
+            vocab_info = dict(vocab_info or {}, size=len(head.ids), chosen_by=f"kept from the --init-from weights "
+                              f"({os.path.basename(args.init_from)}), not this data's selection",
+                              train_coverage=round(coverage(seqs, train_idx, head.ids, vocab), 4),
+                              held_out_split_coverage=round(coverage(seqs, val_idx, head.ids, vocab), 4))
+            vocab_info.pop("data_train_coverage", None)
+            print(f"{args.init_from}: keeps its own draft vocabulary (this data selects another): {vocab_info}",
+                  flush=True)
         sd.pop("draft_vocab.ids", None)
         load_state(net, sd, args.init_from)
         print(f"initialised from {args.init_from}", flush=True)
+        if args.eval_init:
+            # The weights continued, measured on this run's held-out split
+            # before any step: the baseline the run's own result compares to.
+            init_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
+            init_held = held_out_eval(net, init_fn, val_idx, r["batch"])
+            init_held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
+            print(f"held-out split, --init-from weights ({init_held['sequences']} sequences): {init_held}", flush=True)
     elif r.get("pruned") and not (args.resume and (work / "ckpt.pt").exists()):
         copied = pruned_init(net, tgt_tensors)
         print(f"pruned initialisation: {len(copied)} tensors from the target's last layers", flush=True)
@@ -707,6 +806,11 @@ def main(argv):
     eval_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
 
     prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
+    late_frac = r.get("late_frac") if mod.KIND != "parallel" else None
+    pacer = None
+    if args.time_budget:
+        n_eval = -(-min(256, len(val_idx)) // r["batch"]) * (2 if late_frac is not None else 1)
+        pacer = Pacer(args.time_budget, t_main, args.steps, late_frac, r.get("sim_steps", 1), n_eval)
     while step < args.steps and prog is not None:
         lr = lr_at(step, args.steps, r)
         for g in opt.param_groups:
@@ -718,17 +822,18 @@ def main(argv):
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), r["clip"]).item()
         opt.step()
+        late = late_frac is not None and (step / args.steps) >= 1.0 - late_frac
         step += 1
-        if args.time_budget and step == first_step + 10:
-            t_10 = time.time()
-        if args.time_budget and step == first_step + 30:
-            per = (time.time() - t_10) / 20
-            fit = step + int((args.time_budget - (time.time() - t_main)) / per)
-            if fit < args.steps:
-                print(f"--time-budget {args.time_budget:.0f}s: {per * 1e3:.0f} ms/step, "
-                      f"steps {args.steps} -> {fit}", flush=True)
-                args.steps = max(step + 1, fit)
-                prog.total = args.steps - first_step
+        fit = pacer.after_step(step, args.steps, late) if pacer else None
+        if fit is not None:
+            early_ms, late_ms = (pacer.pace(x) for x in (False, True))
+            if abs(fit - args.steps) > 0.02 * args.steps or pacer.n == 30:
+                print(f"--time-budget {args.time_budget:.0f}s at {time.time() - t_main:.0f}s: "
+                      + (f"{early_ms * 1e3:.1f} ms/step" if early_ms else "")
+                      + (f", late stage {late_ms * 1e3:.1f} ms/step" if late_ms else "")
+                      + f"; steps {args.steps} -> {fit}", flush=True)
+            args.steps = fit
+            prog.total = args.steps - first_step
         entry = dict(step=step, lr=lr, loss=loss.item(), gnorm=gnorm, wall=prior_wall + time.time() - start_wall, **stats)
         log.append(entry)
         prog.update(1, loss=round(loss.item(), 3), **{k: round(v, 3) for k, v in stats.items() if k.startswith("acc")})
@@ -750,8 +855,26 @@ def main(argv):
     held = held_out_eval(net, eval_fn, val_idx, r["batch"])
     held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
     print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
+    exported = None
     if not args.no_export:
-        export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held, extra)
+        exported = export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held, extra)
+    last = log[-1] if log else {}
+    write_summary(args, t_main, init=init_held, final=held, steps=last.get("step", 0), first_step=first_step,
+                  planned_steps=args.steps, train_wall_s=round(time.time() - start_wall, 1),
+                  sequences=len(seqs), train_sequences=len(train_idx), recipe=r,
+                  exported=str(exported) if exported else None)
+
+
+def write_summary(args, t_main, **fields):
+    """`--summary PATH`: the run's results as JSON (held-out splits of the
+    --init-from weights and of the result, steps, wall time), for scripts."""
+    if not args.summary:
+        return
+    args.summary.parent.mkdir(parents=True, exist_ok=True)
+    device = f"CPU, {args.threads} threads" if DEV == "cpu" else torch.cuda.get_device_name()
+    doc = dict(drafter=args.drafter, device=device, time_budget=args.time_budget, init_from=str(args.init_from)
+               if args.init_from else None, wall_s=round(time.time() - t_main, 1), **fields)
+    args.summary.write_text(json.dumps(doc, indent=2) + "\n")
 
 
 def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
@@ -836,7 +959,7 @@ def plot(work, name, log):
 
 
 def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held, extra):
-    out = REPO / "models/weights"
+    out = args.export_dir or REPO / "models/weights"
     out.mkdir(parents=True, exist_ok=True)
     tensors = {
         k: (v.detach() if not v.is_floating_point() else v.detach().to(torch.float16)).cpu().contiguous()
@@ -895,3 +1018,4 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
             manifest["total_steps"] = before.get("total_steps", before.get("steps", 0)) + manifest["steps"]
     (out / f"{args.drafter}.json").write_text(json.dumps(manifest, indent=2) + "\n")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB) and {args.drafter}.json", flush=True)
+    return path

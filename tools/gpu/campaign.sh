@@ -1,0 +1,311 @@
+#!/usr/bin/env bash
+# One prepared GPU training campaign (issue 32, item 4), sized for a short
+# window on a lent NVIDIA machine (no Rust toolchain, no network): the target
+# generates more self-distilled data on CUDA, every learned drafter (Beagle,
+# SpecFormer, Medusa, SPIRe) continues from its shipped weights, each is
+# evaluated on the held-out split beside the shipped weights (same
+# sequences, same process), the results are benched with `draftc bench spec`
+# on CUDA at batch 1 and 16, and a report comes back with the weights.
+#
+# Staging here: bash tools/gpu/stage-train.sh (.gpu1: the GGUF's first part;
+# .gpu2: the rest, draftc --features cuda, the prompt selections;
+# STAGE_NO_BUILD=1 takes target/release/draftc as it is). The GGUF,
+# draftc and the shipped weights do not fit one call's 64 MiB, so the
+# campaign takes three calls, back to back while the machine stays warm
+# (30 s after a call), the last one carrying the shipped weights and data in
+# the tracked tree:
+#
+#   bash tools/gpu/slim.sh on 1   # calls 1-2 (carry .gpu1, then .gpu2):
+#       bash tools/gpu/campaign.sh unpack /root/stage
+#   bash tools/gpu/slim.sh on 3   # call 3 (no carry; timeout_s 600):
+#       bash tools/gpu/campaign.sh run /root/stage 400
+#   bash tools/gpu/slim.sh off
+#
+# `run STAGE [SECONDS]` (default 400; the whole run ends within about SECONDS
+# plus a minute of slack): converts the GGUF with draftc (once per stage),
+# generates later-turn responses into STAGE/data (resumable: a rerun on the
+# same warm machine goes on where the last stopped), trains the drafters
+# side by side on the GPU (CAMPAIGN_PARALLEL at a time, default 4; in waves
+# when fewer), each with `--time-budget` its share of the time left,
+# `--init-from` its shipped weights and `--eval-init` (the shipped weights on
+# the same held-out split, before the first step), exporting into its own
+# directory (models/weights is never written), then benches the new weights
+# and the shipped ones. A drafter that fails or overruns is logged and the
+# others go on. $OUT gets at most 8 files, each under 16 MiB: log.txt,
+# report.md (the table), beagle.tar, specformer.tar, medusa.tar, spire.tar
+# (weights, manifest, loss curve, summary.json, training log), data.tar (the
+# new shard sets' manifests, and their shards when they fit) and bench.tar
+# (bench reports, report.json). New weights come back whether or not they
+# beat the shipped ones; report.md says which do (ship only those).
+#
+# Toy run on the CPU (the same path at toy size, so that a GPU run finds no
+# new bug; about 11 minutes on 2 busy cores, 2 once the target states of
+# its records are cached under target/train/features):
+#
+#   bash tools/gpu/stage-train.sh && bash tools/gpu/campaign.sh unpack /tmp/cstage
+#   OUT=/tmp/cout bash tools/gpu/campaign.sh run /tmp/cstage 900 --toy
+#
+# --toy (or CAMPAIGN_DEVICE=cpu) runs on the CPU: 2 x 64 prompts of 8 new
+# tokens, the first 96 records of data/train cut at 128 tokens (not
+# data/train-later), at most 40 steps at batch 4 per drafter, one training at
+# a time (CAMPAIGN_PARALLEL=2 runs two side by side, as the GPU does), the bench on
+# wgpu (lavapipe) with 1 prompt of 4 tokens. Environment: CAMPAIGN_DRAFTERS
+# (default "beagle specformer medusa spire"), CAMPAIGN_PARALLEL,
+# CAMPAIGN_THREADS (torch threads per training), CAMPAIGN_PYTHON.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+repo=$(pwd)
+what=${1:-}
+stage=${2:-}
+[ -n "$stage" ] || { echo "usage: campaign.sh unpack STAGE | run STAGE [SECONDS] [--toy]" >&2; exit 2; }
+budget=400
+toy=0
+for a in "${@:3}"; do
+  case $a in
+  --toy) toy=1 ;;
+  [0-9]*) budget=$a ;;
+  *) echo "campaign.sh: unknown argument $a" >&2; exit 2 ;;
+  esac
+done
+device=${CAMPAIGN_DEVICE:-cuda}
+[ $toy = 1 ] && device=cpu
+[ "$device" = cpu ] && toy=1
+out=${OUT:-/tmp/out}
+t0=$(date +%s)
+mkdir -p "$stage" "$out"
+stage=$(cd "$stage" && pwd)
+elapsed() { echo $(($(date +%s) - t0)); }
+left() { echo $((budget - $(elapsed))); }
+say() { echo "[$(elapsed)s] $*"; }
+
+# What this call carried (.gpu1, .gpu2, .gpu3 when present) goes to the stage.
+for d in .gpu1 .gpu2 .gpu3; do
+  [ -d "$d" ] && cp -n "$d"/* "$stage"/ 2>/dev/null
+done
+if [ "$what" = unpack ]; then
+  ls -la "$stage"
+  exit 0
+fi
+[ "$what" = run ] || { echo "usage: campaign.sh unpack STAGE | run STAGE [SECONDS] [--toy]" >&2; exit 2; }
+
+exec > >(tee "$out/log.txt") 2>&1
+tee_pid=$!
+run="$stage/run"
+rm -rf "$run"
+mkdir -p "$run" "$stage/data"
+export DRAFTC_BIN="$stage/draftc" DRAFTC_CACHE="$stage/cache" PYTHONUNBUFFERED=1
+[ $toy = 1 ] && export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/xdg} && mkdir -p "$XDG_RUNTIME_DIR"
+export PYTHONPATH="$repo/tools/train${PYTHONPATH:+:$PYTHONPATH}"
+py=${CAMPAIGN_PYTHON:-python3}
+[ -z "${CAMPAIGN_PYTHON:-}" ] && [ -x "$repo/.venv-train/bin/python" ] && py="$repo/.venv-train/bin/python"
+mdir="$DRAFTC_CACHE/smollm2-135m-instruct/float32"
+read -r -a drafters <<<"${CAMPAIGN_DRAFTERS:-beagle specformer medusa spire}"
+timing() { echo "$1 $2" >>"$run/timings"; }
+say "campaign: ${budget}s budget, device $device$([ $toy = 1 ] && echo ' (toy)'), drafters ${drafters[*]}"
+
+# --- setup: draftc, the converted target, the prompt selections ------------
+t=$(date +%s)
+missing=()
+[ -f "$stage/draftc.xz" ] || [ -x "$DRAFTC_BIN" ] || missing+=(draftc.xz)
+[ -f "$mdir/model.safetensors" ] || [ -f "$stage/model.gguf" ] || [ "$(ls "$stage"/model.gguf.part* 2>/dev/null | wc -l)" = 2 ] ||
+  missing+=(model.gguf.part00+01)
+[ -d "$DRAFTC_CACHE/prompts" ] || [ -f "$stage/prompts.tar.xz" ] || missing+=(prompts.tar.xz)
+if [ ${#missing[@]} != 0 ]; then
+  say "FAILED: the stage lacks ${missing[*]}: take the unpack calls again (carry .gpu1, then .gpu2; a machine"
+  say "        given back between calls starts bare)"
+  exit 3
+fi
+if [ ! -x "$DRAFTC_BIN" ] || [ "$stage/draftc.xz" -nt "$DRAFTC_BIN" ]; then
+  xz -dc "$stage/draftc.xz" >"$DRAFTC_BIN.tmp" && chmod +x "$DRAFTC_BIN.tmp" && mv "$DRAFTC_BIN.tmp" "$DRAFTC_BIN"
+fi
+if [ ! -f "$mdir/model.safetensors" ]; then
+  [ -f "$stage/model.gguf" ] || { cat "$stage"/model.gguf.part* >"$stage/model.gguf.tmp" &&
+    mv "$stage/model.gguf.tmp" "$stage/model.gguf"; }
+  sha256sum "$stage/model.gguf"
+  timeout 300 "$DRAFTC_BIN" convert "$stage/model.gguf" --out "$mdir" --dtype f32 --quiet ||
+    { say "FAILED: convert (nothing else can run)"; exit 3; }
+fi
+[ -d "$DRAFTC_CACHE/prompts" ] || tar -C "$DRAFTC_CACHE" -xJf "$stage/prompts.tar.xz" ||
+  { say "FAILED: prompt selections (nothing else can run)"; exit 3; }
+if [ "$device" = cuda ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+fi
+"$py" -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, "cuda", torch.cuda.is_available(),
+"transformers", transformers.__version__, "tokenizers", tokenizers.__version__)' || { say "FAILED: python"; exit 3; }
+if [ "$device" = cuda ] && ! "$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())'; then
+  say "FAILED: torch sees no CUDA device (CAMPAIGN_DEVICE=cpu or --toy runs on the CPU)"
+  exit 3
+fi
+timing setup $(($(date +%s) - t))
+
+# Sizes: the GPU campaign, or the toy one on the CPU.
+if [ $toy = 1 ]; then
+  threads=${CAMPAIGN_THREADS:-2}
+  parallel=${CAMPAIGN_PARALLEL:-1}
+  bench_reserve=0 # the toy bench runs after the budget, whatever it takes
+  data_sets=("toy-new 25856 25920" "toy-old 6400 6464")
+  data_flags=(--max-new-tokens 8 --batch 32 --device cpu --threads "$threads")
+  train_flags=(--device cpu --threads "$threads" --steps 40 --records 96 --max-len 128 --recipe batch=4 --ckpt-every 20)
+  later=()
+  bench_flags=(--backend wgpu --batch 1 --prompt-count 1 --max-tokens 4)
+else
+  parallel=${CAMPAIGN_PARALLEL:-$([ "${gpu_mib:-0}" -ge 70000 ] && echo 4 || echo 2)}
+  threads=${CAMPAIGN_THREADS:-$((16 / parallel))}
+  bench_reserve=100
+  # The later turns the shipped data has not got (data/train-later holds
+  # 0-6,399, data/train-gpu's 19,456 records 6,400-25,855, not committed),
+  # then those of data/train-gpu again (regenerated: its shards do not travel).
+  data_sets=("later-25856 25856 36278" "later-6400 6400 25856")
+  data_flags=(--max-new-tokens 64 --batch 1024 --device cuda --threads 8)
+  train_flags=(--device cuda --threads "$threads" --steps 100000 --recipe batch=64 --ckpt-every 250)
+  later=(--extra-data "$repo/data/train-later")
+  bench_flags=(--backend cuda --batch 1,16 --prompt-count 8 --max-tokens 32)
+fi
+
+# --- data: the target's greedy answers, batched, resumable in the stage ------
+t=$(date +%s)
+data_s=$((($(left) - bench_reserve) / 4))
+[ $toy = 1 ] && data_s=600
+say "data: up to ${data_s}s"
+extra=()
+for spec in "${data_sets[@]}"; do
+  read -r name start end <<<"$spec"
+  s=$((data_s - ($(date +%s) - t)))
+  if [ "$s" -gt 5 ]; then
+    say "data $name: prompts $start-$((end - 1)) of the later-turn selection, up to ${s}s"
+    timeout "$s" "$py" -m draftc_train data --source later-turns --start "$start" --prompts "$end" \
+      "${data_flags[@]}" --out "$stage/data/$name" 2>&1 | tr '\r' '\n' | awk 'NR % 10 == 1 || !/^data \|/'
+  fi
+  if [ -f "$stage/data/$name/MANIFEST.json" ]; then
+    extra+=(--extra-data "$stage/data/$name")
+    say "data $name: $("$py" -c 'import json, sys; m = json.load(open(sys.argv[1]))
+print(m["counts"]["records"], "records,", m["counts"]["response_tokens"], "response tokens,", m["status"])' \
+      "$stage/data/$name/MANIFEST.json")"
+  else
+    say "data $name: none (training goes on without it)"
+  fi
+done
+timing data $(($(date +%s) - t))
+
+# --- training: every drafter, side by side, each with its share -------------
+declare -A flags=(
+  [beagle]="--lr 3e-4 --prompt-labels --distill 0.5 --recipe train_mask=0"
+  [specformer]=""
+  [medusa]=""
+  [spire]=""
+)
+waves=$(((${#drafters[@]} + parallel - 1) / parallel))
+t=$(date +%s)
+window=$(($(left) - bench_reserve - 15))
+[ $toy = 1 ] && [ "$window" -lt 240 ] && window=240
+share=$((window / waves))
+say "train: ${#drafters[@]} drafters, $parallel at a time ($waves waves of ${share}s), $threads threads each"
+
+train_one() { # drafter seconds
+  local d=$1 s=$2 dir="$run/$1"
+  mkdir -p "$dir/out"
+  # shellcheck disable=SC2086
+  timeout -k 10 $((s + 60)) "$py" -m draftc_train train "$d" "${train_flags[@]}" --time-budget "$s" \
+    --init-from "$repo/models/weights/$d.safetensors" --eval-init --export-dir "$dir/out" \
+    --summary "$dir/summary.json" --work "$dir/work" "${later[@]}" "${extra[@]}" ${flags[$d]:-} \
+    >"$dir/log.txt" 2>&1
+  echo $? >"$dir/rc"
+}
+progress_line() { # the last progress or result line of a drafter's log
+  tr '\r' '\n' <"$run/$1/log.txt" 2>/dev/null | grep -E '^(train |target hidden|prompt labels|held-out|--time-budget|wrote)' |
+    tail -1 | cut -c1-150 | grep . || echo "starting"
+}
+
+for ((w = 0; w < waves; w++)); do
+  wave=("${drafters[@]:w*parallel:parallel}")
+  s=$((share - 5))
+  [ "$w" = $((waves - 1)) ] && s=$(($(left) - bench_reserve - 10))
+  [ $toy = 1 ] && [ "$s" -lt 120 ] && s=120
+  say "wave $((w + 1)): ${wave[*]}, --time-budget ${s}s each"
+  pids=()
+  for d in "${wave[@]}"; do
+    [ -f "$repo/models/weights/$d.safetensors" ] || { say "$d: no shipped weights, skipped"; continue; }
+    train_one "$d" "$s" &
+    pids+=($!)
+  done
+  while :; do
+    running=0
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && running=1; done
+    [ $running = 0 ] && break
+    sleep 15
+    for d in "${wave[@]}"; do [ -f "$run/$d/rc" ] || say "  $d: $(progress_line "$d")"; done
+    [ "$device" = cuda ] && say "  gpu: $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader)"
+  done
+  for d in "${wave[@]}"; do
+    rc=$(cat "$run/$d/rc" 2>/dev/null || echo none)
+    if [ "$rc" = 0 ] && [ -f "$run/$d/summary.json" ]; then
+      say "$d: done; $("$py" -m draftc_train campaign-report "$run" --line "$d")"
+    else
+      say "FAILED: $d (exit $rc); the end of its log:"
+      tr '\r' '\n' <"$run/$d/log.txt" | tail -15 | sed 's/^/    /'
+    fi
+  done
+done
+timing train $(($(date +%s) - t))
+
+# --- bench: the new weights, then the shipped ones, on the target's device ---
+# The new weights are benched from a copy of the descriptions beside them
+# (draftc finds a drafter's weights in weights/ next to its .draft file), so
+# models/weights is left alone.
+t=$(date +%s)
+mkdir -p "$run/models/weights"
+new=() shipped=()
+for d in "${drafters[@]}"; do
+  f="$run/$d/out/$d.safetensors"
+  [ -f "$f" ] || continue
+  cp "models/$d.draft" "$run/models/" && cp "$f" "$run/models/weights/" &&
+    new+=(--drafter "$run/models/$d.draft") && shipped+=(--drafter "models/$d.draft")
+done
+bench() { # name seconds drafter flags...
+  local name=$1 s=$2
+  shift 2
+  say "bench $name: up to ${s}s"
+  timeout -k 5 "$s" "$DRAFTC_BIN" bench spec "${bench_flags[@]}" --model "$mdir" --prompts mt-bench --tree chain \
+    --budget 4 --lookup off --out "$run/bench/$name" --quiet "$@" >"$run/bench-$name.md" 2>"$run/bench-$name.err"
+  local rc=$?
+  cat "$run/bench-$name.md"
+  [ $rc = 0 ] || { say "FAILED: bench $name (exit $rc)"; tail -5 "$run/bench-$name.err"; }
+}
+if [ ${#new[@]} = 0 ]; then
+  say "bench: no new weights"
+else
+  # 55 % of the time left for the new weights (at least 45 s), the rest for
+  # the shipped ones; the toy bench takes what it takes.
+  s=$(($(left) * 55 / 100))
+  [ "$s" -lt 45 ] && s=45
+  [ $toy = 1 ] && s=900
+  bench new "$s" "${new[@]}"
+  s=$(($(left) - 5))
+  [ $toy = 1 ] && s=900
+  if [ "$s" -ge 20 ]; then bench shipped "$s" "${shipped[@]}"; else say "bench shipped: skipped (${s}s left)"; fi
+fi
+timing bench $(($(date +%s) - t))
+
+# --- report and what comes back ---------------------------------------------
+say "report"
+"$py" -m draftc_train campaign-report "$run" --drafters "${drafters[*]}" --budget "$budget" \
+  --out "$out/report.md" --json "$run/report.json" || say "FAILED: report"
+cat "$out/report.md" 2>/dev/null
+limit=$((15 * 1024 * 1024))
+for d in "${drafters[@]}"; do
+  [ -d "$run/$d" ] || continue
+  tar -C "$run/$d" -cf "$out/$d.tar" --exclude work . 2>/dev/null
+  [ "$(stat -c %s "$out/$d.tar")" -le $limit ] || { say "$d.tar over 15 MiB: weights left out"; tar -C "$run/$d" -cf "$out/$d.tar" --exclude work --exclude '*.safetensors' .; }
+done
+tar -C "$stage" -cf "$out/data.tar" data 2>/dev/null
+if [ "$(stat -c %s "$out/data.tar" 2>/dev/null || echo 0)" -gt $limit ]; then
+  say "data.tar over 15 MiB: manifests only"
+  (cd "$stage" && find data -name MANIFEST.json -print0 | tar -cf "$out/data.tar" --null -T -)
+fi
+(cd "$run" && tar -cf "$out/bench.tar" bench bench-*.md bench-*.err report.json timings 2>/dev/null)
+ls -la "$out"
+say "done"
+# Let tee write the log's end before $OUT is collected.
+exec >&- 2>&-
+for _ in $(seq 50); do kill -0 "$tee_pid" 2>/dev/null || break; sleep 0.1; done
