@@ -21,6 +21,11 @@
 #       bash tools/gpu/campaign.sh run /root/stage 400
 #   bash tools/gpu/slim.sh off
 #
+# After tools/gpu/run.sh's calls on the same warm machine and stage (they
+# leave the GGUF's parts and bin/draftc there), one call does it:
+# bash tools/gpu/stage-campaign.sh (.gpu4: the prompt selections), slim.sh
+# on 3, then carry [.gpu4]: bash tools/gpu/campaign.sh run /root/stage 400.
+#
 # `run STAGE [SECONDS]` (default 400; the whole run ends within about SECONDS
 # plus a minute of slack): converts the GGUF with draftc (once per stage),
 # generates later-turn responses into STAGE/data (resumable: a rerun on the
@@ -78,8 +83,8 @@ elapsed() { echo $(($(date +%s) - t0)); }
 left() { echo $((budget - $(elapsed))); }
 say() { echo "[$(elapsed)s] $*"; }
 
-# What this call carried (.gpu1, .gpu2, .gpu3 when present) goes to the stage.
-for d in .gpu1 .gpu2 .gpu3; do
+# What this call carried (.gpu1 to .gpu4, when present) goes to the stage.
+for d in .gpu1 .gpu2 .gpu3 .gpu4; do
   [ -d "$d" ] && cp -n "$d"/* "$stage"/ 2>/dev/null
 done
 if [ "$what" = unpack ]; then
@@ -105,6 +110,9 @@ say "campaign: ${budget}s budget, device $device$([ $toy = 1 ] && echo ' (toy)')
 
 # --- setup: draftc, the converted target, the prompt selections ------------
 t=$(date +%s)
+# draftc: stage-train.sh's draftc.xz, or the bin/draftc tools/gpu/run.sh
+# unpacked from stage.sh's calls into the same stage.
+[ -f "$stage/draftc.xz" ] || [ -x "$DRAFTC_BIN" ] || { [ -x "$stage/bin/draftc" ] && DRAFTC_BIN="$stage/bin/draftc"; }
 missing=()
 [ -f "$stage/draftc.xz" ] || [ -x "$DRAFTC_BIN" ] || missing+=(draftc.xz)
 [ -f "$mdir/model.safetensors" ] || [ -f "$stage/model.gguf" ] || [ "$(ls "$stage"/model.gguf.part* 2>/dev/null | wc -l)" = 2 ] ||
@@ -112,10 +120,10 @@ missing=()
 [ -d "$DRAFTC_CACHE/prompts" ] || [ -f "$stage/prompts.tar.xz" ] || missing+=(prompts.tar.xz)
 if [ ${#missing[@]} != 0 ]; then
   say "FAILED: the stage lacks ${missing[*]}: take the unpack calls again (carry .gpu1, then .gpu2; a machine"
-  say "        given back between calls starts bare)"
+  say "        given back between calls starts bare), or carry .gpu4 (stage-campaign.sh) after run.sh's calls"
   exit 3
 fi
-if [ ! -x "$DRAFTC_BIN" ] || [ "$stage/draftc.xz" -nt "$DRAFTC_BIN" ]; then
+if [ -f "$stage/draftc.xz" ] && { [ ! -x "$DRAFTC_BIN" ] || [ "$stage/draftc.xz" -nt "$DRAFTC_BIN" ]; }; then
   xz -dc "$stage/draftc.xz" >"$DRAFTC_BIN.tmp" && chmod +x "$DRAFTC_BIN.tmp" && mv "$DRAFTC_BIN.tmp" "$DRAFTC_BIN"
 fi
 if [ ! -f "$mdir/model.safetensors" ]; then
