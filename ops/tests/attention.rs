@@ -91,12 +91,14 @@ fn check_as(
     )
 }
 
-/// Dimensions the plane layout takes on 8-lane planes: head_dim a multiple
-/// of the plane size, at most 8 per lane; groups of 1 or 3.
+/// Dimensions the plane layout takes on the test device's planes (8 lanes
+/// on lavapipe, 32 on CUDA): head_dim a multiple of the plane size, at
+/// most 8 per lane; groups of 1 or 3.
 fn plane_dims_strategy() -> impl Strategy<Value = AttnDims> {
+    let p = plane() as usize;
     (
         prop_oneof![Just(1usize), Just(3)],
-        prop_oneof![Just(8usize), Just(16), Just(64)],
+        prop_oneof![Just(p), Just(2 * p), Just(64.max(p))],
         0..2usize,
     )
         .prop_map(|(kv_heads, head_dim, g)| AttnDims {
