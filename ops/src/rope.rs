@@ -114,7 +114,7 @@ pub fn rope_append<R: Runtime>(
     expect_float(client, OP, "k", k)?;
     let s = expect_rank(OP, "k", k, 3, "[n, heads, head_dim]")?;
     let (n, heads, hd) = (s[0], s[1], s[2]);
-    if hd % 2 != 0 || hd == 0 {
+    if !hd.is_multiple_of(2) || hd == 0 {
         return Err(OpsError::InvalidArgument {
             op: OP,
             reason: format!("head_dim must be even and positive, got {hd}"),
@@ -189,7 +189,7 @@ pub fn rope_freqs<R: Runtime>(
     theta: f32,
 ) -> Result<DeviceTensor<R>> {
     const OP: &str = "rope";
-    if head_dim == 0 || head_dim % 2 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(OpsError::InvalidArgument {
             op: OP,
             reason: format!("head_dim must be even and positive, got {head_dim}"),

@@ -30,8 +30,8 @@
 # plus a minute of slack): converts the GGUF with draftc (once per stage),
 # generates later-turn responses into STAGE/data (resumable: a rerun on the
 # same warm machine goes on where the last stopped), trains the drafters
-# side by side on the GPU (CAMPAIGN_PARALLEL at a time, default 4; in waves
-# when fewer), each with `--time-budget` its share of the time left,
+# side by side on the GPU (CAMPAIGN_PARALLEL at a time, default 2 below
+# 200 GB of GPU memory, 4 above; in waves when fewer), each with `--time-budget` its share of the time left,
 # `--init-from` its shipped weights and `--eval-init` (the shipped weights on
 # the same held-out split, before the first step), exporting into its own
 # directory (models/weights is never written), then benches the new weights
@@ -158,7 +158,10 @@ if [ $toy = 1 ]; then
   later=()
   bench_flags=(--backend wgpu --batch 1 --prompt-count 1 --max-tokens 4)
 else
-  parallel=${CAMPAIGN_PARALLEL:-$([ "${gpu_mib:-0}" -ge 70000 ] && echo 4 || echo 2)}
+  # Four side by side ran out of memory on an H200 (143 GB; each training
+  # keeps its target states on the device: ~137 GB in all, 2026-11-26):
+  # two waves of two below 200 GB.
+  parallel=${CAMPAIGN_PARALLEL:-$([ "${gpu_mib:-0}" -ge 200000 ] && echo 4 || echo 2)}
   threads=${CAMPAIGN_THREADS:-$((16 / parallel))}
   bench_reserve=100
   # The later turns the shipped data has not got (data/train-later holds
