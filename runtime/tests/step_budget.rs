@@ -123,3 +123,79 @@ const UPLOADS_PER_LAYER: u64 = 0;
 const UPLOADS_OUTSIDE: u64 = 6;
 const ALLOCS_PER_LAYER: u64 = 1;
 const ALLOCS_OUTSIDE: u64 = 9;
+
+/// Per speculative round (draft, verify, accept, commit of the batch), with
+/// the target's GPU layouts and flush policy: one flush a round, and the
+/// reads are the drafter's selections and the acceptance.
+/// Issue 31 asks for ≤ 2 reads and no allocation; the autoregressive
+/// drafters read their selections back to build the tree on the host, so
+/// that is a ceiling held here, not met yet.
+#[test]
+fn speculative_rounds_flush_once_a_pass() {
+    if std::env::var_os(FlushPolicy::ENV).is_some() {
+        eprintln!("skipped: {} overrides the policy", FlushPolicy::ENV);
+        return;
+    }
+    use draftc_runtime::engine::{generate_speculative, model_drafter};
+    use draftc_runtime::spec::TreeShape;
+    // (drafter, tree, budget, reads a round at most): SpecFormer's one
+    // drafting pass reads its chain, Beagle's chain one selection per
+    // depth, its dynamic tree the candidates' ids and probabilities per
+    // depth; plus the acceptance.
+    let cases = [
+        ("specformer", None, 4usize, 2u64),
+        ("beagle", Some("chain"), 3, 3 + 1),
+        (
+            "beagle",
+            Some("dynamic(depth=3, topk=2, nodes=6)"),
+            6,
+            2 * 3 + 1,
+        ),
+    ];
+    for (name, tree, budget, reads) in cases {
+        for b in [1, 3] {
+            let (mut t, tw) = target_with(b, PlanDType::F32);
+            let p = gpu_layout_profile(t.client());
+            t.exec.set_device(p);
+            let g = compile(name, &tiny_config());
+            let w = drafter_weights(&t, &tw, &g, None);
+            let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
+            let mut d = model_drafter(
+                &draftc_ops::testing::wgpu_client(),
+                &g,
+                &t,
+                &w,
+                PlanDType::F32,
+                shape,
+            )
+            .unwrap();
+            let run = generate_speculative(
+                &mut t,
+                d.as_mut(),
+                &prompts(b),
+                10,
+                &Sampling::GREEDY,
+                budget,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            let s = &run.stats;
+            assert!(s.rounds > 0);
+            let per = |n: u64| n as f64 / s.rounds as f64;
+            let c = s.round_counts;
+            eprintln!(
+                "{name} {tree:?} batch {b}: per round {:.1} launches, {:.1} flushes, {:.1} reads, {:.1} uploads, {:.1} allocations",
+                per(c.launches),
+                per(c.flushes),
+                per(c.reads),
+                per(c.uploads),
+                per(c.allocations)
+            );
+            assert!(per(c.reads) <= reads as f64, "{name} batch {b}: {c:?}");
+            // The run defers every launch's flush: the verification pass
+            // flushes once, the drafter's passes end in their reads.
+            assert!(per(c.flushes) <= 1.0, "{name} batch {b}: {c:?}");
+        }
+    }
+}
