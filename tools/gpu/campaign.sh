@@ -189,7 +189,11 @@ for spec in "${data_sets[@]}"; do
       "${data_flags[@]}" --out "$stage/data/$name" 2>&1 | tr '\r' '\n' | awk 'NR % 10 == 1 || !/^data \|/'
   fi
   if [ -f "$stage/data/$name/MANIFEST.json" ]; then
-    extra+=(--extra-data "$stage/data/$name")
+    # Trained from a copy inside the repository, so the weights manifests
+    # name a repo-relative shard set (data/campaign-NAME, shards ignored by
+    # git; data/train-gpu2/README.md), not the stage directory.
+    rm -rf "$repo/data/campaign-$name" && cp -r "$stage/data/$name" "$repo/data/campaign-$name"
+    extra+=(--extra-data "$repo/data/campaign-$name")
     say "data $name: $("$py" -c 'import json, sys; m = json.load(open(sys.argv[1]))
 print(m["counts"]["records"], "records,", m["counts"]["response_tokens"], "response tokens,", m["status"])' \
       "$stage/data/$name/MANIFEST.json")"
