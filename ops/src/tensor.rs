@@ -201,6 +201,50 @@ impl<R: Runtime> DeviceTensor<R> {
         ))
     }
 
+    /// Reads `values` (a float tensor, widened to f32) and `ids` (u32) back
+    /// in one request: one wait for the device instead of two.
+    pub fn download_f32_and_u32(
+        client: &ComputeClient<R>,
+        values: &DeviceTensor<R>,
+        ids: &DeviceTensor<R>,
+    ) -> Result<(Vec<f32>, Vec<u32>)> {
+        const OP: &str = "download_f32_and_u32";
+        if !values.dtype.is_float() {
+            return Err(values.dtype_err(OP, DType::F32));
+        }
+        if ids.dtype != DType::U32 {
+            return Err(ids.dtype_err(OP, DType::U32));
+        }
+        let handles = vec![values.handle.clone(), ids.handle.clone()];
+        let mut bytes =
+            crate::counters::read(|| cubecl::future::block_on(client.read_async(handles)))
+                .map_err(|e| OpsError::device(OP, e))?;
+        let (ib, vb) = match (bytes.pop(), bytes.pop()) {
+            (Some(i), Some(v)) => (i, v),
+            _ => {
+                return Err(OpsError::Device {
+                    op: OP,
+                    message: "the device returned fewer buffers than asked for".into(),
+                })
+            }
+        };
+        let (nv, ni) = (values.numel(), ids.numel());
+        if vb.len() < nv * values.dtype.size() || ib.len() < ni * 4 {
+            return Err(OpsError::Device {
+                op: OP,
+                message: format!("read {} and {} bytes, too few", vb.len(), ib.len()),
+            });
+        }
+        let v = match values.dtype {
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&vb[..nv * 2])
+                .into_iter()
+                .map(f16::to_f32)
+                .collect(),
+            _ => bytemuck::pod_collect_to_vec::<u8, f32>(&vb[..nv * 4]),
+        };
+        Ok((v, bytemuck::pod_collect_to_vec::<u8, u32>(&ib[..ni * 4])))
+    }
+
     fn read_bytes(&self, client: &ComputeClient<R>, op: &'static str) -> Result<Vec<u8>> {
         let bytes = crate::counters::read(|| client.read_one(self.handle.clone()))
             .map_err(|e| OpsError::device(op, e))?;

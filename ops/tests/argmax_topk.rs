@@ -76,3 +76,25 @@ fn errors() {
         Err(OpsError::DTypeMismatch { .. })
     ));
 }
+
+/// Top-k values and indices read back in one request equal two reads, in
+/// f32 and f16; wrong dtypes are errors.
+#[test]
+fn values_and_ids_in_one_read() {
+    let client = test_client();
+    for dtype in [DType::F32, DType::F16] {
+        let (rows, n, k) = (3, 50, 4);
+        let x = random_f32(11, rows * n, -3.0, 3.0, dtype);
+        let xt = DeviceTensor::upload_f32(&client, &x, &[rows, n], dtype).unwrap();
+        let values = DeviceTensor::empty(&client, &[rows, k], dtype);
+        let ids = DeviceTensor::empty(&client, &[rows, k], DType::U32);
+        topk(&client, &xt, k, &values, &ids).unwrap();
+        let before = draftc_ops::counters::snapshot();
+        let (v, i) = DeviceTensor::download_f32_and_u32(&client, &values, &ids).unwrap();
+        assert_eq!(draftc_ops::counters::snapshot().since(&before).reads, 1);
+        assert_eq!(v, values.download_f32(&client).unwrap());
+        assert_eq!(i, ids.download_u32(&client).unwrap());
+        assert!(DeviceTensor::download_f32_and_u32(&client, &ids, &ids).is_err());
+        assert!(DeviceTensor::download_f32_and_u32(&client, &values, &values).is_err());
+    }
+}

@@ -140,8 +140,8 @@ fn speculative_rounds_flush_once_a_pass() {
     use draftc_runtime::spec::TreeShape;
     // (drafter, tree, budget, reads a round at most): SpecFormer's one
     // drafting pass reads its chain, Beagle's chain one selection per
-    // depth, its dynamic tree the candidates' ids and probabilities per
-    // depth; plus the acceptance.
+    // depth, its dynamic tree the candidates (ids and probabilities in one
+    // read) per depth; plus the acceptance.
     let cases = [
         ("specformer", None, 4usize, 2u64),
         ("beagle", Some("chain"), 3, 3 + 1),

@@ -96,8 +96,8 @@ pub fn top_candidates<R: Runtime>(
     let values = DeviceTensor::<R>::empty(client, &[rows, k], logits.dtype());
     let indices = DeviceTensor::<R>::empty(client, &[rows, k], DType::U32);
     draftc_ops::argmax_topk::topk(client, &probs, k, &values, &indices)?;
-    let p = values.download_f32(client)?;
-    let ids = indices.download_u32(client)?;
+    // One read for both: a tree drafter waits on this once per depth.
+    let (p, ids) = DeviceTensor::download_f32_and_u32(client, &values, &indices)?;
     Ok((0..rows)
         .map(|r| {
             (0..k)
