@@ -28,7 +28,8 @@
 //!   helpers in [`launch`] → [`launch::cube_count`] (splits grids over x/y so
 //!   no dimension exceeds 65,535; kernels then index cubes by `CUBE_POS` and
 //!   skip `CUBE_POS >= cubes`) → [`dispatch_float!`] to pick `f32`/`f16` →
-//!   [`launch::finish`] (flush, map server errors).
+//!   [`launch::finish`] (count the launch, flush unless the thread defers
+//!   flushes with [`launch::defer_flushes`], map server errors).
 //! * **Checked vs unchecked**: `launch_unchecked` drops the per-access bounds
 //!   checks from the shader (≈3× faster for `linear` on lavapipe). Use it
 //!   only when host validation plus in-kernel guards/clamps keep every index
@@ -48,7 +49,8 @@
 //! Basic: [`rms_norm`], [`group_rms_norm`], [`linear`] (skinny GEMM with
 //! fused prologue/epilogue), [`rope`], [`elementwise`], [`embedding`],
 //! [`softmax`], [`argmax_topk`], [`sampling`], [`layer_sum`]. Measurement:
-//! [`probe`] (the device's streaming-read roofline).
+//! [`probe`] (the device's streaming-read roofline), [`counters`] (what the
+//! host asks of the device, per thread).
 
 pub mod attention;
 pub mod block;

@@ -32,7 +32,7 @@ use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
 
-use super::arena::{Arena, Use};
+use super::arena::Arena;
 use super::cache::CacheStore;
 use super::step::Step;
 use super::timing::{HostTime, Profile};
@@ -373,11 +373,7 @@ impl<R: Runtime> Executor<R> {
         run.slot_handles = plan
             .slots
             .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                run.arena
-                    .take(&self.client, rows, Use::Slot(i), b.max(16) as usize)
-            })
+            .map(|&b| run.arena.take(&self.client, rows, b.max(16) as usize))
             .collect();
         let pass_start = std::time::Instant::now();
         let deferred = self.flush.defer();
@@ -571,6 +567,13 @@ impl<R: Runtime> Run<'_, R> {
                     buf.name
                 )))
             }
+            (BufferClass::Output, _) => {
+                // Kept across passes; reused only once the caller has
+                // dropped every tensor of it (`arena.rs`).
+                let bytes = draftc_ops::tensor::padded_bytes(shape.iter().product(), dtype);
+                let h = self.arena.take(self.client, self.step.rows(), bytes);
+                DeviceTensor::from_handle(h, &shape, dtype)?
+            }
             _ => DeviceTensor::empty(self.client, &shape, dtype),
         };
         self.bufs[b.index()] = Some(t.clone());
@@ -675,12 +678,7 @@ impl<R: Runtime> Run<'_, R> {
                 let out = if self.is_cache(ob) {
                     // Consumed within the pass (RoPE, then the append).
                     let bytes = draftc_ops::tensor::padded_bytes(m * n, self.dtype);
-                    let h = self.arena.take(
-                        c,
-                        self.step.rows(),
-                        Use::Pending(launch.id.0 as usize),
-                        bytes,
-                    );
+                    let h = self.arena.take(c, self.step.rows(), bytes);
                     let t = DeviceTensor::from_handle(h, &[m, n], self.dtype)?;
                     self.pending.insert(ob, (t.clone(), src));
                     t
