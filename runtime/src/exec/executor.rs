@@ -20,13 +20,10 @@ use std::sync::Arc;
 use cubecl::prelude::*;
 use draftc_codegen::bind::BindError;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
-use draftc_codegen::{
-    BufferClass, BufferId, CodegenError, Kernel, Plan, PlanConfig, PlanDType, TargetWeights,
-};
+use draftc_codegen::{BufferId, CodegenError, Kernel, Plan, PlanConfig, PlanDType, TargetWeights};
 use draftc_codegen::{DeviceProfile, LinearLayout};
 use draftc_ir::graph::{Graph, ValueId};
 use draftc_ir::op::{Mask as IrMask, Op};
-use draftc_ir::types::DType as IrDType;
 use draftc_ops::attention::{AttnDims, AttnMeta, Mask};
 use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::{linear_planes, PlaneShape};
@@ -184,7 +181,7 @@ pub(crate) fn ops_mask(m: IrMask) -> Mask {
     }
 }
 
-fn us(shape: &[i64]) -> Vec<usize> {
+pub(super) fn us(shape: &[i64]) -> Vec<usize> {
     shape.iter().map(|&d| d.max(0) as usize).collect()
 }
 
@@ -428,201 +425,33 @@ impl<R: Runtime> Executor<R> {
 pub(super) struct Run<'a, R: Runtime> {
     pub(super) client: &'a ComputeClient<R>,
     pub(super) plan: &'a Plan,
-    graph: &'a Graph,
+    pub(super) graph: &'a Graph,
     pub(super) step: &'a Step,
     pub(super) dtype: DType,
-    weights: &'a BTreeMap<String, DeviceTensor<R>>,
-    bufs: Vec<Option<DeviceTensor<R>>>,
-    slot_handles: Vec<cubecl::server::Handle>,
+    pub(super) weights: &'a BTreeMap<String, DeviceTensor<R>>,
+    pub(super) bufs: Vec<Option<DeviceTensor<R>>>,
+    pub(super) slot_handles: Vec<cubecl::server::Handle>,
     /// New cache rows not yet appended, by cache half buffer.
     pub(super) pending: BTreeMap<BufferId, (DeviceTensor<R>, RowSource)>,
     /// Uploaded memory rows by stream name.
-    memory: BTreeMap<String, DeviceTensor<R>>,
+    pub(super) memory: BTreeMap<String, DeviceTensor<R>>,
     /// Attention metadata already uploaded in this pass.
     pub(super) attn_metas: Vec<(super::attention::MetaKey, AttnMeta<R>)>,
     /// RoPE frequencies by (head_dim, theta bits), built by the executor.
-    rope_freqs: &'a HashMap<(usize, u64), DeviceTensor<R>>,
+    pub(super) rope_freqs: &'a HashMap<(usize, u64), DeviceTensor<R>>,
     /// Position ids already uploaded in this pass, by row source (every
     /// RoPE of a pass rotates the same rows' positions).
-    positions: Vec<(RowSource, DeviceTensor<R>)>,
+    pub(super) positions: Vec<(RowSource, DeviceTensor<R>)>,
     /// Row-index lists already uploaded in this pass (KV appends).
     pub(super) row_indices: Vec<(Vec<u32>, draftc_ops::kv::RowIndex<R>)>,
     /// Pending cache rows whose RoPE runs fused with their append: (kv
     /// heads, head_dim, theta bits) by cache half buffer.
     pub(super) rope_pending: BTreeMap<BufferId, (usize, usize, u64)>,
     /// The executor's kept buffers (slots, pending K/V rows).
-    arena: &'a mut Arena,
+    pub(super) arena: &'a mut Arena,
 }
 
 impl<R: Runtime> Run<'_, R> {
-    fn buffer_dtype(&self, b: BufferId) -> DType {
-        let buf = self.plan.buffer(b);
-        match buf.value.map(|v| self.graph.node(v).ty.dtype) {
-            Some(IrDType::U32) => DType::U32,
-            _ => self.dtype,
-        }
-    }
-
-    pub(super) fn is_cache(&self, b: BufferId) -> bool {
-        self.plan.buffer(b).class == BufferClass::State
-    }
-
-    /// A memory stream's input buffer (state, no graph value).
-    fn memory_name(&self, b: BufferId) -> Option<String> {
-        let buf = self.plan.buffer(b);
-        (buf.class == BufferClass::Input && buf.value.is_none()).then(|| buf.name.clone())
-    }
-
-    fn bind_inputs(&mut self, inputs: &BTreeMap<String, DeviceTensor<R>>) -> Result<(), ExecError> {
-        for buf in &self.plan.buffers {
-            if buf.class != BufferClass::Input {
-                continue;
-            }
-            match buf.value {
-                Some(_) => {
-                    let t = inputs
-                        .get(&buf.name)
-                        .ok_or_else(|| ExecError::MissingInput {
-                            name: buf.name.clone(),
-                            expected: format!("shape {:?}", buf.shape),
-                        })?;
-                    let need: i64 = buf.shape.iter().product();
-                    if t.numel() as i64 != need {
-                        return Err(ExecError::InputShape {
-                            name: buf.name.clone(),
-                            expected: buf.shape.clone(),
-                            found: t.numel(),
-                        });
-                    }
-                    self.bufs[buf.id.index()] = Some(t.reshape(&us(&buf.shape))?);
-                }
-                None => {
-                    let m =
-                        self.step
-                            .memory
-                            .get(&buf.name)
-                            .ok_or_else(|| ExecError::MissingInput {
-                                name: buf.name.clone(),
-                                expected: "new memory rows in the step".into(),
-                            })?;
-                    let d = *buf.shape.last().unwrap_or(&1) as usize;
-                    let rows = m.lens.iter().sum::<usize>();
-                    if m.positions.len() != rows {
-                        return Err(ExecError::InputShape {
-                            name: format!("{} positions", buf.name),
-                            expected: vec![rows as i64],
-                            found: m.positions.len(),
-                        });
-                    }
-                    // Rows already on the device (an input named after the
-                    // stream) or uploaded from the step.
-                    let t = match inputs.get(&buf.name) {
-                        Some(t) if t.numel() == rows * d => t.reshape(&[rows, d])?,
-                        Some(t) => {
-                            return Err(ExecError::InputShape {
-                                name: buf.name.clone(),
-                                expected: vec![rows as i64, d as i64],
-                                found: t.numel(),
-                            })
-                        }
-                        None if m.data.len() == rows * d => {
-                            DeviceTensor::upload_f32(self.client, &m.data, &[rows, d], self.dtype)?
-                        }
-                        None => {
-                            return Err(ExecError::InputShape {
-                                name: buf.name.clone(),
-                                expected: vec![rows as i64, d as i64],
-                                found: m.data.len(),
-                            })
-                        }
-                    };
-                    self.memory.insert(buf.name.clone(), t);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The tensor of buffer `b` (allocated on first use), in its plan shape.
-    pub(super) fn tensor(&mut self, b: BufferId) -> Result<DeviceTensor<R>, ExecError> {
-        if let Some(t) = &self.bufs[b.index()] {
-            return Ok(t.clone());
-        }
-        let buf = self.plan.buffer(b);
-        let shape = us(&buf.shape);
-        let dtype = self.buffer_dtype(b);
-        let t = match (buf.class.clone(), buf.slot) {
-            (BufferClass::Temp, Some(slot)) => {
-                DeviceTensor::from_handle(self.slot_handles[slot as usize].clone(), &shape, dtype)?
-            }
-            (BufferClass::Input, _) => {
-                return Err(ExecError::MissingInput {
-                    name: buf.name.clone(),
-                    expected: format!("shape {:?}", buf.shape),
-                })
-            }
-            (BufferClass::State, _) => {
-                return Err(ExecError::Internal(format!(
-                    "cache buffer `{}` used as a plain tensor",
-                    buf.name
-                )))
-            }
-            (BufferClass::Output, _) => {
-                // Kept across passes; reused only once the caller has
-                // dropped every tensor of it (`arena.rs`).
-                let bytes = draftc_ops::tensor::padded_bytes(shape.iter().product(), dtype);
-                let h = self.arena.take(self.client, self.step.rows(), bytes);
-                DeviceTensor::from_handle(h, &shape, dtype)?
-            }
-            _ => DeviceTensor::empty(self.client, &shape, dtype),
-        };
-        self.bufs[b.index()] = Some(t.clone());
-        Ok(t)
-    }
-
-    pub(super) fn positions_of(&self, src: &RowSource) -> Result<Vec<u32>, ExecError> {
-        match src {
-            RowSource::Step => Ok(self.step.positions()),
-            RowSource::Memory(name) => Ok(self.step.memory[name].positions.clone()),
-        }
-    }
-
-    /// The positions of `src`'s rows on the device, uploaded once per pass
-    /// (every RoPE of a pass rotates the same rows).
-    pub(super) fn positions_tensor(
-        &mut self,
-        src: &RowSource,
-    ) -> Result<DeviceTensor<R>, ExecError> {
-        if let Some((_, t)) = self.positions.iter().find(|(s, _)| s == src) {
-            return Ok(t.clone());
-        }
-        let t = self.upload_u32(&self.positions_of(src)?)?;
-        self.positions.push((src.clone(), t.clone()));
-        Ok(t)
-    }
-
-    /// RoPE frequencies the executor built for (head_dim, theta bits).
-    pub(super) fn rope_freqs(
-        &self,
-        head_dim: usize,
-        theta_bits: u64,
-    ) -> Result<&DeviceTensor<R>, ExecError> {
-        self.rope_freqs
-            .get(&(head_dim, theta_bits))
-            .ok_or_else(|| ExecError::Internal("rope frequencies not built".into()))
-    }
-
-    pub(super) fn lens_of(&self, src: &RowSource) -> Vec<usize> {
-        match src {
-            RowSource::Step => self.step.lens(),
-            RowSource::Memory(name) => self.step.memory[name].lens.clone(),
-        }
-    }
-
-    pub(super) fn upload_u32(&self, data: &[u32]) -> Result<DeviceTensor<R>, ExecError> {
-        Ok(DeviceTensor::upload_u32(self.client, data, &[data.len()])?)
-    }
-
     fn launch(
         &mut self,
         launch: &draftc_codegen::Launch,

@@ -12,6 +12,7 @@
 //! | `draft_vocab.rs` | [`DraftVocab`]: a reduced draft vocabulary's ids, head rows and id map |
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
 //! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch, flush policy |
+//! | `buffers.rs` | a pass's buffers: inputs bound, the tensor behind each plan buffer, per-pass uploads |
 //! | `arena.rs` | a pass's buffers (slots, pending K/V, outputs), kept across passes by size class |
 //! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
@@ -24,6 +25,7 @@
 
 mod arena;
 mod attention;
+mod buffers;
 mod cache;
 mod draft_vocab;
 mod executor;
