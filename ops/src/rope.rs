@@ -29,6 +29,15 @@ pub const BLOCK: usize = 256;
 const TWO_PI_HI: f32 = 6.28125;
 const TWO_PI_LO: f32 = 0.001_935_307_2;
 
+/// The angle `pos · f` reduced modulo 2π in two steps (Cody–Waite), so
+/// `sin`/`cos` stay accurate at large positions.
+#[cube]
+fn reduced_angle(pos: u32, f: f32) -> f32 {
+    let a = f32::cast_from(pos) * f;
+    let k = f32::round(a / comptime!(TWO_PI_HI + TWO_PI_LO));
+    (a - k * TWO_PI_HI) - k * TWO_PI_LO
+}
+
 /// One unit per (token, head, i < half) pair.
 #[cube(launch_unchecked)]
 pub fn rope_kernel<F: Float + CubeElement>(
@@ -45,9 +54,7 @@ pub fn rope_kernel<F: Float + CubeElement>(
         let i = p % half;
         let th = p / half; // token * heads + head
         let t = th / heads;
-        let a = f32::cast_from(pos[t]) * inv_freq[i];
-        let k = f32::round(a / comptime!(TWO_PI_HI + TWO_PI_LO));
-        let r = (a - k * TWO_PI_HI) - k * TWO_PI_LO;
+        let r = reduced_angle(pos[t], inv_freq[i]);
         let (c, s) = (f32::cos(r), f32::sin(r));
         let base = th * 2 * half;
         let x1 = f32::cast_from(x[base + i]);
@@ -79,9 +86,7 @@ pub fn rope_append_kernel<F: Float + CubeElement>(
         let th = p / half; // row * heads + head
         let t = th / heads;
         let head = th % heads;
-        let a = f32::cast_from(pos[t]) * inv_freq[i];
-        let kk = f32::round(a / comptime!(TWO_PI_HI + TWO_PI_LO));
-        let r = (a - kk * TWO_PI_HI) - kk * TWO_PI_LO;
+        let r = reduced_angle(pos[t], inv_freq[i]);
         let (c, s) = (f32::cos(r), f32::sin(r));
         let src = th * 2 * half;
         let dst = (slots[t] as usize * heads + head) * 2 * half;
