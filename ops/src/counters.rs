@@ -109,23 +109,20 @@ pub fn allocation() {
 
 /// Runs `f`, a blocking read, counting it and the time it blocked.
 pub(crate) fn read<T>(f: impl FnOnce() -> T) -> T {
-    let t = Instant::now();
-    let out = f();
-    let s = t.elapsed().as_secs_f64();
-    bump(|c| {
-        c.reads += 1;
-        c.blocked_s += s;
-    });
-    out
+    blocking(f, |c| c.reads += 1)
 }
 
 /// Runs `f`, a flush, counting it and the time it blocked.
 pub(crate) fn flush<T>(f: impl FnOnce() -> T) -> T {
+    blocking(f, |c| c.flushes += 1)
+}
+
+fn blocking<T>(f: impl FnOnce() -> T, count: impl FnOnce(&mut Counts)) -> T {
     let t = Instant::now();
     let out = f();
     let s = t.elapsed().as_secs_f64();
     bump(|c| {
-        c.flushes += 1;
+        count(c);
         c.blocked_s += s;
     });
     out

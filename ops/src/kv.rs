@@ -191,7 +191,7 @@ fn launch_copy_indexed<R: Runtime>(
         .unwrap_or(1);
     let units = ls * n * (ws / vec);
     let count = cube_count(op, units.div_ceil(CUBE_UNITS as usize))?;
-    let (Some(si), Some(di)) = (&src_index.dev, &dst_index.dev) else {
+    let (Some(si), Some(di)) = (src_index.device(), dst_index.device()) else {
         return Ok(()); // n > 0 here, so both lists were uploaded
     };
     crate::dispatch_float!(src.dtype(), op, F => {

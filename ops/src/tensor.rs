@@ -87,9 +87,40 @@ impl<R: Runtime> std::fmt::Debug for DeviceTensor<R> {
     }
 }
 
-/// Allocation size for `numel` elements: padded to 16 bytes, never zero.
-/// Bytes a tensor of `numel` elements of `dtype` is allocated with (padded
-/// to 16; what [`DeviceTensor::empty`] asks for).
+/// Reads `tensors` back in one request (one wait, counted as one read),
+/// each buffer checked to hold its tensor's bytes.
+fn read<R: Runtime>(
+    client: &ComputeClient<R>,
+    tensors: &[&DeviceTensor<R>],
+    op: &'static str,
+) -> Result<Vec<Vec<u8>>> {
+    let handles = tensors.iter().map(|t| t.handle.clone()).collect();
+    let bytes = crate::counters::read(|| cubecl::future::block_on(client.read_async(handles)))
+        .map_err(|e| OpsError::device(op, e))?;
+    if bytes.len() != tensors.len() {
+        return Err(OpsError::Device {
+            op,
+            message: format!("read {} buffers, asked for {}", bytes.len(), tensors.len()),
+        });
+    }
+    tensors
+        .iter()
+        .zip(bytes)
+        .map(|(t, b)| {
+            let need = t.numel() * t.dtype.size();
+            if b.len() < need {
+                return Err(OpsError::Device {
+                    op,
+                    message: format!("read {} bytes, expected {need}", b.len()),
+                });
+            }
+            Ok(b.to_vec())
+        })
+        .collect()
+}
+
+/// Allocation size for `numel` elements: padded to 16 bytes, never zero
+/// (what [`DeviceTensor::empty`] asks for).
 pub fn padded_bytes(numel: usize, dtype: DType) -> usize {
     (numel * dtype.size()).div_ceil(16).max(1) * 16
 }
@@ -178,27 +209,18 @@ impl<R: Runtime> DeviceTensor<R> {
     /// Reads the tensor back as f32 (f16 is widened exactly). Blocks until
     /// the work queued before it has run.
     pub fn download_f32(&self, client: &ComputeClient<R>) -> Result<Vec<f32>> {
-        let bytes = self.read_bytes(client, "download_f32")?;
-        let n = self.numel();
-        match self.dtype {
-            DType::F32 => Ok(bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[..n * 4])),
-            DType::F16 => Ok(bytemuck::pod_collect_to_vec::<u8, f16>(&bytes[..n * 2])
-                .into_iter()
-                .map(f16::to_f32)
-                .collect()),
-            DType::U32 => Err(self.dtype_err("download_f32", DType::F32)),
-        }
+        const OP: &str = "download_f32";
+        self.expect_float_data(OP)?;
+        let bytes = read(client, &[self], OP)?;
+        Ok(self.f32_of(&bytes[0]))
     }
 
     /// Reads a u32 tensor back.
     pub fn download_u32(&self, client: &ComputeClient<R>) -> Result<Vec<u32>> {
-        if self.dtype != DType::U32 {
-            return Err(self.dtype_err("download_u32", DType::U32));
-        }
-        let bytes = self.read_bytes(client, "download_u32")?;
-        Ok(bytemuck::pod_collect_to_vec::<u8, u32>(
-            &bytes[..self.numel() * 4],
-        ))
+        const OP: &str = "download_u32";
+        self.expect_u32_data(OP)?;
+        let bytes = read(client, &[self], OP)?;
+        Ok(self.u32_of(&bytes[0]))
     }
 
     /// Reads `values` (a float tensor, widened to f32) and `ids` (u32) back
@@ -209,56 +231,41 @@ impl<R: Runtime> DeviceTensor<R> {
         ids: &DeviceTensor<R>,
     ) -> Result<(Vec<f32>, Vec<u32>)> {
         const OP: &str = "download_f32_and_u32";
-        if !values.dtype.is_float() {
-            return Err(values.dtype_err(OP, DType::F32));
+        values.expect_float_data(OP)?;
+        ids.expect_u32_data(OP)?;
+        let bytes = read(client, &[values, ids], OP)?;
+        Ok((values.f32_of(&bytes[0]), ids.u32_of(&bytes[1])))
+    }
+
+    fn expect_float_data(&self, op: &'static str) -> Result<()> {
+        match self.dtype {
+            DType::U32 => Err(self.dtype_err(op, DType::F32)),
+            _ => Ok(()),
         }
-        if ids.dtype != DType::U32 {
-            return Err(ids.dtype_err(OP, DType::U32));
+    }
+
+    fn expect_u32_data(&self, op: &'static str) -> Result<()> {
+        match self.dtype {
+            DType::U32 => Ok(()),
+            _ => Err(self.dtype_err(op, DType::U32)),
         }
-        let handles = vec![values.handle.clone(), ids.handle.clone()];
-        let mut bytes =
-            crate::counters::read(|| cubecl::future::block_on(client.read_async(handles)))
-                .map_err(|e| OpsError::device(OP, e))?;
-        let (ib, vb) = match (bytes.pop(), bytes.pop()) {
-            (Some(i), Some(v)) => (i, v),
-            _ => {
-                return Err(OpsError::Device {
-                    op: OP,
-                    message: "the device returned fewer buffers than asked for".into(),
-                })
-            }
-        };
-        let (nv, ni) = (values.numel(), ids.numel());
-        if vb.len() < nv * values.dtype.size() || ib.len() < ni * 4 {
-            return Err(OpsError::Device {
-                op: OP,
-                message: format!("read {} and {} bytes, too few", vb.len(), ib.len()),
-            });
-        }
-        let v = match values.dtype {
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&vb[..nv * 2])
+    }
+
+    /// This float tensor's elements as f32, from bytes `read` checked.
+    fn f32_of(&self, bytes: &[u8]) -> Vec<f32> {
+        let n = self.numel();
+        match self.dtype {
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, f16>(&bytes[..n * 2])
                 .into_iter()
                 .map(f16::to_f32)
                 .collect(),
-            _ => bytemuck::pod_collect_to_vec::<u8, f32>(&vb[..nv * 4]),
-        };
-        Ok((v, bytemuck::pod_collect_to_vec::<u8, u32>(&ib[..ni * 4])))
+            _ => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes[..n * 4]),
+        }
     }
 
-    fn read_bytes(&self, client: &ComputeClient<R>, op: &'static str) -> Result<Vec<u8>> {
-        let bytes = crate::counters::read(|| client.read_one(self.handle.clone()))
-            .map_err(|e| OpsError::device(op, e))?;
-        if bytes.len() < self.numel() * self.dtype.size() {
-            return Err(OpsError::Device {
-                op,
-                message: format!(
-                    "read {} bytes, expected {}",
-                    bytes.len(),
-                    self.numel() * self.dtype.size()
-                ),
-            });
-        }
-        Ok(bytes.to_vec())
+    /// This u32 tensor's elements, from bytes `read` checked.
+    fn u32_of(&self, bytes: &[u8]) -> Vec<u32> {
+        bytemuck::pod_collect_to_vec::<u8, u32>(&bytes[..self.numel() * 4])
     }
 
     fn dtype_err(&self, op: &'static str, expected: DType) -> OpsError {

@@ -69,13 +69,13 @@ impl<R: Runtime> Run<'_, R> {
         let n = kt.shape()[0];
         if let Some((heads, hd, theta)) = self.rope_pending.remove(&k) {
             let pos = self.positions_tensor(&src)?;
-            let freqs = self.rope_freqs(hd, theta)?.clone();
+            let freqs = self.rope_freqs(hd, theta)?;
             let kt = kt.reshape(&[n, heads, hd])?;
             if vt.shape() == [n, heads * hd] {
                 // RoPE on K and both appends in one launch.
                 let dst = self.row_index(rows)?;
                 let vt = vt.reshape(&[n, heads, hd])?;
-                let slots = &self.row_indices[dst].1;
+                let slots = &self.row_indices[dst];
                 draftc_ops::rope::rope_append(
                     self.client,
                     &kt,
@@ -92,7 +92,7 @@ impl<R: Runtime> Run<'_, R> {
         }
         let src = self.row_index((0..n as u32).collect())?;
         let dst = self.row_index(rows)?;
-        let (src, dst) = (&self.row_indices[src].1, &self.row_indices[dst].1);
+        let (src, dst) = (&self.row_indices[src], &self.row_indices[dst]);
         draftc_ops::kv::append_rows_indexed(self.client, &kt, src, dst, &kc)?;
         draftc_ops::kv::append_rows_indexed(self.client, &vt, src, dst, &vc)?;
         Ok((cache, in_target))
@@ -101,11 +101,11 @@ impl<R: Runtime> Run<'_, R> {
     /// The position in `row_indices` of `idx` on the device, uploaded once
     /// per pass: the K and V appends of every layer write the same rows.
     fn row_index(&mut self, idx: Vec<u32>) -> Result<usize, ExecError> {
-        if let Some(i) = self.row_indices.iter().position(|(k, _)| *k == idx) {
+        if let Some(i) = self.row_indices.iter().position(|r| r.as_slice() == idx) {
             return Ok(i);
         }
         let dev = draftc_ops::kv::RowIndex::upload(self.client, &idx)?;
-        self.row_indices.push((idx, dev));
+        self.row_indices.push(dev);
         Ok(self.row_indices.len() - 1)
     }
 

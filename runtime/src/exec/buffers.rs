@@ -162,15 +162,20 @@ impl<R: Runtime> Run<'_, R> {
         Ok(t)
     }
 
-    /// RoPE frequencies the executor built for (head_dim, theta bits).
+    /// RoPE frequencies for (head_dim, theta bits), built on the
+    /// executor's first RoPE of that shape and kept (a per-model constant).
     pub(super) fn rope_freqs(
-        &self,
+        &mut self,
         head_dim: usize,
         theta_bits: u64,
-    ) -> Result<&DeviceTensor<R>, ExecError> {
-        self.rope_freqs
-            .get(&(head_dim, theta_bits))
-            .ok_or_else(|| ExecError::Internal("rope frequencies not built".into()))
+    ) -> Result<DeviceTensor<R>, ExecError> {
+        if let Some(f) = self.rope_freqs.get(&(head_dim, theta_bits)) {
+            return Ok(f.clone());
+        }
+        let f =
+            draftc_ops::rope::rope_freqs(self.client, head_dim, f64::from_bits(theta_bits) as f32)?;
+        self.rope_freqs.insert((head_dim, theta_bits), f.clone());
+        Ok(f)
     }
 
     pub(super) fn lens_of(&self, src: &RowSource) -> Vec<usize> {

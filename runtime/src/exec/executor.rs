@@ -122,7 +122,7 @@ pub struct Executor<R: Runtime> {
     /// RoPE frequencies by (head_dim, theta bits): per-model constants,
     /// uploaded once.
     rope_freqs: HashMap<(usize, u64), DeviceTensor<R>>,
-    /// Pass-internal buffers kept across passes.
+    /// A pass's buffers kept across passes (`arena.rs`).
     arena: Arena,
 }
 
@@ -333,22 +333,6 @@ impl<R: Runtime> Executor<R> {
         }
         self.plan(rows)?;
         let plan = Arc::clone(&self.plans[&rows]);
-        for launch in &plan.launches {
-            if let draftc_codegen::kernel::Kernel::Rope {
-                head_dim, theta, ..
-            } = launch.kernel
-            {
-                let key = (head_dim as usize, theta.get().to_bits());
-                if !self.rope_freqs.contains_key(&key) {
-                    let f = draftc_ops::rope::rope_freqs(
-                        &self.client,
-                        head_dim as usize,
-                        theta.get() as f32,
-                    )?;
-                    self.rope_freqs.insert(key, f);
-                }
-            }
-        }
         let mut run = Run {
             client: &self.client,
             plan: &plan,
@@ -361,7 +345,7 @@ impl<R: Runtime> Executor<R> {
             pending: BTreeMap::new(),
             memory: BTreeMap::new(),
             attn_metas: Vec::new(),
-            rope_freqs: &self.rope_freqs,
+            rope_freqs: &mut self.rope_freqs,
             positions: Vec::new(),
             row_indices: Vec::new(),
             rope_pending: BTreeMap::new(),
@@ -437,17 +421,17 @@ pub(super) struct Run<'a, R: Runtime> {
     pub(super) memory: BTreeMap<String, DeviceTensor<R>>,
     /// Attention metadata already uploaded in this pass.
     pub(super) attn_metas: Vec<(super::attention::MetaKey, AttnMeta<R>)>,
-    /// RoPE frequencies by (head_dim, theta bits), built by the executor.
-    pub(super) rope_freqs: &'a HashMap<(usize, u64), DeviceTensor<R>>,
+    /// The executor's RoPE frequencies by (head_dim, theta bits).
+    pub(super) rope_freqs: &'a mut HashMap<(usize, u64), DeviceTensor<R>>,
     /// Position ids already uploaded in this pass, by row source (every
     /// RoPE of a pass rotates the same rows' positions).
     pub(super) positions: Vec<(RowSource, DeviceTensor<R>)>,
     /// Row-index lists already uploaded in this pass (KV appends).
-    pub(super) row_indices: Vec<(Vec<u32>, draftc_ops::kv::RowIndex<R>)>,
+    pub(super) row_indices: Vec<draftc_ops::kv::RowIndex<R>>,
     /// Pending cache rows whose RoPE runs fused with their append: (kv
     /// heads, head_dim, theta bits) by cache half buffer.
     pub(super) rope_pending: BTreeMap<BufferId, (usize, usize, u64)>,
-    /// The executor's kept buffers (slots, pending K/V rows).
+    /// The executor's kept buffers (slots, pending K/V rows, outputs).
     pub(super) arena: &'a mut Arena,
 }
 
@@ -573,10 +557,9 @@ impl<R: Runtime> Run<'_, R> {
             } => {
                 let (h, hd) = (heads as usize, head_dim as usize);
                 let (ib, ob) = (launch.inputs[0], launch.outputs[0]);
-                let (x, out, src) = if let Some((t, src)) = self.pending.get(&ib) {
-                    (t.clone(), t.clone(), src.clone())
-                } else {
-                    (self.tensor(ib)?, self.tensor(ob)?, RowSource::Step)
+                let (x, out, src, new_cache_rows) = match self.pending.get(&ib) {
+                    Some((t, src)) => (t.clone(), t.clone(), src.clone(), true),
+                    None => (self.tensor(ib)?, self.tensor(ob)?, RowSource::Step, false),
                 };
                 let rows = self.positions_of(&src)?.len();
                 let tokens = x.numel() / (h * hd);
@@ -588,7 +571,7 @@ impl<R: Runtime> Run<'_, R> {
                         "rope over {tokens} rows but the pass has {rows} positions"
                     )));
                 }
-                if self.pending.contains_key(&ib) {
+                if new_cache_rows {
                     // New cache rows: rotated as they are appended, in one
                     // launch with the V rows (`attention.rs`, `flush`).
                     self.rope_pending.insert(ib, (h, hd, theta.get().to_bits()));
@@ -598,7 +581,7 @@ impl<R: Runtime> Run<'_, R> {
                 let x = x.reshape(&[tokens, h, hd])?;
                 let out = out.reshape(&[tokens, h, hd])?;
                 let freqs = self.rope_freqs(hd, theta.get().to_bits())?;
-                draftc_ops::rope::rope_with_freqs(c, &x, &pos, freqs, &out)?;
+                draftc_ops::rope::rope_with_freqs(c, &x, &pos, &freqs, &out)?;
             }
             Kernel::KvAppend { width, .. } => {
                 let width = width as usize;
