@@ -17,7 +17,9 @@ use cubecl::prelude::*;
 
 use super::drafter::{make_drafter, parse_lookup, DrafterChoice};
 use crate::device::{Backend, OnClient};
-use crate::engine::{generate, generate_speculative, Request, Sampling, SpecStats, TargetModel};
+use crate::engine::{
+    generate, generate_with_policy, warm_up, DraftPolicy, Request, Sampling, SpecStats, TargetModel,
+};
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
@@ -92,6 +94,13 @@ pub struct GenerateArgs {
     /// early-exit:N drafters).
     #[arg(long)]
     pub concurrent: bool,
+    /// `auto` (default): each round's draft budget per sequence, from no
+    /// draft up to the budget (`--budget`, tuned settings, or 8), is
+    /// planned from costs measured on this device and acceptance estimated
+    /// while decoding (docs/speculative.md, "Planned drafts"). `fixed`:
+    /// every round drafts the full budget.
+    #[arg(long, default_value = "auto")]
+    pub speculate: String,
     /// Prompt lookup: continuations merged into a tree (1 = chain).
     #[arg(long, default_value_t = 1)]
     pub branches: usize,
@@ -311,41 +320,28 @@ fn generate_on<R: Runtime>(
             t.apply(&mut choice);
         }
     }
-    let budget = choice.budget;
+    let mut policy = speculate_policy(&args.speculate, choice.budget, args.concurrent)?;
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
     if !args.no_baseline {
-        // Untimed warm-up: compiles the drafter's kernels, the verification
-        // pass's and the one-row decode step's (lavapipe's JIT takes ~2 s
-        // for a learned drafter's), so the speedup compares steady decoding
-        // rates, as `draftc bench spec` does. One prompt token, a round or two.
-        let warm: Vec<Request> = requests
-            .iter()
-            .take(1)
-            .map(|r| Request {
-                prompt: r.prompt[..1.min(r.prompt.len())].to_vec(),
-            })
-            .collect();
-        generate_speculative(
+        // Untimed warm-up on the same prompts: compiles every kernel shape
+        // the run and the baseline use (lavapipe's JIT takes seconds with an
+        // empty shader cache), so the speedup compares warm with warm.
+        warm_up(
             &mut target,
             drafter.as_mut(),
-            &warm,
-            budget + 2,
+            &requests,
             &sampling,
-            budget,
-            None,
-            &mut |_, _| {},
+            &mut policy,
         )
         .map_err(|e| e.to_string())?;
-        generate(&mut target, &warm, 2, &sampling, None, &mut |_, _| {})
-            .map_err(|e| e.to_string())?;
     }
-    let spec = generate_speculative(
+    let spec = generate_with_policy(
         &mut target,
         drafter.as_mut(),
         &requests,
         args.max_tokens,
         &sampling,
-        budget,
+        &mut policy,
         stop,
         &mut on_token,
     )
@@ -384,6 +380,25 @@ fn generate_on<R: Runtime>(
     Ok(())
 }
 
+/// The draft policy `--speculate` names: `auto` plans each round's budget
+/// up to `budget`; `fixed` drafts `budget` every round. A concurrent
+/// drafter sizes its own drafts (DuoDecoding's hardware-aware budget), so
+/// it runs fixed.
+pub fn speculate_policy(
+    speculate: &str,
+    budget: usize,
+    concurrent: bool,
+) -> Result<DraftPolicy, String> {
+    match speculate {
+        "auto" if !concurrent && budget > 0 => DraftPolicy::auto(budget).map_err(|e| e.to_string()),
+        "auto" | "fixed" => Ok(DraftPolicy::Fixed(budget)),
+        other => Err(format!(
+            "--speculate {other}: expected `auto` (plan each round's draft from measured costs) \
+             or `fixed` (draft the budget every round)"
+        )),
+    }
+}
+
 /// The stats line: rounds, τ, k, κ, tokens/s and the speedup over the
 /// autoregressive baseline measured in the same run.
 pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> String {
@@ -400,14 +415,40 @@ pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> St
     } else {
         String::new()
     };
+    let warm = if baseline_tps.is_some() {
+        " (both warm: kernels compiled before either timing)"
+    } else {
+        ""
+    };
     format!(
-        "speculative ({drafter}): {} sequences, {} rounds{lookup}, tau {:.2}, k {:.2}, kappa {:.2}, {} generated in {:.2} s ({speed:.1} tokens/s){speedup}",
+        "speculative ({drafter}): {} sequences, {} rounds{lookup}, tau {:.2}, k {:.2}, kappa {:.2}{}, {} generated in {:.2} s ({speed:.1} tokens/s){speedup}{warm}",
         s.sequences,
         s.seq_rounds,
         s.tau(),
         s.k(),
         s.kappa(),
+        planned_summary(s),
         s.generated_tokens,
         s.decode_s,
+    )
+}
+
+/// What the planner chose (`--speculate auto`): sequence-rounds per draft
+/// budget and the share of rounds with no draft; empty for fixed runs.
+pub fn planned_summary(s: &SpecStats) -> String {
+    if s.budget_histogram.is_empty() {
+        return String::new();
+    }
+    let hist: Vec<String> = s
+        .budget_histogram
+        .iter()
+        .enumerate()
+        .filter(|(_, &n)| n > 0)
+        .map(|(k, n)| format!("{k}:{n}"))
+        .collect();
+    format!(
+        ", planned budgets [{}], no draft in {:.0} % of rounds",
+        hist.join(" "),
+        100.0 * s.no_draft_rounds as f64 / s.rounds.max(1) as f64
     )
 }

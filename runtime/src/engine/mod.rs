@@ -12,7 +12,7 @@
 //! | `autoregressive_drafter.rs` | [`AutoregressiveDrafter`]: Beagle / SPIRe over memory streams, trees built level by level |
 //! | `lookup_first.rs` | [`LookupFirst`]: prompt lookup first, a model drafter where the history has no n-gram match (`--lookup N`) |
 //! | `concurrent.rs` | [`ConcurrentDrafter`]: DuoDecoding — a [`TokenDrafter`] on its own thread drafts round r+1 while the target verifies round r; hardware-aware budget; [`LmDrafter`] |
-//! | `speculative.rs` | [`generate_speculative`]: draft, verify (tree mask), accept, commit, [`SpecStats`] |
+//! | `speculative.rs` | [`generate_speculative`] and [`generate_with_policy`] (a fixed budget or the planner's per round), [`warm_up`]: draft, verify (tree mask), accept, commit, [`SpecStats`] |
 
 mod autoregressive;
 mod autoregressive_drafter;
@@ -37,7 +37,9 @@ pub use lookup_first::{
     LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM, MIN_NGRAMS as LOOKUP_MIN_NGRAMS,
 };
 pub use select::{select_tokens, top_candidates, Sampling};
-pub use speculative::{generate_speculative, SpecGeneration, SpecStats};
+pub use speculative::{
+    generate_speculative, generate_with_policy, warm_up, DraftPolicy, SpecGeneration, SpecStats,
+};
 pub use target::{
     compile_target, target_config, weight_specs, EngineError, TargetModel, LLAMA_DRAFT,
 };

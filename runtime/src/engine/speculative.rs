@@ -26,7 +26,35 @@ use super::select::{select_tokens, Sampling};
 use super::target::{EngineError, TargetModel};
 use super::Request;
 use crate::exec::{SeqStep, Step};
-use crate::spec::DraftTree;
+use crate::spec::{DraftTree, PlanMode, Planner, PlannerConfig};
+
+/// How a speculative run sizes each round's draft.
+#[derive(Clone, Debug)]
+pub enum DraftPolicy {
+    /// The same budget for every sequence in every round (`--speculate fixed`).
+    Fixed(usize),
+    /// Per round and sequence, down to no draft, by the [`Planner`]
+    /// (`--speculate auto`): its costs and estimates carry over between
+    /// runs that share the policy.
+    Planned(Box<Planner>),
+}
+
+impl DraftPolicy {
+    /// `--speculate auto` with drafts of at most `max_budget` tokens.
+    pub fn auto(max_budget: usize) -> Result<DraftPolicy, EngineError> {
+        Planner::new(PlannerConfig::auto(max_budget))
+            .map(|p| DraftPolicy::Planned(Box::new(p)))
+            .map_err(|e| EngineError::Invalid(e.to_string()))
+    }
+
+    /// The largest budget a round may get.
+    pub fn max_budget(&self) -> usize {
+        match self {
+            DraftPolicy::Fixed(b) => *b,
+            DraftPolicy::Planned(p) => p.config().max_budget,
+        }
+    }
+}
 
 /// Round statistics of a speculative run.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -63,6 +91,12 @@ pub struct SpecStats {
     /// concurrent drafter's thread is not counted).
     pub rounds: usize,
     pub round_counts: draftc_ops::counters::Counts,
+    /// Planned runs (`--speculate auto`): sequence-rounds per draft budget
+    /// `0..=max`, rounds with no drafter call, and the speedup the planner
+    /// predicted for the rounds it planned (over its own no-draft round).
+    pub budget_histogram: Vec<usize>,
+    pub no_draft_rounds: usize,
+    pub predicted_speedup: Option<f64>,
 }
 
 impl SpecStats {
@@ -104,13 +138,18 @@ impl SpecStats {
         self.draft_errors += o.draft_errors;
         self.lookup_rounds += o.lookup_rounds;
         self.rounds += o.rounds;
+        self.no_draft_rounds += o.no_draft_rounds;
         self.round_counts = self.round_counts.plus(&o.round_counts);
+        if o.predicted_speedup.is_some() {
+            self.predicted_speedup = o.predicted_speedup;
+        }
         if o.last_draft_error.is_some() {
             self.last_draft_error.clone_from(&o.last_draft_error);
         }
         for (mine, theirs) in [
             (&mut self.depth_drafted, &o.depth_drafted),
             (&mut self.depth_accepted, &o.depth_accepted),
+            (&mut self.budget_histogram, &o.budget_histogram),
         ] {
             if mine.len() < theirs.len() {
                 mine.resize(theirs.len(), 0);
@@ -169,6 +208,73 @@ pub fn generate_speculative<R: Runtime>(
     stop: Option<u32>,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<SpecGeneration, EngineError> {
+    generate_with_policy(
+        target,
+        drafter,
+        requests,
+        max_tokens,
+        sampling,
+        &mut DraftPolicy::Fixed(budget),
+        stop,
+        on_token,
+    )
+}
+
+/// Compiles the kernels a run of `requests` will use before anything is
+/// timed: a speculative run on the same prompts that cycles the whole batch
+/// through no draft, one token, the middle and the largest budget of
+/// `policy`, then two autoregressive steps. The kernels' shapes depend on
+/// the rows of each pass (the prompt's first drafter pass, every verify
+/// width), so a warm-up on other prompts leaves some to compile inside the
+/// timed run (on lavapipe with an empty shader cache, seconds).
+///
+/// A planned policy takes the warm-up's cost measurements (each shape's
+/// first, compiling, round is discarded by the planner's tables), so its
+/// timed run plans from its first round: the start-up calibration.
+pub fn warm_up<R: Runtime>(
+    target: &mut TargetModel<R>,
+    drafter: &mut dyn Drafter<R>,
+    requests: &[Request],
+    sampling: &Sampling,
+    policy: &mut DraftPolicy,
+) -> Result<(), EngineError> {
+    let cfg = PlannerConfig {
+        mode: PlanMode::Cycle,
+        ..PlannerConfig::auto(policy.max_budget().max(1))
+    };
+    let tokens: usize = cfg.warm_budgets().iter().map(|k| k + 1).sum::<usize>() + 1;
+    let mut cycle = DraftPolicy::Planned(Box::new(
+        Planner::new(cfg).map_err(|e| EngineError::Invalid(e.to_string()))?,
+    ));
+    generate_with_policy(
+        target,
+        drafter,
+        requests,
+        tokens,
+        sampling,
+        &mut cycle,
+        None,
+        &mut |_, _| {},
+    )?;
+    super::generate(target, requests, 2, sampling, None, &mut |_, _| {})?;
+    if let (DraftPolicy::Planned(p), DraftPolicy::Planned(w)) = (policy, &cycle) {
+        p.adopt_costs(w);
+    }
+    Ok(())
+}
+
+/// [`generate_speculative`] with each round's draft sized by `policy`.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_with_policy<R: Runtime>(
+    target: &mut TargetModel<R>,
+    drafter: &mut dyn Drafter<R>,
+    requests: &[Request],
+    max_tokens: usize,
+    sampling: &Sampling,
+    policy: &mut DraftPolicy,
+    stop: Option<u32>,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> Result<SpecGeneration, EngineError> {
     sampling.validate()?;
     if !sampling.is_greedy() && (sampling.top_k != 0 || sampling.top_p < 1.0) {
         return Err(EngineError::Invalid(
@@ -197,7 +303,14 @@ pub fn generate_speculative<R: Runtime>(
     for slot in 0..b {
         target.caches.reset(slot);
         drafter.reset(slot);
+        if let DraftPolicy::Planned(p) = policy {
+            p.reset_seq(slot);
+        }
     }
+    let (hist0, no_draft0) = match policy {
+        DraftPolicy::Planned(p) => (p.histogram().to_vec(), p.no_draft_rounds()),
+        DraftPolicy::Fixed(_) => (Vec::new(), 0),
+    };
     let lookups_before = drafter.lookup_rounds().map_or(0, |c| c.by_lookup);
     // On a GPU the run queues its launches; each pass flushes once and the
     // reads (acceptance, a drafter's selections) are the only waits.
@@ -243,6 +356,7 @@ pub fn generate_speculative<R: Runtime>(
             active.push(i);
         }
     }
+    let mut drafted_last = false;
     while !active.is_empty() {
         round += 1;
         let counts0 = draftc_ops::counters::snapshot();
@@ -257,12 +371,23 @@ pub fn generate_speculative<R: Runtime>(
             })
             .collect();
         let room: Vec<usize> = active.iter().map(|&i| max_tokens - out[i].len()).collect();
-        let trees: Vec<DraftTree> = match drafter.draft(target, &views, budget) {
+        let budgets = match policy {
+            DraftPolicy::Fixed(k) => vec![*k; active.len()],
+            DraftPolicy::Planned(p) => p.plan(&active).budgets,
+        };
+        let budget = budgets.iter().copied().max().unwrap_or(0);
+        let skip = budget == 0 && matches!(policy, DraftPolicy::Planned(_));
+        let drafted = if skip {
+            Ok(views.iter().map(|_| DraftTree::new()).collect())
+        } else {
+            drafter.draft(target, &views, budget)
+        };
+        let trees: Vec<DraftTree> = match drafted {
             Ok(t) if t.len() == views.len() => t
                 .into_iter()
-                .zip(&room)
+                .zip(room.iter().zip(&budgets))
                 // Never draft past max_tokens: the bonus needs one slot.
-                .map(|(t, &r)| sanitize(t, vocab, budget.min(r.saturating_sub(1))))
+                .map(|(t, (&r, &k))| sanitize(t, vocab, k.min(r.saturating_sub(1))))
                 .collect(),
             // A failing drafter costs a round of speed, not correctness.
             Ok(t) => {
@@ -282,7 +407,10 @@ pub fn generate_speculative<R: Runtime>(
         for v in &views {
             target.caches.truncate(v.slot, v.committed);
         }
-        stats.draft_s += td.elapsed().as_secs_f64();
+        let draft_s = td.elapsed().as_secs_f64();
+        stats.draft_s += draft_s;
+        let rows = views.len() + trees.iter().map(DraftTree::len).sum::<usize>();
+        let batch = views.len();
         // 2. Verify all trees in one target pass.
         let tv = Instant::now();
         let mut step = Step::default();
@@ -364,6 +492,16 @@ pub fn generate_speculative<R: Runtime>(
             }
         }
         drafter.observe(&client, &o, &committed)?;
+        if let DraftPolicy::Planned(p) = policy {
+            if !skip {
+                p.observe_draft(batch, budget, draft_s, drafted_last);
+            }
+            drafted_last = !skip;
+            p.observe_verify(rows, tv.elapsed().as_secs_f64());
+            for (&i, (tree, (nodes, _))) in active.iter().zip(trees.iter().zip(&accepted)) {
+                p.observe_seq(i, tree.levels(), nodes.len());
+            }
+        }
         active = still;
         stats.rounds += 1;
         stats.round_counts = stats
@@ -374,6 +512,19 @@ pub fn generate_speculative<R: Runtime>(
     stats.lookup_rounds = drafter.lookup_rounds().map_or(0, |c| c.by_lookup) - lookups_before;
     stats.decode_s = t1.elapsed().as_secs_f64();
     stats.generated_tokens = out.iter().map(Vec::len).sum();
+    if let DraftPolicy::Planned(p) = policy {
+        stats.budget_histogram = p
+            .histogram()
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| n - hist0.get(k).copied().unwrap_or(0))
+            .collect();
+        stats.no_draft_rounds = p.no_draft_rounds() - no_draft0;
+        stats.predicted_speedup = p.predicted_speedup(b);
+        if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
+            eprintln!("{}", p.describe(b));
+        }
+    }
     Ok(SpecGeneration { tokens: out, stats })
 }
 

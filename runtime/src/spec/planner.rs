@@ -1,0 +1,619 @@
+//! The per-round draft planner of `--speculate auto` (issue 34): from costs
+//! measured on this device and acceptance estimated online, it picks each
+//! round's draft budget per sequence, down to no draft at all for the whole
+//! batch, to maximise expected emitted tokens per second.
+//!
+//! # Model
+//! A round over `b` active sequences where sequence `i` gets `k_i` draft
+//! tokens (a drafter call with budget `d = max k_i`, skipped when `d = 0`):
+//!
+//! * time `D(b, d)·[d > 0] + V(n)`, `n = Σ (1 + k_i)` rows verified;
+//!   `D` is the drafter call, `V` everything else of the round (the target
+//!   pass, acceptance, the KV commit and the drafter's observation of the
+//!   committed rows), so a round with no draft is the plain autoregressive
+//!   step through the same code;
+//! * tokens `b + Σ_i Σ_{j ≤ k_i} P_i(j)`, with `P_i(j) = Π_{m ≤ j} α_i(m)`
+//!   the chance that sequence `i` accepts its first `j` draft tokens
+//!   (Leviathan et al. 2023's expected length, per depth instead of one `α`).
+//!
+//! This is paper 004's throughput multiplier (`crate::perf_model`) with
+//! measured times in place of the roofline: [`speedup`] is the one formula
+//! both use.
+//!
+//! **Costs** are tables of exponential moving averages keyed by what was
+//! run: `V` by rows `n`, `D` by `(b, d)`. `V` between observed row counts
+//! is the least-squares line through the table (a weighted fit over the
+//! keys, so a row count seen often does not erase the slope the others
+//! give); `D` at an unseen budget is its nearest seen budget's time scaled
+//! by the fitted slope over budgets (a flat drafter such as prompt lookup
+//! or a parallel head stays flat, an autoregressive one grows per level).
+//! The first rounds measure: the configured budget, no draft, one token.
+//!
+//! **Acceptance** per depth `j`: a global estimate (decayed counts with a
+//! Beta prior: depth `j`'s prior is depth `j − 1`'s estimate, so an
+//! unexplored depth is expected to do as well as the one before it) and one
+//! per sequence (faster decay, shrunk to the global one), updated every
+//! round from the tree's depth and the accepted length.
+//!
+//! **Choice**: for every drafter budget `d` in `1..=max`, the per-sequence
+//! items `P_i(j)` (`j ≤ d`) are sorted by value and the best prefix (the
+//! items the verify cost pays for) is kept; the best `d` is compared with
+//! no draft. When no draft wins for many rounds, one round probes the best
+//! draft so the acceptance estimates stay current.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::SpecError;
+
+/// Paper 004's throughput multiplier `τ / Δt` with `Δt = (t_draft +
+/// t_verify) / t_step`: tokens per round `tau` over the round's time
+/// against one autoregressive step of `step_s` seconds per token.
+pub fn speedup(tau: f64, draft_s: f64, verify_s: f64, step_s: f64) -> f64 {
+    let round = draft_s + verify_s;
+    if round <= 0.0 || step_s <= 0.0 {
+        return 0.0;
+    }
+    tau * step_s / round
+}
+
+/// How the planner chooses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanMode {
+    /// Maximise expected tokens per second (the default).
+    Auto,
+    /// Uniformly random budgets per sequence in `0..=max` (tests: whatever
+    /// is chosen, output stays lossless).
+    Random { seed: u64 },
+    /// Cycle the whole batch through every budget in `budgets` (warm-up:
+    /// compiles each shape once before anything is timed).
+    Cycle,
+}
+
+/// Settings of a [`Planner`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannerConfig {
+    /// Largest draft budget per sequence per round.
+    pub max_budget: usize,
+    /// Prior per-depth acceptance before any round was verified.
+    pub prior_alpha: f64,
+    /// Weight of the prior (in pseudo-rounds).
+    pub prior_strength: f64,
+    /// EMA weight of the newest cost sample, in `(0, 1]`.
+    pub smoothing: f64,
+    /// After this many rounds with no draft, one round drafts (probe).
+    pub probe_every: usize,
+    pub mode: PlanMode,
+}
+
+impl PlannerConfig {
+    pub fn auto(max_budget: usize) -> PlannerConfig {
+        PlannerConfig {
+            max_budget,
+            prior_alpha: 0.5,
+            prior_strength: 2.0,
+            smoothing: 0.25,
+            probe_every: 4,
+            mode: PlanMode::Auto,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let bad = |reason: String| {
+            Err(SpecError::InvalidConfig {
+                what: "draft planner",
+                reason,
+            })
+        };
+        if self.max_budget == 0 {
+            return bad("the largest draft budget must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.prior_alpha) || self.prior_strength <= 0.0 {
+            return bad(format!(
+                "prior acceptance {} must be in [0, 1] with a positive strength (found {})",
+                self.prior_alpha, self.prior_strength
+            ));
+        }
+        if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
+            return bad(format!(
+                "smoothing must be in (0, 1], found {}",
+                self.smoothing
+            ));
+        }
+        Ok(())
+    }
+
+    /// The budgets a warm-up cycles through, round by round: no draft,
+    /// one token after one, two and five rounds without a draft (a drafter
+    /// that catches up on the rows it skipped runs a wider first pass), the
+    /// middle and the largest budget (each shape a run mostly uses).
+    pub fn warm_budgets(&self) -> Vec<usize> {
+        let k = self.max_budget;
+        let mut v = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
+        // Twice each: a shape's first round compiles, its second measures.
+        for x in [k.div_ceil(2), k, k.div_ceil(2), k] {
+            if x > 1 {
+                v.push(x);
+            }
+        }
+        v
+    }
+}
+
+/// One round's choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundPlan {
+    /// Draft tokens per sequence (in the order `plan` got the slots).
+    pub budgets: Vec<usize>,
+    /// Predicted emitted tokens and seconds of the round (`None` while the
+    /// planner has no costs yet).
+    pub predicted: Option<(f64, f64)>,
+}
+
+impl RoundPlan {
+    /// The drafter call's budget; 0: no drafter call this round.
+    pub fn draft_budget(&self) -> usize {
+        self.budgets.iter().copied().max().unwrap_or(0)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Ema {
+    value: f64,
+    count: usize,
+}
+
+impl Ema {
+    /// A sample more than `SPIKE` times the average (a kernel compiled
+    /// inside the round, a preempted host) counts as `SPIKE` times it: a
+    /// real change of cost still moves the average within a few rounds.
+    /// The first samples keep their least (a shape's first run may
+    /// include its compilation).
+    fn update(&mut self, x: f64, w: f64) {
+        self.value = if self.count == 0 {
+            x
+        } else if self.count < 3 {
+            self.value.min(x)
+        } else {
+            let x = x.min(SPIKE * self.value);
+            self.value + w * (x - self.value)
+        };
+        self.count += 1;
+    }
+
+    /// Only lowers the average (a sample that may carry unrelated work).
+    fn lower(&mut self, x: f64, w: f64) {
+        if self.count == 0 || x < self.value {
+            self.update(x, w);
+        }
+    }
+}
+
+/// Decayed (accepted, trials) counts per depth.
+#[derive(Clone, Debug, Default)]
+struct DepthCounts(Vec<(f64, f64)>);
+
+impl DepthCounts {
+    fn decay(&mut self, keep: f64) {
+        for c in &mut self.0 {
+            c.0 *= keep;
+            c.1 *= keep;
+        }
+    }
+
+    fn add(&mut self, levels: usize, accepted: usize) {
+        let a = accepted.min(levels);
+        let tried = (a + 1).min(levels);
+        if self.0.len() < tried {
+            self.0.resize(tried, (0.0, 0.0));
+        }
+        for j in 0..tried {
+            self.0[j].1 += 1.0;
+            if j < a {
+                self.0[j].0 += 1.0;
+            }
+        }
+    }
+
+    /// Accepted and trials at depth `j` (0-based).
+    fn at(&self, j: usize) -> (f64, f64) {
+        self.0.get(j).copied().unwrap_or((0.0, 0.0))
+    }
+}
+
+/// Chooses each round's draft budgets from measured costs and online
+/// acceptance (module docs).
+#[derive(Clone, Debug)]
+pub struct Planner {
+    cfg: PlannerConfig,
+    /// Round time without the drafter call, by rows verified.
+    verify: BTreeMap<usize, Ema>,
+    /// Drafter call time by (sequences, budget).
+    draft: BTreeMap<(usize, usize), Ema>,
+    global: DepthCounts,
+    seqs: HashMap<usize, DepthCounts>,
+    rounds: usize,
+    since_draft: usize,
+    rng: u64,
+    /// Sequence-rounds per chosen budget (`0..=max`).
+    histogram: Vec<usize>,
+    /// Rounds in which the drafter was not called.
+    no_draft_rounds: usize,
+    /// Sums over planned rounds of predicted tokens and seconds.
+    predicted: (f64, f64),
+    predicted_rounds: usize,
+}
+
+/// Decay of the global acceptance counts per update, and of a sequence's.
+const GLOBAL_KEEP: f64 = 0.995;
+const SEQ_KEEP: f64 = 0.9;
+/// Weight of the global estimate in a sequence's (pseudo-rounds).
+const SEQ_PRIOR: f64 = 8.0;
+/// The most a probe may lose, as a share of the time since the last draft.
+const PROBE_SHARE: f64 = 0.02;
+/// Cost samples are clipped to this multiple of their average.
+const SPIKE: f64 = 2.0;
+
+impl Planner {
+    pub fn new(cfg: PlannerConfig) -> Result<Planner, SpecError> {
+        cfg.validate()?;
+        let seed = match cfg.mode {
+            PlanMode::Random { seed } => seed,
+            _ => 0,
+        };
+        Ok(Planner {
+            histogram: vec![0; cfg.max_budget + 1],
+            cfg,
+            verify: BTreeMap::new(),
+            draft: BTreeMap::new(),
+            global: DepthCounts::default(),
+            seqs: HashMap::new(),
+            rounds: 0,
+            since_draft: 0,
+            rng: seed ^ 0x9e37_79b9_7f4a_7c15,
+            no_draft_rounds: 0,
+            predicted: (0.0, 0.0),
+            predicted_rounds: 0,
+        })
+    }
+
+    pub fn config(&self) -> &PlannerConfig {
+        &self.cfg
+    }
+
+    /// Sequence-rounds per budget `0..=max` chosen so far.
+    pub fn histogram(&self) -> &[usize] {
+        &self.histogram
+    }
+
+    /// Rounds that called no drafter.
+    pub fn no_draft_rounds(&self) -> usize {
+        self.no_draft_rounds
+    }
+
+    /// Rounds planned so far.
+    pub fn rounds(&self) -> usize {
+        self.rounds
+    }
+
+    /// Forget a sequence (its slot is reused).
+    pub fn reset_seq(&mut self, slot: usize) {
+        self.seqs.remove(&slot);
+    }
+
+    /// A drafter call for `seqs` sequences with budget `budget` took
+    /// `seconds`. `after_draft`: the previous round drafted too. A drafter
+    /// that catches up on the rows committed since its last call (Beagle's
+    /// memory appends) does that work whenever it next drafts, whether or
+    /// not rounds were skipped in between, so a call after skipped rounds
+    /// (or the run's first, after the prompt) only lowers the estimate.
+    pub fn observe_draft(&mut self, seqs: usize, budget: usize, seconds: f64, after_draft: bool) {
+        if budget > 0 && seconds.is_finite() && seconds >= 0.0 {
+            let w = self.cfg.smoothing;
+            let e = self.draft.entry((seqs, budget)).or_default();
+            if after_draft {
+                e.update(seconds, w);
+            } else {
+                e.lower(seconds, w);
+            }
+        }
+    }
+
+    /// Takes the cost tables of `other` (the warm-up's start-up
+    /// measurements), keeping this planner's acceptance estimates.
+    pub fn adopt_costs(&mut self, other: &Planner) {
+        self.verify.clone_from(&other.verify);
+        self.draft.clone_from(&other.draft);
+    }
+
+    /// The rest of a round (target pass over `rows` rows, acceptance,
+    /// commit, the drafter's observation) took `seconds`.
+    pub fn observe_verify(&mut self, rows: usize, seconds: f64) {
+        if rows > 0 && seconds.is_finite() && seconds >= 0.0 {
+            let w = self.cfg.smoothing;
+            self.verify.entry(rows).or_default().update(seconds, w);
+        }
+    }
+
+    /// Sequence `slot` verified a tree `levels` deep and accepted `accepted`
+    /// draft tokens.
+    pub fn observe_seq(&mut self, slot: usize, levels: usize, accepted: usize) {
+        let s = self.seqs.entry(slot).or_default();
+        s.decay(SEQ_KEEP);
+        if levels == 0 {
+            return;
+        }
+        s.add(levels, accepted);
+        self.global.decay(GLOBAL_KEEP);
+        self.global.add(levels, accepted);
+    }
+
+    /// Estimated acceptance of sequence `slot` at depth `j` (0-based).
+    /// Depth `j`'s prior is depth `j - 1`'s estimate (depth 0's is the
+    /// configured prior), so an unexplored depth is expected to do as well
+    /// as the one before it and gets tried.
+    pub fn alpha(&self, slot: usize, j: usize) -> f64 {
+        let s0 = self.cfg.prior_strength;
+        let mut global = self.cfg.prior_alpha;
+        for d in 0..=j {
+            let (ga, gt) = self.global.at(d);
+            global = (ga + s0 * global) / (gt + s0);
+        }
+        let (sa, st) = self.seqs.get(&slot).map_or((0.0, 0.0), |s| s.at(j));
+        (sa + SEQ_PRIOR * global) / (st + SEQ_PRIOR)
+    }
+
+    /// Predicted round time without a draft over `rows` rows.
+    pub fn verify_time(&self, rows: usize) -> Option<f64> {
+        if self.verify.len() < 2 {
+            return self.verify.get(&rows).map(|e| e.value);
+        }
+        // Weighted least squares over the keys (weight = samples, capped).
+        let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for (&n, e) in &self.verify {
+            let w = e.count.min(8) as f64;
+            let x = n as f64;
+            sw += w;
+            sx += w * x;
+            sy += w * e.value;
+            sxx += w * x * x;
+            sxy += w * x * e.value;
+        }
+        let var = sxx * sw - sx * sx;
+        let slope = if var > 1e-12 {
+            ((sxy * sw - sx * sy) / var).max(0.0)
+        } else {
+            0.0
+        };
+        let icpt = (sy - slope * sx) / sw;
+        Some((icpt + slope * rows as f64).max(1e-9))
+    }
+
+    /// Predicted drafter call time for `seqs` sequences at `budget`.
+    pub fn draft_time(&self, seqs: usize, budget: usize) -> Option<f64> {
+        if let Some(e) = self.draft.get(&(seqs, budget)) {
+            return Some(e.value);
+        }
+        // The same batch at other budgets: nearest, scaled by the slope.
+        let same: Vec<(usize, f64)> = self
+            .draft
+            .iter()
+            .filter(|((b, _), _)| *b == seqs)
+            .map(|((_, k), e)| (*k, e.value))
+            .collect();
+        let pool: Vec<(usize, f64)> = if same.is_empty() {
+            // Nearest batch size that was measured.
+            let b = self
+                .draft
+                .keys()
+                .map(|(b, _)| *b)
+                .min_by_key(|b| b.abs_diff(seqs))?;
+            self.draft
+                .iter()
+                .filter(|((bb, _), _)| *bb == b)
+                .map(|((_, k), e)| (*k, e.value))
+                .collect()
+        } else {
+            same
+        };
+        let &(k0, t0) = pool.iter().min_by_key(|(k, _)| k.abs_diff(budget))?;
+        let slope = if pool.len() >= 2 {
+            let (lo, hi) = (pool[0], pool[pool.len() - 1]);
+            ((hi.1 - lo.1) / (hi.0 - lo.0).max(1) as f64).max(0.0)
+        } else {
+            0.0
+        };
+        Some((t0 + slope * (budget as f64 - k0 as f64)).max(0.0))
+    }
+
+    fn next_random(&mut self) -> u64 {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// The budgets of the next round for the active sequences `slots`.
+    pub fn plan(&mut self, slots: &[usize]) -> RoundPlan {
+        let b = slots.len();
+        let max = self.cfg.max_budget;
+        let plan = match self.cfg.mode {
+            PlanMode::Random { .. } => RoundPlan {
+                budgets: (0..b)
+                    .map(|_| (self.next_random() % (max as u64 + 1)) as usize)
+                    .collect(),
+                predicted: None,
+            },
+            PlanMode::Cycle => {
+                let w = self.cfg.warm_budgets();
+                RoundPlan {
+                    budgets: vec![w[self.rounds % w.len()]; b],
+                    predicted: None,
+                }
+            }
+            PlanMode::Auto => self.plan_auto(slots),
+        };
+        self.rounds += 1;
+        let d = plan.draft_budget();
+        if d == 0 {
+            self.no_draft_rounds += 1;
+            self.since_draft += 1;
+        } else {
+            self.since_draft = 0;
+        }
+        for &k in &plan.budgets {
+            self.histogram[k.min(max)] += 1;
+        }
+        if let Some((t, s)) = plan.predicted {
+            self.predicted.0 += t / b.max(1) as f64;
+            self.predicted.1 += s;
+            self.predicted_rounds += 1;
+        }
+        plan
+    }
+
+    /// The calibration rounds that open an auto run with no costs: the
+    /// largest budget twice (the first call catches up on the prompt), one
+    /// token and no draft (so `V` has row counts to fit a line through and
+    /// `D` two budgets to scale between); skipped when a warm-up measured
+    /// the costs ([`Planner::adopt_costs`]).
+    fn calibration(&self) -> Option<usize> {
+        let max = self.cfg.max_budget;
+        let order = [max, max, 1, 0];
+        (self.rounds < order.len() && self.verify.len() < 3).then(|| order[self.rounds])
+    }
+
+    fn plan_auto(&self, slots: &[usize]) -> RoundPlan {
+        let b = slots.len();
+        if b == 0 {
+            return RoundPlan {
+                budgets: Vec::new(),
+                predicted: None,
+            };
+        }
+        if let Some(k) = self.calibration() {
+            return RoundPlan {
+                budgets: vec![k; b],
+                predicted: None,
+            };
+        }
+        let Some(v0) = self.verify_time(b) else {
+            return RoundPlan {
+                budgets: vec![self.cfg.max_budget; b],
+                predicted: None,
+            };
+        };
+        let none = (b as f64, v0);
+        let mut best_draft: Option<(f64, Vec<usize>, (f64, f64))> = None;
+        // P_i(j) per sequence, j = 1..=max.
+        let reach: Vec<Vec<f64>> = slots
+            .iter()
+            .map(|&s| {
+                let mut p = 1.0;
+                (0..self.cfg.max_budget)
+                    .map(|j| {
+                        p *= self.alpha(s, j);
+                        p
+                    })
+                    .collect()
+            })
+            .collect();
+        for d in 1..=self.cfg.max_budget {
+            let Some(dt) = self.draft_time(b, d) else {
+                continue;
+            };
+            let mut items: Vec<(f64, usize)> = reach
+                .iter()
+                .enumerate()
+                .flat_map(|(i, p)| p[..d].iter().map(move |&v| (v, i)))
+                .collect();
+            items.sort_by(|x, y| y.0.total_cmp(&x.0));
+            let (mut tokens, mut best) = (b as f64, None::<(f64, usize, f64, f64)>);
+            for (m, &(v, _)) in items.iter().enumerate() {
+                tokens += v;
+                let Some(vt) = self.verify_time(b + m + 1) else {
+                    break;
+                };
+                let time = dt + vt;
+                let rate = tokens / time;
+                if best.is_none_or(|x| rate > x.0) {
+                    best = Some((rate, m + 1, tokens, time));
+                }
+            }
+            if let Some((rate, m, tokens, time)) = best {
+                if best_draft.as_ref().is_none_or(|x| rate > x.0) {
+                    let mut budgets = vec![0; b];
+                    for &(_, i) in &items[..m] {
+                        budgets[i] += 1;
+                    }
+                    best_draft = Some((rate, budgets, (tokens, time)));
+                }
+            }
+        }
+        let none_rate = none.0 / none.1;
+        match best_draft {
+            Some((rate, budgets, pred)) if rate > none_rate => RoundPlan {
+                budgets,
+                predicted: Some(pred),
+            },
+            // No draft, unless it is time to probe the best draft: probes
+            // keep the acceptance estimates current and cost at most
+            // `PROBE_SHARE` of the time spent without drafts.
+            Some((_, budgets, pred))
+                if self.since_draft + 1 >= self.cfg.probe_every
+                    && pred.1 - pred.0 / none_rate
+                        <= PROBE_SHARE * self.since_draft as f64 * none.1 =>
+            {
+                RoundPlan {
+                    budgets,
+                    predicted: Some(pred),
+                }
+            }
+            _ => RoundPlan {
+                budgets: vec![0; b],
+                predicted: Some(none),
+            },
+        }
+    }
+
+    /// The planner's tables and estimates, for `DRAFTC_PLAN_DEBUG=1`.
+    pub fn describe(&self, seqs: usize) -> String {
+        let v: Vec<String> = self
+            .verify
+            .iter()
+            .map(|(n, e)| format!("{n}:{:.2}ms/{}", e.value * 1e3, e.count))
+            .collect();
+        let d: Vec<String> = self
+            .draft
+            .iter()
+            .map(|((b, k), e)| format!("{b}x{k}:{:.2}ms/{}", e.value * 1e3, e.count))
+            .collect();
+        let a: Vec<String> = (0..self.cfg.max_budget)
+            .map(|j| format!("{:.2}", self.alpha(usize::MAX, j)))
+            .collect();
+        format!(
+            "planner: verify rows [{}], draft [{}], global acceptance by depth [{}], predicted speedup {:?} at {seqs} sequences",
+            v.join(" "),
+            d.join(" "),
+            a.join(" "),
+            self.predicted_speedup(seqs)
+        )
+    }
+
+    /// The speedup the planner expects of the rounds it planned, over its
+    /// own no-draft round time (`V(b)`) at `seqs` sequences.
+    pub fn predicted_speedup(&self, seqs: usize) -> Option<f64> {
+        let v0 = self.verify_time(seqs)?;
+        if self.predicted_rounds == 0 {
+            return None;
+        }
+        let n = self.predicted_rounds as f64;
+        let tau = self.predicted.0 / n;
+        Some(speedup(tau, 0.0, self.predicted.1 / n, v0))
+    }
+}
+
+#[cfg(test)]
+#[path = "planner_tests.rs"]
+mod tests;

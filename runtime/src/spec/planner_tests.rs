@@ -1,0 +1,272 @@
+//! Planner tests: the cost tables, acceptance estimates, the modes, and
+//! simulated runs against a known device (costs and acceptance drawn from
+//! a model the planner does not see) where `auto` must match the best
+//! fixed budget.
+
+use super::*;
+
+/// A simulated device and drafter: round time `draft(b, d) + verify(n)`,
+/// each drafted token accepted with probability `alpha[i]` of sequence `i`.
+struct Sim {
+    verify_a: f64,
+    verify_c: f64,
+    draft_a: f64,
+    draft_c: f64,
+    alpha: Vec<f64>,
+    rng: u64,
+}
+
+impl Sim {
+    fn verify(&self, rows: usize) -> f64 {
+        self.verify_a + self.verify_c * rows as f64
+    }
+
+    fn draft(&self, d: usize) -> f64 {
+        if d == 0 {
+            0.0
+        } else {
+            self.draft_a + self.draft_c * d as f64
+        }
+    }
+
+    fn uniform(&mut self) -> f64 {
+        self.rng = self
+            .rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.rng >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// Tokens/s of `auto` and of the best fixed budget in `0..=max`, on the
+/// same simulated device.
+fn auto_against_fixed(sim: &mut Sim, max: usize) -> (f64, f64) {
+    let rounds = 2000;
+    // The fixed budgets' expected rates, exactly (a best-of-n over noisy
+    // simulations would be biased upwards).
+    let mut best: f64 = 0.0;
+    for k in 0..=max {
+        let b = sim.alpha.len();
+        let tokens: f64 = sim
+            .alpha
+            .iter()
+            .map(|&a| (0..=k).map(|j| a.powi(j as i32)).sum::<f64>())
+            .sum();
+        best = best.max(tokens / (sim.draft(k) + sim.verify(b * (1 + k))));
+    }
+    let mut p = Planner::new(PlannerConfig::auto(max)).unwrap();
+    let auto = {
+        let slots: Vec<usize> = (0..sim.alpha.len()).collect();
+        let (mut tokens, mut secs) = (0.0, 0.0);
+        for _ in 0..rounds {
+            let plan = p.plan(&slots);
+            let d = plan.draft_budget();
+            let rows: usize = plan.budgets.iter().map(|k| 1 + k).sum();
+            let (dt, vt) = (sim.draft(d), sim.verify(rows));
+            p.observe_draft(slots.len(), d, dt, true);
+            p.observe_verify(rows, vt);
+            secs += dt + vt;
+            for (i, &k) in plan.budgets.iter().enumerate() {
+                let mut a = 0;
+                while a < k && sim.uniform() < sim.alpha[i] {
+                    a += 1;
+                }
+                p.observe_seq(i, k, a);
+                tokens += (a + 1) as f64;
+            }
+        }
+        tokens / secs
+    };
+    (auto, best)
+}
+
+#[test]
+fn auto_matches_the_best_fixed_budget_where_drafts_pay() {
+    // Lavapipe-like: a verified row costs 6 % of a step, a cheap drafter.
+    let mut sim = Sim {
+        verify_a: 0.1,
+        verify_c: 0.006,
+        draft_a: 0.003,
+        draft_c: 0.004,
+        alpha: vec![0.7],
+        rng: 1,
+    };
+    let (auto, best) = auto_against_fixed(&mut sim, 6);
+    assert!(auto >= 0.95 * best, "auto {auto} best fixed {best}");
+}
+
+#[test]
+fn auto_stops_drafting_where_drafts_cost() {
+    // MagicDec-like: every draft token costs most of a target pass.
+    let mut sim = Sim {
+        verify_a: 0.1,
+        verify_c: 0.006,
+        draft_a: 0.0,
+        draft_c: 0.09,
+        alpha: vec![0.9],
+        rng: 2,
+    };
+    let ar = sim.verify(1);
+    let (auto, best) = auto_against_fixed(&mut sim, 4);
+    assert!(auto >= 0.95 * best, "auto {auto} best fixed {best}");
+    assert!(auto >= 0.97 / ar, "auto {auto} autoregressive {}", 1.0 / ar);
+}
+
+#[test]
+fn auto_stops_drafting_at_large_batch_where_rows_cost() {
+    // GPU at batch 16: a row costs as much as the weights stream.
+    let mut sim = Sim {
+        verify_a: 0.002,
+        verify_c: 0.0004,
+        draft_a: 0.001,
+        draft_c: 0.001,
+        alpha: vec![0.35; 16],
+        rng: 3,
+    };
+    let (auto, best) = auto_against_fixed(&mut sim, 4);
+    assert!(auto >= 0.95 * best, "auto {auto} best fixed {best}");
+}
+
+#[test]
+fn budgets_follow_each_sequence_acceptance() {
+    let mut sim = Sim {
+        verify_a: 0.1,
+        verify_c: 0.01,
+        draft_a: 0.001,
+        draft_c: 0.001,
+        alpha: vec![0.95, 0.05],
+        rng: 4,
+    };
+    let (auto, best) = auto_against_fixed(&mut sim, 6);
+    assert!(auto >= 0.95 * best, "auto {auto} best fixed {best}");
+    // After a run, the sure sequence drafts deeper than the unsure one.
+    let mut p = Planner::new(PlannerConfig::auto(6)).unwrap();
+    for _ in 0..40 {
+        p.observe_seq(0, 6, 6);
+        p.observe_seq(1, 6, 0);
+    }
+    p.observe_verify(2, 0.12);
+    p.observe_verify(14, 0.24);
+    p.observe_draft(2, 6, 0.007, true);
+    p.observe_draft(2, 1, 0.002, true);
+    p.rounds = 4;
+    let plan = p.plan(&[0, 1]);
+    assert!(plan.budgets[0] > plan.budgets[1], "{:?}", plan.budgets);
+    assert!(
+        p.alpha(0, 0) > 0.7 && p.alpha(1, 0) < 0.3,
+        "{} {}",
+        p.alpha(0, 0),
+        p.alpha(1, 0)
+    );
+}
+
+#[test]
+fn first_rounds_calibrate_then_it_plans() {
+    let mut p = Planner::new(PlannerConfig::auto(4)).unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        let plan = p.plan(&[0, 1]);
+        let k = plan.budgets[0];
+        seen.push(k);
+        p.observe_draft(2, k, 0.01 * k as f64, true);
+        p.observe_verify(2 * (1 + k), 0.1 + 0.01 * (2 * (1 + k)) as f64);
+    }
+    assert_eq!(seen, vec![4, 4, 1, 0]);
+    // A warm-up's costs make a new planner plan from its first round.
+    let mut q = Planner::new(PlannerConfig::auto(4)).unwrap();
+    q.adopt_costs(&p);
+    assert!(q.plan(&[0, 1]).predicted.is_some());
+    assert!(p.plan(&[0, 1]).predicted.is_some());
+}
+
+#[test]
+fn verify_line_interpolates_and_never_slopes_down() {
+    let mut p = Planner::new(PlannerConfig::auto(4)).unwrap();
+    assert_eq!(p.verify_time(3), None);
+    p.observe_verify(1, 0.10);
+    assert_eq!(p.verify_time(1), Some(0.10));
+    p.observe_verify(5, 0.14);
+    // A compile inside a round is a spike, clipped once the average holds.
+    let mut e = Ema::default();
+    for x in [9.0, 1.0, 1.0, 50.0] {
+        e.update(x, 0.5);
+    }
+    assert!((e.value - 1.5).abs() < 1e-12, "{}", e.value);
+    let mid = p.verify_time(3).unwrap();
+    assert!((mid - 0.12).abs() < 1e-9, "{mid}");
+    let mut q = Planner::new(PlannerConfig::auto(4)).unwrap();
+    q.observe_verify(1, 0.2);
+    q.observe_verify(5, 0.1);
+    assert!(q.verify_time(9).unwrap() > 0.0);
+    assert!(q.verify_time(9).unwrap() <= q.verify_time(1).unwrap() + 1e-12);
+}
+
+#[test]
+fn draft_time_scales_from_the_nearest_budget() {
+    let mut p = Planner::new(PlannerConfig::auto(8)).unwrap();
+    assert_eq!(p.draft_time(1, 2), None);
+    p.observe_draft(1, 1, 0.01, true);
+    assert_eq!(p.draft_time(1, 3), Some(0.01));
+    // After skipped rounds a call only lowers the estimate.
+    p.observe_draft(1, 3, 0.03, false);
+    p.observe_draft(1, 3, 0.09, false);
+    assert!((p.draft_time(1, 5).unwrap() - 0.05).abs() < 1e-9);
+    // Another batch size borrows the nearest measured one.
+    assert!((p.draft_time(4, 3).unwrap() - 0.03).abs() < 1e-9);
+}
+
+#[test]
+fn random_mode_is_seeded_and_in_range() {
+    let cfg = |seed| PlannerConfig {
+        mode: PlanMode::Random { seed },
+        ..PlannerConfig::auto(5)
+    };
+    let mut a = Planner::new(cfg(7)).unwrap();
+    let mut b = Planner::new(cfg(7)).unwrap();
+    let mut all = Vec::new();
+    for _ in 0..50 {
+        let pa = a.plan(&[0, 1, 2]);
+        assert_eq!(pa, b.plan(&[0, 1, 2]));
+        all.extend(pa.budgets);
+    }
+    assert!(all.iter().all(|&k| k <= 5));
+    assert!(all.contains(&0) && all.contains(&5));
+    assert_eq!(a.histogram().iter().sum::<usize>(), 150);
+}
+
+#[test]
+fn cycle_mode_visits_every_warm_budget() {
+    let cfg = PlannerConfig {
+        mode: PlanMode::Cycle,
+        ..PlannerConfig::auto(6)
+    };
+    let want = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 3, 6, 3, 6];
+    assert_eq!(cfg.warm_budgets(), want);
+    let mut p = Planner::new(cfg).unwrap();
+    let ks: Vec<usize> = (0..want.len()).map(|_| p.plan(&[0]).budgets[0]).collect();
+    assert_eq!(ks, want);
+    assert_eq!(p.no_draft_rounds(), 8);
+}
+
+#[test]
+fn bad_configs_are_errors() {
+    for cfg in [
+        PlannerConfig::auto(0),
+        PlannerConfig {
+            smoothing: 0.0,
+            ..PlannerConfig::auto(3)
+        },
+        PlannerConfig {
+            prior_alpha: 1.5,
+            ..PlannerConfig::auto(3)
+        },
+    ] {
+        assert!(Planner::new(cfg).is_err());
+    }
+}
+
+#[test]
+fn speedup_is_the_throughput_multiplier() {
+    assert!((speedup(2.0, 0.1, 0.2, 0.15) - 1.0).abs() < 1e-12);
+    assert_eq!(speedup(2.0, 0.0, 0.0, 0.1), 0.0);
+}
