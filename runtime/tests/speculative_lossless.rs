@@ -3,7 +3,8 @@
 //! self-speculation, SpecFormer and Medusa as chains and static trees,
 //! Beagle and SPIRe as chains, static, EAGLE-2 dynamic and DuoDecoding
 //! multi-sequence trees, all with deterministic random weights; prompt
-//! lookup in front of Beagle and SpecFormer), budgets,
+//! lookup in front of Beagle and SpecFormer), budgets (fixed, and chosen at
+//! random per round and sequence as the `auto` planner may),
 //! batch sizes 1, 3 and 16, and f32 and f16 plans, the speculative token ids
 //! equal autoregressive decoding's exactly. A faulty drafter (out-of-
 //! vocabulary ids, random trees, errors) changes nothing either.
@@ -16,11 +17,13 @@ use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{
-    generate_speculative, model_drafter, weight_specs, Drafter, EngineError, LookupFirst,
-    PromptLookupDrafter, Sampling, SeqView, TargetModel,
+    generate_speculative, generate_with_policy, model_drafter, warm_up, weight_specs, DraftPolicy,
+    Drafter, EngineError, LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
+use draftc_runtime::spec::{
+    Confidence, DraftTree, PlanMode, Planner, PlannerConfig, PromptLookup, TreeShape,
+};
 
 fn check(t: &mut TargetModel<Wgpu>, d: &mut dyn Drafter<Wgpu>, b: usize, budget: usize) -> f64 {
     let want = reference(t, b);
@@ -442,4 +445,90 @@ fn nan_and_infinite_drafter_weights_change_nothing() {
         .unwrap_or_else(|e| panic!("{name} with {bad} weights: {e}"));
         assert_eq!(got.tokens, want, "{name} with {bad} weights");
     }
+}
+
+/// `--speculate auto` with the planner's choices forced to random: per
+/// round and sequence any budget from none to the largest, a drafter that
+/// skips rounds and catches up later, and greedy output is still
+/// autoregressive decoding's, at batch 1 and 3, for every kind of drafter.
+#[test]
+fn random_planner_choices_are_lossless() {
+    let (mut t, tw) = target(3);
+    let mut drafters: Vec<Box<dyn Drafter<Wgpu>>> = vec![
+        Box::new(PromptLookupDrafter {
+            lookup: PromptLookup::new(1, 3, 4).unwrap(),
+            branches: 1,
+        }),
+        drafter(&t, &tw, "magicdec", None, PlanDType::F32),
+        drafter(&t, &tw, "specformer", None, PlanDType::F32),
+        drafter(&t, &tw, "beagle", Some("chain"), PlanDType::F32),
+        drafter(&t, &tw, "beagle", None, PlanDType::F32),
+    ];
+    for d in &mut drafters {
+        for b in [1, 3] {
+            let want = reference(&mut t, b);
+            let (mut skipped, mut drafted) = (0, 0);
+            for seed in 0..4 {
+                let mut policy = DraftPolicy::Planned(Box::new(
+                    Planner::new(PlannerConfig {
+                        mode: PlanMode::Random { seed },
+                        ..PlannerConfig::auto(4)
+                    })
+                    .unwrap(),
+                ));
+                let got = generate_with_policy(
+                    &mut t,
+                    d.as_mut(),
+                    &prompts(b),
+                    MAX,
+                    &Sampling::GREEDY,
+                    &mut policy,
+                    None,
+                    &mut |_, _| {},
+                )
+                .unwrap();
+                assert_eq!(got.tokens, want, "{} batch {b} seed {seed}", d.name());
+                let s = &got.stats;
+                assert_eq!(s.draft_errors, 0, "{:?}", s.last_draft_error);
+                skipped += s.budget_histogram[0];
+                drafted += s.budget_histogram[1..].iter().sum::<usize>();
+            }
+            // Both kinds of sequence-round happened.
+            assert!(skipped > 0 && drafted > 0, "{} batch {b}", d.name());
+        }
+    }
+}
+
+/// A planned run on a real schedule (`auto`): lossless, and it reports
+/// what it chose.
+#[test]
+fn auto_planned_run_is_lossless_and_reports_its_choices() {
+    let (mut t, tw) = target(3);
+    let mut d = drafter(&t, &tw, "beagle", Some("chain"), PlanDType::F32);
+    let mut policy = DraftPolicy::auto(3).unwrap();
+    warm_up(
+        &mut t,
+        d.as_mut(),
+        &prompts(3),
+        &Sampling::GREEDY,
+        &mut policy,
+    )
+    .unwrap();
+    let want = reference(&mut t, 3);
+    let got = generate_with_policy(
+        &mut t,
+        d.as_mut(),
+        &prompts(3),
+        MAX,
+        &Sampling::GREEDY,
+        &mut policy,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(got.tokens, want);
+    let s = &got.stats;
+    assert_eq!(s.budget_histogram.len(), 4);
+    assert_eq!(s.budget_histogram.iter().sum::<usize>(), s.seq_rounds);
+    assert!(s.predicted_speedup.is_some());
 }

@@ -18,10 +18,10 @@
 mod tiny;
 
 use draftc_runtime::engine::{
-    generate_speculative, Drafter, EngineError, LookupFirst, Request, Sampling, SeqView,
-    TargetModel,
+    generate_with_policy, DraftPolicy, Drafter, EngineError, LookupFirst, Request, Sampling,
+    SeqView, TargetModel,
 };
-use draftc_runtime::spec::DraftTree;
+use draftc_runtime::spec::{DraftTree, PlanMode, Planner, PlannerConfig};
 use tiny::*;
 
 const PROMPT: [u32; 6] = [5, 17, 3, 90, 44, 2];
@@ -142,6 +142,18 @@ fn assert_second_token_follows(
     drafter: &mut dyn Drafter<Wgpu>,
     p2: &[f64],
 ) -> f64 {
+    assert_second_token_follows_with(t, drafter, p2, false)
+}
+
+/// [`assert_second_token_follows`]; `random_plan`: every round's budgets
+/// are chosen at random per sequence (none to 6), as the `auto` planner
+/// may choose them.
+fn assert_second_token_follows_with(
+    t: &mut TargetModel<Wgpu>,
+    drafter: &mut dyn Drafter<Wgpu>,
+    p2: &[f64],
+    random_plan: bool,
+) -> f64 {
     let vocab = t.vocab;
     let calls = 125;
     let requests: Vec<Request> = (0..SLOTS)
@@ -158,9 +170,28 @@ fn assert_second_token_follows(
             top_p: 1.0,
             seed: 1000 + seed,
         };
-        let got =
-            generate_speculative(t, drafter, &requests, 4, &sampling, 6, None, &mut |_, _| {})
-                .unwrap();
+        let mut policy = if random_plan {
+            DraftPolicy::Planned(Box::new(
+                Planner::new(PlannerConfig {
+                    mode: PlanMode::Random { seed },
+                    ..PlannerConfig::auto(6)
+                })
+                .unwrap(),
+            ))
+        } else {
+            DraftPolicy::Fixed(6)
+        };
+        let got = generate_with_policy(
+            t,
+            drafter,
+            &requests,
+            4,
+            &sampling,
+            &mut policy,
+            None,
+            &mut |_, _| {},
+        )
+        .unwrap();
         for toks in &got.tokens {
             counts[toks[1] as usize] += 1;
         }
@@ -202,6 +233,17 @@ fn second_token_follows_the_target_distribution() {
         chi2_draft > 10.0 * limit,
         "control too weak: {chi2_draft:.1}"
     );
+}
+
+/// With the planner's choices forced to random (no draft for some
+/// sequences, shorter or longer drafts for others, round by round), the
+/// second token still follows the target's distribution.
+#[test]
+fn random_planner_choices_sample_the_target_distribution() {
+    let (mut t, _) = target(SLOTS);
+    let (p2, likely) = second_token_marginal(&mut t);
+    let mut drafter = FixedTree(likely);
+    assert_second_token_follows_with(&mut t, &mut drafter, &p2, true);
 }
 
 /// A drafter with a reduced draft vocabulary (Beagle, `draft_vocab 3`: the

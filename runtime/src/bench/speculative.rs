@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::Progress;
 use crate::cli::drafter::{make_drafter, DrafterChoice};
 use crate::engine::{
-    generate, generate_speculative, EngineError, Request, Sampling, SpecStats, TargetModel,
+    generate, generate_with_policy, warm_up, EngineError, Request, Sampling, SpecStats, TargetModel,
 };
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
@@ -43,6 +43,10 @@ pub struct SpecConfig {
     pub prompts: Vec<String>,
     /// Prompts per measurement (at least `b`), run in groups of `b`.
     pub prompt_count: Option<usize>,
+    /// Run each budget fixed, and one run planned up to the largest budget
+    /// (`--speculate fixed,auto`).
+    pub fixed: bool,
+    pub auto: bool,
 }
 
 /// One drafter × batch × budget measurement.
@@ -63,6 +67,17 @@ pub struct SpecPoint {
     /// Prompts measured (consecutive groups of `batch`).
     pub prompts: usize,
     pub budget: usize,
+    /// `fixed` (every round drafts `budget`) or `auto` (planned per round
+    /// up to `budget`).
+    pub speculate: String,
+    /// Auto runs: sequence-rounds per planned budget `0..=budget`, the
+    /// share of rounds with no drafter call, and the speedup the planner
+    /// predicted from its own cost and acceptance estimates.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub budget_histogram: Vec<usize>,
+    pub no_draft_share: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predicted_speedup: Option<f64>,
     pub tau: f64,
     pub k: f64,
     pub kappa: f64,
@@ -154,6 +169,9 @@ pub fn run_spec<R: Runtime>(
     if cfg.drafters.is_empty() || cfg.budgets.is_empty() || cfg.budgets.contains(&0) {
         return Err("give at least one drafter and budgets >= 1".into());
     }
+    if !cfg.fixed && !cfg.auto {
+        return Err("measure fixed budgets, auto, or both".into());
+    }
     let err = |e: EngineError| e.to_string();
     let max_b = *cfg.batches.iter().max().unwrap_or(&1);
     let count = |b: usize| cfg.prompt_count.unwrap_or(b).max(b).div_ceil(b) * b;
@@ -170,9 +188,21 @@ pub fn run_spec<R: Runtime>(
     let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.max_tokens + 2;
     progress.message(&format!("loading {} …", model.dir.display()));
     let mut target = TargetModel::load(client, model, max_b, capacity, cfg.dtype).map_err(err)?;
-    let budgets_of = |c: &DrafterChoice| match c.budget {
-        0 => cfg.budgets.clone(),
-        b => vec![b],
+    // (budget, planned) per run of a drafter: each fixed budget, then auto
+    // up to the largest.
+    let budgets_of = |c: &DrafterChoice| {
+        let budgets = match c.budget {
+            0 => cfg.budgets.clone(),
+            b => vec![b],
+        };
+        let mut runs: Vec<(usize, bool)> = Vec::new();
+        if cfg.fixed {
+            runs.extend(budgets.iter().map(|&k| (k, false)));
+        }
+        if cfg.auto {
+            runs.push((budgets.iter().copied().max().unwrap_or(1), true));
+        }
+        runs
     };
     let runs: usize = cfg.drafters.iter().map(|c| budgets_of(c).len()).sum();
     let total = cfg.batches.len() * (1 + runs);
@@ -198,11 +228,12 @@ pub fn run_spec<R: Runtime>(
         let first = points.len();
         done += 1;
         for choice in &cfg.drafters {
-            for budget in budgets_of(choice) {
+            for (budget, planned) in budgets_of(choice) {
+                let mode = if planned { "auto" } else { "fixed" };
                 progress.step(
                     done,
                     total,
-                    &format!("batch {b}: {} budget {budget}", choice.name),
+                    &format!("batch {b}: {} budget {budget} {mode}", choice.name),
                 );
                 let choice = DrafterChoice {
                     budget,
@@ -210,25 +241,32 @@ pub fn run_spec<R: Runtime>(
                 };
                 let built = make_drafter(client, &choice, model, &target, cfg.dtype)?;
                 let (mut drafter, weights) = (built.drafter, built.weights);
-                let mut run = |requests: &[Request], max_tokens| {
-                    generate_speculative(
-                        &mut target,
-                        drafter.as_mut(),
-                        requests,
-                        max_tokens,
-                        &Sampling::GREEDY,
-                        budget,
-                        None,
-                        &mut |_, _| {},
-                    )
-                };
-                // Warm-up: budget + 2 tokens, so the first round drafts a
-                // full budget and its verification shapes compile here.
-                run(&groups[0], budget + 2).map_err(err)?;
+                let mut policy =
+                    crate::cli::generate::speculate_policy(mode, budget, choice.concurrent)?;
+                // Warm-up on the first group: every shape compiles here,
+                // and a planned run measures its start-up costs.
+                warm_up(
+                    &mut target,
+                    drafter.as_mut(),
+                    &groups[0],
+                    &Sampling::GREEDY,
+                    &mut policy,
+                )
+                .map_err(err)?;
                 let mut s = SpecStats::default();
                 let mut tokens = Vec::new();
                 for requests in &groups {
-                    let spec = run(requests, cfg.max_tokens).map_err(err)?;
+                    let spec = generate_with_policy(
+                        &mut target,
+                        drafter.as_mut(),
+                        requests,
+                        cfg.max_tokens,
+                        &Sampling::GREEDY,
+                        &mut policy,
+                        None,
+                        &mut |_, _| {},
+                    )
+                    .map_err(err)?;
                     s.merge(&spec.stats);
                     tokens.extend(spec.tokens);
                 }
@@ -245,6 +283,10 @@ pub fn run_spec<R: Runtime>(
                     batch: b,
                     prompts: count(b),
                     budget,
+                    speculate: mode.into(),
+                    no_draft_share: s.no_draft_rounds as f64 / s.rounds.max(1) as f64,
+                    budget_histogram: s.budget_histogram.clone(),
+                    predicted_speedup: s.predicted_speedup,
                     tau: s.tau(),
                     k: s.k(),
                     kappa: s.kappa(),
@@ -306,8 +348,8 @@ impl SpecReport {
     pub fn table(&self) -> String {
         let mut s = format!(
             "## speculative vs autoregressive decoding — {}, {}, {} new tokens per sequence\n\n\
-             | drafter | weights | batch | prompts | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | launches / flushes / reads / uploads / allocs per round | lossless |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | drafter | weights | batch | prompts | budget | τ | k | κ | tokens/s | AR tokens/s | speedup | draft % | verify % | acceptance by depth | planned: no draft % · predicted speedup | launches / flushes / reads / uploads / allocs per round | lossless |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.device, self.dtype, self.max_tokens
         );
         for p in &self.points {
@@ -318,15 +360,12 @@ impl SpecReport {
                 .map(|a| format!("{a:.2}"))
                 .collect();
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {:.0} / {:.1} / {:.1} / {:.0} / {:.0} | {} |\n",
+                "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2}x | {:.0} | {:.0} | {} | {} | {:.0} / {:.1} / {:.1} / {:.0} / {:.0} | {} |\n",
                 p.drafter,
                 p.weights,
                 p.batch,
                 p.prompts,
-                match &p.tree {
-                    Some(t) => format!("{} {t}", p.budget),
-                    None => p.budget.to_string(),
-                },
+                p.budget_label(),
                 p.tau,
                 p.k,
                 p.kappa,
@@ -336,6 +375,11 @@ impl SpecReport {
                 100.0 * p.draft_share,
                 100.0 * p.verify_share,
                 depth.join(" "),
+                match (p.speculate.as_str(), p.predicted_speedup) {
+                    ("auto", Some(x)) => format!("{:.0} · {x:.2}x", 100.0 * p.no_draft_share),
+                    ("auto", None) => format!("{:.0} · -", 100.0 * p.no_draft_share),
+                    _ => "-".into(),
+                },
                 p.launches_per_round,
                 p.flushes_per_round,
                 p.reads_per_round,
@@ -357,9 +401,9 @@ impl SpecReport {
     /// batch size.
     pub fn write_svg(&self, path: &std::path::Path) -> Result<(), String> {
         use crate::plot::{Panel, Series};
-        let mut keys: Vec<(String, usize)> = Vec::new();
+        let mut keys: Vec<(String, String)> = Vec::new();
         for p in &self.points {
-            let key = (p.drafter.clone(), p.budget);
+            let key = (p.drafter.clone(), p.budget_label());
             if !keys.contains(&key) {
                 keys.push(key);
             }
@@ -371,32 +415,32 @@ impl SpecReport {
                     points: self
                         .points
                         .iter()
-                        .filter(|p| &p.drafter == d && p.budget == *k)
+                        .filter(|p| &p.drafter == d && &p.budget_label() == k)
                         .map(|p| (p.batch as f64, f(p)))
                         .collect(),
                 })
                 .collect()
         };
         let smallest = self.points.iter().map(|p| p.batch).min().unwrap_or(1);
-        let depth_series = keys
-            .iter()
-            .filter_map(|(d, k)| {
-                let p = self
-                    .points
-                    .iter()
-                    .find(|p| &p.drafter == d && p.budget == *k && p.batch == smallest)?;
-                Some(Series {
-                    label: format!("{d}, budget {k}"),
-                    points: p
-                        .acceptance_by_depth
-                        .iter()
-                        .enumerate()
-                        .map(|(i, &a)| ((i + 1) as f64, a))
-                        .collect(),
+        let depth_series =
+            keys.iter()
+                .filter_map(|(d, k)| {
+                    let p = self.points.iter().find(|p| {
+                        &p.drafter == d && &p.budget_label() == k && p.batch == smallest
+                    })?;
+                    Some(Series {
+                        label: format!("{d}, budget {k}"),
+                        points: p
+                            .acceptance_by_depth
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &a)| ((i + 1) as f64, a))
+                            .collect(),
+                    })
                 })
-            })
-            .collect();
+                .collect();
         let panels = [
+            self.predicted_panel(),
             Panel {
                 title: "speedup over autoregressive (same backend)".into(),
                 x_label: "batch size".into(),
@@ -422,10 +466,67 @@ impl SpecReport {
                 reference: None,
             },
         ];
+        let panels: Vec<Panel> = panels
+            .into_iter()
+            .filter(|p| !p.series.is_empty())
+            .collect();
         crate::plot::write_svg(
             path,
             &format!("draftc bench spec — {}", self.device),
             &panels,
         )
+    }
+
+    /// Auto runs: the speedup the planner predicted against the measured
+    /// one, a point per drafter and batch, beside the line `y = x`.
+    fn predicted_panel(&self) -> crate::plot::Panel {
+        use crate::plot::{Panel, Series};
+        let mut series: Vec<Series> = Vec::new();
+        for p in self.points.iter().filter(|p| p.speculate == "auto") {
+            let Some(x) = p.predicted_speedup else {
+                continue;
+            };
+            let label = format!("{} (auto)", p.drafter);
+            match series.iter_mut().find(|s| s.label == label) {
+                Some(s) => s.points.push((x, p.speedup)),
+                None => series.push(Series {
+                    label,
+                    points: vec![(x, p.speedup)],
+                }),
+            }
+        }
+        for s in &mut series {
+            s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        if !series.is_empty() {
+            let xs = series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+            let (lo, hi) = xs.fold((f64::MAX, f64::MIN), |(l, h), x| (l.min(x), h.max(x)));
+            series.push(Series {
+                label: "predicted = measured".into(),
+                points: vec![(lo, lo), (hi, hi)],
+            });
+        }
+        Panel {
+            title: "planner: predicted vs measured speedup".into(),
+            x_label: "predicted speedup (x)".into(),
+            y_label: "measured speedup (x)".into(),
+            log_x: false,
+            series,
+            reference: Some((1.0, "autoregressive".into())),
+        }
+    }
+}
+
+impl SpecPoint {
+    /// The budget as the table prints it: `3`, `3 chain`, `auto ≤ 3`.
+    pub fn budget_label(&self) -> String {
+        let k = match self.speculate.as_str() {
+            "auto" => format!("auto ≤ {}", self.budget),
+            _ => self.budget.to_string(),
+        };
+        match &self.tree {
+            Some(t) => format!("{k} {t}"),
+            None => k,
+        }
     }
 }

@@ -108,6 +108,13 @@ pub struct SpecArgs {
     /// replaces the manifest's lookup setting.
     #[arg(long)]
     pub tuned: bool,
+    /// How each drafter sizes its drafts, comma-separated: `fixed` (every
+    /// budget of `--budget`, each run drafting it every round) and `auto`
+    /// (one run planned per round up to the largest budget, the default of
+    /// `draftc generate`). Default: both, so auto is measured beside the
+    /// fixed settings it must match.
+    #[arg(long, value_delimiter = ',', default_values_t = [String::from("fixed"), String::from("auto")])]
+    pub speculate: Vec<String>,
     /// New tokens per sequence.
     #[arg(long, default_value_t = 32)]
     pub max_tokens: usize,
@@ -376,7 +383,18 @@ fn spec(
         dtype,
         prompts,
         prompt_count: args.prompt_count,
+        fixed: args.speculate.iter().any(|s| s == "fixed"),
+        auto: args.speculate.iter().any(|s| s == "auto"),
     };
+    if let Some(bad) = args
+        .speculate
+        .iter()
+        .find(|s| !matches!(s.as_str(), "fixed" | "auto"))
+    {
+        return Err(format!(
+            "--speculate {bad}: expected `fixed`, `auto` or both (`fixed,auto`)"
+        ));
+    }
     let report = client.spec(model, &cfg, progress)?;
     print!("{}", report.table());
     save(&args.common.out, "spec", &report, |p| report.write_svg(p))?;
