@@ -35,6 +35,9 @@ enum Command {
     /// Benchmarks: `decode` (autoregressive tokens/s per batch size, bandwidth)
     /// and `spec` (speculative vs autoregressive: τ, k, κ, speedup).
     Bench(cli::bench::BenchArgs),
+    /// Measure what a speculative round costs on this device (verify rows,
+    /// drafter calls) for `--speculate auto`, into the cost cache.
+    Calibrate(cli::calibrate::CalibrateArgs),
     /// Paper 004's throughput multiplier τ/Δt over a (batch, context) grid (table + SVG plot).
     PerfModel(cli::perf_model::PerfModelArgs),
 }
@@ -60,5 +63,6 @@ fn main() -> ExitCode {
         Command::Generate(args) => cli::generate::run(args),
         Command::Bench(args) => cli::bench::run(args),
         Command::PerfModel(args) => cli::perf_model::run(args),
+        Command::Calibrate(args) => cli::calibrate::run(args),
     }
 }

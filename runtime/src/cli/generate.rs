@@ -321,6 +321,19 @@ fn generate_on<R: Runtime>(
         }
     }
     let mut policy = speculate_policy(&args.speculate, choice.budget, args.concurrent)?;
+    let cost_key = super::calibrate::cost_key(
+        &crate::bench::device_name(client),
+        model,
+        dtype.name(),
+        &choice,
+    );
+    if let DraftPolicy::Planned(p) = &mut policy {
+        // Costs measured by earlier runs on this device: a run without a
+        // warm-up (--no-baseline) plans from its first round.
+        if let Some(c) = super::calibrate::load_costs(&cost_key) {
+            p.seed_costs(&c);
+        }
+    }
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
     if !args.no_baseline {
         // Untimed warm-up on the same prompts: compiles every kernel shape
@@ -347,6 +360,9 @@ fn generate_on<R: Runtime>(
     )
     .map_err(|e| e.to_string())?;
     print_all(&spec.tokens)?;
+    if let DraftPolicy::Planned(p) = &policy {
+        super::calibrate::store_costs(&cost_key, &p.costs());
+    }
     if let Some(p) = target.exec.profile() {
         eprint!("target {p}");
     }

@@ -2,6 +2,7 @@
 //! and dispatches here; every command returns an exit code instead of panicking.
 
 pub mod bench;
+pub mod calibrate;
 pub mod check;
 pub mod convert;
 pub mod drafter;

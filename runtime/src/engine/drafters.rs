@@ -7,9 +7,10 @@
 //!   attention over the target's KV cache) drafts a chain step by step,
 //!   writing tentative rows into the target's caches that are dropped again
 //!   before verification;
-//! * [`ParallelDrafter`] — SpecFormer / Medusa: one pass over the target's
-//!   hidden-state taps of every newly committed row (its own context cache
-//!   grows with them); the last row's `l` logit rows are the chain.
+//! * [`ParallelDrafter`] (`parallel_drafter.rs`) — SpecFormer / Medusa: one
+//!   pass over the target's hidden-state taps of every newly committed row
+//!   (its own context cache grows with them), run lazily at the next draft;
+//!   the last row's `l` logit rows are the chain.
 //!   Convention (documented in docs/speculative.md): logit row `j` drafted
 //!   at position `p` predicts position `p + 2 + j` — position `p + 1` is the
 //!   target's own next token (the round's bonus), as in Medusa.
@@ -23,17 +24,14 @@ use std::collections::BTreeMap;
 use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 use draftc_ir::graph::Graph;
-use draftc_ir::op::{InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
 use super::autoregressive_drafter::AutoregressiveDrafter;
-use super::select::{select_tokens, top_candidates, Sampling};
+use super::parallel_drafter::ParallelDrafter;
+use super::select::{select_tokens, Sampling};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{
-    ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, SeqStep, Step,
-};
-use crate::spec::tree::Candidate;
-use crate::spec::{Confidence, DraftTree, PromptLookup, TreeBuilder, TreeShape};
+use crate::exec::{CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
 
 /// A sequence as the drafter sees it at the start of a round.
 #[derive(Clone, Debug)]
@@ -127,7 +125,7 @@ pub trait Drafter<R: Runtime> {
     }
 }
 
-fn spec_err(e: crate::spec::SpecError) -> EngineError {
+pub(super) fn spec_err(e: crate::spec::SpecError) -> EngineError {
     EngineError::Invalid(e.to_string())
 }
 
@@ -273,256 +271,6 @@ impl<R: Runtime> SelfSpecDrafter<R> {
             last = next;
         }
         Ok(chains)
-    }
-}
-
-/// SpecFormer / Medusa: parallel drafting from the target's hidden-state taps.
-pub struct ParallelDrafter<R: Runtime> {
-    exec: Executor<R>,
-    caches: CacheStore<R>,
-    l: usize,
-    /// Graph inputs fed from taps: (input name, tap indices, stacked).
-    taps: Vec<(String, Vec<i64>, bool)>,
-    /// Chain, or a static tree over the per-position candidates.
-    shape: TreeShape,
-    /// Latest proposal per slot: candidates per draft position.
-    proposals: BTreeMap<usize, Vec<Vec<Candidate>>>,
-    /// Rows per pass, so that `[rows, l, vocab]` logits fit one binding.
-    max_rows: usize,
-    /// A reduced draft vocabulary: draft ids map back to target ids.
-    vocab: Option<DraftVocab>,
-    /// `--confidence`: cut the chain or static tree by the product of the
-    /// positions' probabilities along a path.
-    confidence: Option<Confidence>,
-}
-
-impl<R: Runtime> ParallelDrafter<R> {
-    pub fn new(
-        client: &ComputeClient<R>,
-        graph: &Graph,
-        target: &TargetModel<R>,
-        weights: &HostWeights,
-        dtype: PlanDType,
-        shape: TreeShape,
-    ) -> Result<Self, EngineError> {
-        if !matches!(shape, TreeShape::Chain | TreeShape::Static(_)) {
-            return Err(EngineError::Invalid(format!(
-                "parallel drafter `{}` proposes candidates per draft position: use `--tree chain` \
-                 or a static tree such as `--tree 3,2,1`, not `{shape}`",
-                graph.name
-            )));
-        }
-        let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
-        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
-        let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
-        let mut taps = Vec::new();
-        for &i in &graph.inputs {
-            let n = graph.node(i);
-            match &n.op {
-                Op::Input(InputSource::TargetHidden { indices, stacked }) => {
-                    taps.push((n.name.clone(), indices.clone(), *stacked))
-                }
-                _ => {
-                    return Err(EngineError::Invalid(format!(
-                        "parallel drafter `{}`: input `{}` is not a target hidden-state tap",
-                        graph.name, n.name
-                    )))
-                }
-            }
-        }
-        Ok(ParallelDrafter {
-            exec,
-            caches: CacheStore::new(
-                client,
-                target.caches.slots(),
-                target.caches.capacity(),
-                ops_dtype(dtype),
-            ),
-            max_rows: ((120usize << 20)
-                / (l.max(1) * target.vocab.max(1) * ops_dtype(dtype).size()))
-            .max(1),
-            l,
-            taps,
-            shape,
-            proposals: BTreeMap::new(),
-            vocab,
-            confidence: None,
-        })
-    }
-}
-
-impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
-    fn name(&self) -> String {
-        self.exec.graph().name.clone()
-    }
-
-    fn profile(&self) -> Option<&crate::exec::Profile> {
-        self.exec.profile()
-    }
-
-    fn length(&self) -> usize {
-        self.l
-    }
-
-    /// Runs the drafter over the committed rows in passes of at most
-    /// `max_rows` rows (a long prefill would not fit its `l` logit rows per
-    /// token in one binding); the proposals come from each sequence's last
-    /// row.
-    fn observe(
-        &mut self,
-        c: &ComputeClient<R>,
-        out: &Outputs<R>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
-        let mut chunk: Vec<Committed> = Vec::new();
-        let mut room = self.max_rows;
-        for x in committed {
-            let mut from = 0;
-            while from < x.rows.len() {
-                if room == 0 {
-                    self.observe_pass(c, out, &chunk)?;
-                    chunk.clear();
-                    room = self.max_rows;
-                }
-                let n = room.min(x.rows.len() - from);
-                chunk.push(Committed {
-                    slot: x.slot,
-                    rows: x.rows[from..from + n].to_vec(),
-                    positions: x.positions[from..from + n].to_vec(),
-                });
-                from += n;
-                room -= n;
-            }
-        }
-        self.observe_pass(c, out, &chunk)
-    }
-
-    fn draft(
-        &mut self,
-        _target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
-        seqs.iter()
-            .map(|s| {
-                let cands = self.proposals.get(&s.slot).cloned().unwrap_or_default();
-                Ok(match (&self.shape, self.confidence) {
-                    (TreeShape::Static(b), cut) => {
-                        DraftTree::static_from_candidates(b, &cands, budget, cut)
-                    }
-                    // A cut chain: each position's top candidate with its
-                    // probability (observe kept them); it ends with them.
-                    (_, Some(cut)) => TreeBuilder::new(&TreeShape::Chain, budget)
-                        .with_confidence(Some(cut))
-                        .run(&mut |path| cands.get(path.len()).cloned().unwrap_or_default()),
-                    _ => {
-                        let mut p: Vec<u32> = cands
-                            .iter()
-                            .filter_map(|c| c.first().map(|x| x.0))
-                            .collect();
-                        p.truncate(budget);
-                        DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)?
-                    }
-                })
-            })
-            .collect()
-    }
-
-    fn reset(&mut self, slot: usize) {
-        self.caches.reset(slot);
-        self.proposals.remove(&slot);
-    }
-
-    /// Parallel positions are predicted independently, so a path's
-    /// probability is the product of its tokens' marginals at their
-    /// positions: a confidence estimate, as Medusa's tree uses them.
-    fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
-        self.confidence = Some(confidence);
-        Ok(())
-    }
-}
-
-impl<R: Runtime> ParallelDrafter<R> {
-    /// One drafter pass over `committed` (one sequence may appear in several
-    /// consecutive passes).
-    fn observe_pass(
-        &mut self,
-        c: &ComputeClient<R>,
-        out: &Outputs<R>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
-        let rows: Vec<u32> = committed
-            .iter()
-            .flat_map(|x| x.rows.iter().copied())
-            .collect();
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let t = rows.len();
-        let mut inputs = BTreeMap::new();
-        for (name, idx, _) in &self.taps {
-            let k = idx.len();
-            let d = out.get(&format!("hidden[{}]", idx[0]))?;
-            let width = *d.shape().last().unwrap_or(&1);
-            let dst = DeviceTensor::<R>::empty(c, &[t * k, width], d.dtype());
-            for (j, i) in idx.iter().enumerate() {
-                let src = out.get(&format!("hidden[{i}]"))?;
-                let src = src.reshape(&[src.numel() / width, width])?;
-                let to: Vec<u32> = (0..t).map(|r| (r * k + j) as u32).collect();
-                draftc_ops::kv::gather_rows(c, &src, &rows, &dst, &to)?;
-            }
-            inputs.insert(name.clone(), dst);
-        }
-        let step = Step {
-            seqs: committed
-                .iter()
-                .filter(|x| !x.rows.is_empty())
-                .map(|x| crate::exec::SeqStep {
-                    slot: x.slot,
-                    positions: x.positions.clone(),
-                    parents: None,
-                    memory_tail: None,
-                })
-                .collect(),
-            ..Step::default()
-        };
-        let o = self.exec.run(&step, &inputs, &mut self.caches, None)?;
-        let logits = o.get("logits")?;
-        let vocab = *logits.shape().last().unwrap_or(&1);
-        let all = logits.reshape(&[logits.numel() / vocab, vocab])?;
-        // Last row of each sequence: its l logit rows.
-        let mut at = 0;
-        let mut pick_rows = Vec::new();
-        let mut owners = Vec::new();
-        for x in committed.iter().filter(|x| !x.rows.is_empty()) {
-            at += x.rows.len();
-            for j in 0..self.l {
-                pick_rows.push(((at - 1) * self.l + j) as u32);
-            }
-            owners.push(x.slot);
-        }
-        let picked = DeviceTensor::<R>::empty(c, &[pick_rows.len(), vocab], all.dtype());
-        let dst: Vec<u32> = (0..pick_rows.len() as u32).collect();
-        draftc_ops::kv::gather_rows(c, &all, &pick_rows, &picked, &dst)?;
-        let mut cands: Vec<Vec<Candidate>> = match &self.shape {
-            TreeShape::Static(b) => {
-                top_candidates(c, &picked, b.iter().copied().max().unwrap_or(1))?
-            }
-            // A cut chain needs each token's probability.
-            _ if self.confidence.is_some() => top_candidates(c, &picked, 1)?,
-            _ => select_tokens(c, &picked, &Sampling::GREEDY, 0)?
-                .into_iter()
-                .map(|t| vec![(t, 0.0)])
-                .collect(),
-        };
-        if let Some(v) = &self.vocab {
-            v.map_candidates(&mut cands);
-        }
-        for (i, slot) in owners.iter().enumerate() {
-            self.proposals
-                .insert(*slot, cands[i * self.l..(i + 1) * self.l].to_vec());
-        }
-        Ok(())
     }
 }
 

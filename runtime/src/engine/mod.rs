@@ -8,7 +8,8 @@
 //! | `target.rs` | [`TargetModel`]: config → graph → plan → executor, KV caches, prefill in chunks |
 //! | `select.rs` | [`Sampling`], [`select_tokens`]: picking next tokens from logits rows on the device |
 //! | `autoregressive.rs` | [`generate`]: batched decoding, per-sequence stop, [`GenStats`] |
-//! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec), parallel (SpecFormer, Medusa) |
+//! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec) |
+//! | `parallel_drafter.rs` | [`ParallelDrafter`]: SpecFormer / Medusa, observation gathered per pass and run at the next draft |
 //! | `autoregressive_drafter.rs` | [`AutoregressiveDrafter`]: Beagle / SPIRe over memory streams, trees built level by level |
 //! | `lookup_first.rs` | [`LookupFirst`]: prompt lookup first, a model drafter where the history has no n-gram match (`--lookup N`) |
 //! | `concurrent.rs` | [`ConcurrentDrafter`]: DuoDecoding — a [`TokenDrafter`] on its own thread drafts round r+1 while the target verifies round r; hardware-aware budget; [`LmDrafter`] |
@@ -19,6 +20,7 @@ mod autoregressive_drafter;
 mod concurrent;
 mod drafters;
 mod lookup_first;
+mod parallel_drafter;
 mod select;
 mod speculative;
 pub(crate) mod target;
@@ -30,12 +32,12 @@ pub use concurrent::{
     SyncTokenDrafter, TokenDrafter,
 };
 pub use drafters::{
-    model_drafter, Committed, Drafter, ParallelDrafter, PromptLookupDrafter, SelfSpecDrafter,
-    SeqView,
+    model_drafter, Committed, Drafter, PromptLookupDrafter, SelfSpecDrafter, SeqView,
 };
 pub use lookup_first::{
     LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM, MIN_NGRAMS as LOOKUP_MIN_NGRAMS,
 };
+pub use parallel_drafter::ParallelDrafter;
 pub use select::{select_tokens, top_candidates, Sampling};
 pub use speculative::{
     generate_speculative, generate_with_policy, warm_up, DraftPolicy, SpecGeneration, SpecStats,

@@ -139,6 +139,31 @@ impl PlannerConfig {
     }
 }
 
+/// A planner's measured costs, as `draftc calibrate` stores them per
+/// device, model, dtype and drafter: seconds of a round without its drafter
+/// call by rows verified, and of a drafter call by (sequences, budget).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Costs {
+    pub verify: Vec<(usize, f64)>,
+    pub draft: Vec<(usize, usize, f64)>,
+}
+
+impl Costs {
+    /// `other`'s entries replace this one's where both have a key.
+    pub fn merge(&mut self, other: &Costs) {
+        for &(n, t) in &other.verify {
+            self.verify.retain(|e| e.0 != n);
+            self.verify.push((n, t));
+        }
+        for &(b, k, t) in &other.draft {
+            self.draft.retain(|e| (e.0, e.1) != (b, k));
+            self.draft.push((b, k, t));
+        }
+        self.verify.sort_by_key(|e| e.0);
+        self.draft.sort_by_key(|e| (e.0, e.1));
+    }
+}
+
 /// One round's choice.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RoundPlan {
@@ -314,6 +339,34 @@ impl Planner {
                 e.update(seconds, w);
             } else {
                 e.lower(seconds, w);
+            }
+        }
+    }
+
+    /// The cost tables, to store (`draftc calibrate`).
+    pub fn costs(&self) -> Costs {
+        Costs {
+            verify: self.verify.iter().map(|(&n, e)| (n, e.value)).collect(),
+            draft: self
+                .draft
+                .iter()
+                .map(|(&(b, k), e)| (b, k, e.value))
+                .collect(),
+        }
+    }
+
+    /// Starts from stored costs (a cache file): they count as settled
+    /// averages that this run's measurements then move.
+    pub fn seed_costs(&mut self, c: &Costs) {
+        let settled = |value: f64| Ema { value, count: 3 };
+        for &(n, t) in &c.verify {
+            if n > 0 && t.is_finite() && t > 0.0 {
+                self.verify.insert(n, settled(t));
+            }
+        }
+        for &(b, k, t) in &c.draft {
+            if b > 0 && k > 0 && t.is_finite() && t >= 0.0 {
+                self.draft.insert((b, k), settled(t));
             }
         }
     }

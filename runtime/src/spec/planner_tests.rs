@@ -270,3 +270,35 @@ fn speedup_is_the_throughput_multiplier() {
     assert!((speedup(2.0, 0.1, 0.2, 0.15) - 1.0).abs() < 1e-12);
     assert_eq!(speedup(2.0, 0.0, 0.0, 0.1), 0.0);
 }
+
+#[test]
+fn costs_round_trip_and_seed_a_planner() {
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    p.observe_verify(1, 0.1);
+    p.observe_verify(4, 0.13);
+    p.observe_verify(2, 0.11);
+    p.observe_draft(1, 3, 0.02, true);
+    let c = p.costs();
+    let text = serde_json::to_string(&c).unwrap();
+    let back: Costs = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, c);
+    let mut q = Planner::new(PlannerConfig::auto(3)).unwrap();
+    q.seed_costs(&back);
+    // Seeded costs skip calibration: the first round is planned.
+    assert!(q.plan(&[0]).predicted.is_some());
+    assert!((q.verify_time(4).unwrap() - p.verify_time(4).unwrap()).abs() < 1e-9);
+    // Garbage in a file is ignored, not trusted.
+    let mut r = Planner::new(PlannerConfig::auto(3)).unwrap();
+    r.seed_costs(&Costs {
+        verify: vec![(0, 1.0), (3, f64::NAN), (2, -1.0)],
+        draft: vec![(0, 1, 1.0)],
+    });
+    assert_eq!(r.costs(), Costs::default());
+    let mut m = c.clone();
+    m.merge(&Costs {
+        verify: vec![(4, 0.5), (9, 0.2)],
+        draft: vec![],
+    });
+    assert_eq!(m.verify.len(), 4);
+    assert!(m.verify.contains(&(4, 0.5)));
+}
