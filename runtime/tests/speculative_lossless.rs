@@ -532,3 +532,60 @@ fn auto_planned_run_is_lossless_and_reports_its_choices() {
     assert_eq!(s.budget_histogram.iter().sum::<usize>(), s.seq_rounds);
     assert!(s.predicted_speedup.is_some());
 }
+
+/// A drafter whose every call costs far more than the target's step (it
+/// sleeps): drafts cannot pay, so the planner switches it off within a few
+/// rounds (and a second run with the same policy never feeds it), and the
+/// output is still autoregressive decoding's.
+struct Slow(PromptLookupDrafter);
+
+impl<R: Runtime> Drafter<R> for Slow {
+    fn name(&self) -> String {
+        "slow".into()
+    }
+    fn length(&self) -> usize {
+        3
+    }
+    fn draft(
+        &mut self,
+        t: &mut TargetModel<R>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        self.0.draft(t, seqs, budget)
+    }
+}
+
+#[test]
+fn the_planner_switches_off_a_drafter_that_never_pays() {
+    let (mut t, _) = target(3);
+    let mut d = Slow(PromptLookupDrafter {
+        lookup: PromptLookup::new(1, 3, 3).unwrap(),
+        branches: 1,
+    });
+    let want = reference(&mut t, 3);
+    let mut policy = DraftPolicy::auto(3).unwrap();
+    let mut runs = Vec::new();
+    for _ in 0..2 {
+        let got = generate_with_policy(
+            &mut t,
+            &mut d,
+            &prompts(3),
+            MAX,
+            &Sampling::GREEDY,
+            &mut policy,
+            None,
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(got.tokens, want);
+        runs.push(got.stats);
+    }
+    let first = runs[0]
+        .drafter_off_at
+        .expect("switched off in the first run");
+    assert!(first > 0 && first < MAX, "{first}");
+    assert_eq!(runs[1].drafter_off_at, Some(0));
+    assert_eq!(runs[1].budget_histogram[1..].iter().sum::<usize>(), 0);
+}

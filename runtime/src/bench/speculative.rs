@@ -78,6 +78,10 @@ pub struct SpecPoint {
     pub no_draft_share: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_speedup: Option<f64>,
+    /// The round from which the planner kept the drafter off (0: whole
+    /// runs), in the first run where it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drafter_off_at: Option<usize>,
     pub tau: f64,
     pub k: f64,
     pub kappa: f64,
@@ -287,6 +291,7 @@ pub fn run_spec<R: Runtime>(
                     no_draft_share: s.no_draft_rounds as f64 / s.rounds.max(1) as f64,
                     budget_histogram: s.budget_histogram.clone(),
                     predicted_speedup: s.predicted_speedup,
+                    drafter_off_at: s.drafter_off_at,
                     tau: s.tau(),
                     k: s.k(),
                     kappa: s.kappa(),
@@ -376,8 +381,13 @@ impl SpecReport {
                 100.0 * p.verify_share,
                 depth.join(" "),
                 match (p.speculate.as_str(), p.predicted_speedup) {
-                    ("auto", Some(x)) => format!("{:.0} · {x:.2}x", 100.0 * p.no_draft_share),
-                    ("auto", None) => format!("{:.0} · -", 100.0 * p.no_draft_share),
+                    ("auto", x) => format!(
+                        "{:.0} · {}{}",
+                        100.0 * p.no_draft_share,
+                        x.map_or("-".into(), |x| format!("{x:.2}x")),
+                        p.drafter_off_at
+                            .map_or(String::new(), |r| format!(" · off from round {r}"))
+                    ),
                     _ => "-".into(),
                 },
                 p.launches_per_round,

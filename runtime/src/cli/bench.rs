@@ -32,7 +32,7 @@ pub enum BenchKind {
     Decode(DecodeArgs),
     /// Speculative vs autoregressive decoding: τ, k, κ, tokens/s, speedup,
     /// acceptance by depth, per drafter × batch size × budget.
-    Spec(SpecArgs),
+    Spec(Box<SpecArgs>),
 }
 
 /// Options every benchmark has.

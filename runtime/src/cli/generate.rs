@@ -462,8 +462,13 @@ pub fn planned_summary(s: &SpecStats) -> String {
         .filter(|(_, &n)| n > 0)
         .map(|(k, n)| format!("{k}:{n}"))
         .collect();
+    let off = match s.drafter_off_at {
+        Some(0) => " (drafter off: drafts do not pay here)".to_string(),
+        Some(r) => format!(" (drafter off from round {r}: drafts do not pay here)"),
+        None => String::new(),
+    };
     format!(
-        ", planned budgets [{}], no draft in {:.0} % of rounds",
+        ", planned budgets [{}], no draft in {:.0} % of rounds{off}",
         hist.join(" "),
         100.0 * s.no_draft_rounds as f64 / s.rounds.max(1) as f64
     )

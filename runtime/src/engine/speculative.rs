@@ -97,6 +97,9 @@ pub struct SpecStats {
     pub budget_histogram: Vec<usize>,
     pub no_draft_rounds: usize,
     pub predicted_speedup: Option<f64>,
+    /// The round from which the planner kept the drafter off (0: the whole
+    /// run), when it did.
+    pub drafter_off_at: Option<usize>,
 }
 
 impl SpecStats {
@@ -142,6 +145,9 @@ impl SpecStats {
         self.round_counts = self.round_counts.plus(&o.round_counts);
         if o.predicted_speedup.is_some() {
             self.predicted_speedup = o.predicted_speedup;
+        }
+        if self.drafter_off_at.is_none() {
+            self.drafter_off_at = o.drafter_off_at;
         }
         if o.last_draft_error.is_some() {
             self.last_draft_error.clone_from(&o.last_draft_error);
@@ -323,7 +329,16 @@ pub fn generate_with_policy<R: Runtime>(
         .enumerate()
         .map(|(i, r)| (i, r.prompt.clone()))
         .collect();
+    // A planner that switched the drafter off at this batch size keeps it
+    // off: the drafter does not even read the prompts.
+    let mut drafter_off = matches!(&*policy, DraftPolicy::Planned(p) if p.is_off(b));
+    if drafter_off {
+        stats.drafter_off_at = Some(0);
+    }
     let (last, passes) = target.prefill(&prompts, |o, step, _| {
+        if drafter_off {
+            return Ok(());
+        }
         let mut at = 0u32;
         let committed: Vec<Committed> = step
             .seqs
@@ -373,7 +388,18 @@ pub fn generate_with_policy<R: Runtime>(
         let room: Vec<usize> = active.iter().map(|&i| max_tokens - out[i].len()).collect();
         let budgets = match policy {
             DraftPolicy::Fixed(k) => vec![*k; active.len()],
-            DraftPolicy::Planned(p) => p.plan(&active).budgets,
+            DraftPolicy::Planned(p) => {
+                let plan = p.plan(&active);
+                if plan.drafter_off && !drafter_off {
+                    // Off from now on: drop what the drafter holds.
+                    drafter_off = true;
+                    stats.drafter_off_at = Some(round as usize);
+                    for &i in &active {
+                        drafter.reset(i);
+                    }
+                }
+                plan.budgets
+            }
         };
         let budget = budgets.iter().copied().max().unwrap_or(0);
         let skip = budget == 0 && matches!(policy, DraftPolicy::Planned(_));
@@ -422,13 +448,17 @@ pub fn generate_with_policy<R: Runtime>(
             step.seqs.push(SeqStep {
                 slot: v.slot,
                 positions,
-                parents: Some(tree.verify_parents()),
+                // No draft: the plain decoding step's causal pass (a batch
+                // with no tree at all runs no tree-masked attention).
+                parents: (!tree.is_empty()).then(|| tree.verify_parents()),
                 memory_tail: None,
             });
             ids.extend(tree.verify_tokens(last_tok));
             stats.drafted += tree.len();
         }
-        drafter.verifying(&views, &trees)?;
+        if !drafter_off {
+            drafter.verifying(&views, &trees)?;
+        }
         drop(views);
         let o = target.forward(&step, &ids)?;
         stats.target_passes += 1;
@@ -491,7 +521,9 @@ pub fn generate_with_policy<R: Runtime>(
                 still.push(i);
             }
         }
-        drafter.observe(&client, &o, &committed)?;
+        if !drafter_off {
+            drafter.observe(&client, &o, &committed)?;
+        }
         if let DraftPolicy::Planned(p) = policy {
             if !skip {
                 p.observe_draft(batch, budget, draft_s, drafted_last);

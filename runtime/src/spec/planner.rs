@@ -169,6 +169,11 @@ impl Costs {
 pub struct RoundPlan {
     /// Draft tokens per sequence (in the order `plan` got the slots).
     pub budgets: Vec<usize>,
+    /// The planner has switched the drafter off for this batch size: no
+    /// draft has paid for [`OFF_AFTER`] planned rounds, so the drafter need
+    /// not even observe the committed rows any more (its observation is a
+    /// cost of its own: SpecFormer's pass over every committed row).
+    pub drafter_off: bool,
     /// Predicted emitted tokens and seconds of the round (`None` while the
     /// planner has no costs yet).
     pub predicted: Option<(f64, f64)>,
@@ -266,6 +271,10 @@ pub struct Planner {
     /// Sums over planned rounds of predicted tokens and seconds.
     predicted: (f64, f64),
     predicted_rounds: usize,
+    /// Consecutive planned rounds in which no draft was predicted to pay.
+    losing: usize,
+    /// The batch size at which the drafter was switched off.
+    off_at: Option<usize>,
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -273,6 +282,8 @@ const GLOBAL_KEEP: f64 = 0.995;
 const SEQ_KEEP: f64 = 0.9;
 /// Weight of the global estimate in a sequence's (pseudo-rounds).
 const SEQ_PRIOR: f64 = 8.0;
+/// Planned rounds without a paying draft after which the drafter is off.
+pub const OFF_AFTER: usize = 8;
 /// The most a probe may lose, as a share of the time since the last draft.
 const PROBE_SHARE: f64 = 0.02;
 /// Cost samples are clipped to this multiple of their average.
@@ -298,7 +309,15 @@ impl Planner {
             no_draft_rounds: 0,
             predicted: (0.0, 0.0),
             predicted_rounds: 0,
+            losing: 0,
+            off_at: None,
         })
+    }
+
+    /// Whether the drafter is off for a batch of `seqs` sequences (a run
+    /// that starts off does not feed the drafter its prompts either).
+    pub fn is_off(&self, seqs: usize) -> bool {
+        self.cfg.mode == PlanMode::Auto && self.off_at == Some(seqs)
     }
 
     pub fn config(&self) -> &PlannerConfig {
@@ -415,8 +434,14 @@ impl Planner {
         (sa + SEQ_PRIOR * global) / (st + SEQ_PRIOR)
     }
 
-    /// Predicted round time without a draft over `rows` rows.
+    /// Predicted round time without a draft over `rows` rows: the row
+    /// count's own average once it was measured twice (a kernel's cost is
+    /// a step function of its rows: lavapipe's linears block rows by 1, 2,
+    /// 4 and 8, a GPU's by its tiles), else the line through the table.
     pub fn verify_time(&self, rows: usize) -> Option<f64> {
+        if let Some(e) = self.verify.get(&rows).filter(|e| e.count >= 2) {
+            return Some(e.value);
+        }
         if self.verify.len() < 2 {
             return self.verify.get(&rows).map(|e| e.value);
         }
@@ -497,15 +522,30 @@ impl Planner {
                     .map(|_| (self.next_random() % (max as u64 + 1)) as usize)
                     .collect(),
                 predicted: None,
+                drafter_off: false,
             },
             PlanMode::Cycle => {
                 let w = self.cfg.warm_budgets();
                 RoundPlan {
                     budgets: vec![w[self.rounds % w.len()]; b],
                     predicted: None,
+                    drafter_off: false,
                 }
             }
-            PlanMode::Auto => self.plan_auto(slots),
+            PlanMode::Auto => {
+                let plan = self.plan_auto(slots);
+                if plan.predicted.is_some() && !plan.drafter_off {
+                    let drafts = plan.draft_budget() > 0;
+                    let pays = plan.predicted.is_some_and(|(t, s)| {
+                        self.verify_time(b).is_some_and(|v0| t / s > b as f64 / v0)
+                    });
+                    self.losing = if drafts && pays { 0 } else { self.losing + 1 };
+                    if self.losing >= OFF_AFTER {
+                        self.off_at = Some(b);
+                    }
+                }
+                plan
+            }
         };
         self.rounds += 1;
         let d = plan.draft_budget();
@@ -539,23 +579,23 @@ impl Planner {
 
     fn plan_auto(&self, slots: &[usize]) -> RoundPlan {
         let b = slots.len();
+        let fixed = |k: usize, predicted: Option<(f64, f64)>, off: bool| RoundPlan {
+            budgets: vec![k; b],
+            predicted,
+            drafter_off: off,
+        };
         if b == 0 {
-            return RoundPlan {
-                budgets: Vec::new(),
-                predicted: None,
-            };
+            return fixed(0, None, false);
+        }
+        if self.is_off(b) {
+            let v0 = self.verify_time(b);
+            return fixed(0, v0.map(|v| (b as f64, v)), true);
         }
         if let Some(k) = self.calibration() {
-            return RoundPlan {
-                budgets: vec![k; b],
-                predicted: None,
-            };
+            return fixed(k, None, false);
         }
         let Some(v0) = self.verify_time(b) else {
-            return RoundPlan {
-                budgets: vec![self.cfg.max_budget; b],
-                predicted: None,
-            };
+            return fixed(self.cfg.max_budget, None, false);
         };
         let none = (b as f64, v0);
         let mut best_draft: Option<(f64, Vec<usize>, (f64, f64))> = None;
@@ -609,6 +649,7 @@ impl Planner {
             Some((rate, budgets, pred)) if rate > none_rate => RoundPlan {
                 budgets,
                 predicted: Some(pred),
+                drafter_off: false,
             },
             // No draft, unless it is time to probe the best draft: probes
             // keep the acceptance estimates current and cost at most
@@ -621,12 +662,10 @@ impl Planner {
                 RoundPlan {
                     budgets,
                     predicted: Some(pred),
+                    drafter_off: false,
                 }
             }
-            _ => RoundPlan {
-                budgets: vec![0; b],
-                predicted: Some(none),
-            },
+            _ => fixed(0, Some(none), false),
         }
     }
 

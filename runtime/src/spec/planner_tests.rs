@@ -110,6 +110,18 @@ fn auto_stops_drafting_where_drafts_cost() {
     let (auto, best) = auto_against_fixed(&mut sim, 4);
     assert!(auto >= 0.95 * best, "auto {auto} best fixed {best}");
     assert!(auto >= 0.97 / ar, "auto {auto} autoregressive {}", 1.0 / ar);
+    // The same device, planned step by step: the drafter is switched off.
+    let mut p = Planner::new(PlannerConfig::auto(4)).unwrap();
+    for _ in 0..40 {
+        let plan = p.plan(&[0]);
+        let d = plan.draft_budget();
+        p.observe_draft(1, d, sim.draft(d), true);
+        p.observe_verify(1 + d, sim.verify(1 + d));
+        p.observe_seq(0, d, d);
+    }
+    assert!(p.is_off(1));
+    assert!(!p.is_off(2));
+    assert!(p.plan(&[0]).drafter_off);
 }
 
 #[test]
