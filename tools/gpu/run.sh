@@ -27,7 +27,9 @@
 #   5. transformers on the same converted weights: eager (f16, f32) and
 #      torch.compile with the static cache, mode="reduce-overhead" (f16,
 #      batch 1 and 64: compilation takes most of its share);
-#   6. `draftc bench spec` for the shipped Beagle at batch 1 and 16.
+#   6. `draftc bench spec` for the shipped Beagle at batch 1 and 16, each
+#      setting fixed and planned (`--speculate fixed,auto`, issue 34: auto
+#      must not be slower than autoregressive decoding at batch 16).
 # CUDA-graph replay is not built yet (issue 31 item 6), so there is no
 # graphs-on/off pair; the flush-policy pair is the host-overhead A/B.
 #
@@ -199,7 +201,7 @@ bench)
   spec_s=$(($(left) - 40))
   if [ "$spec_s" -gt 20 ]; then
     timeout "$spec_s" draftc bench spec --backend cuda --prompts mt-bench --prompt-count 8 --model "$m" \
-      --batch 1,16 --budget 3 --max-tokens 32 --drafter models/beagle.draft --lookup off --lookup 2 \
+      --batch 1,16 --budget 3 --max-tokens 32 --drafter models/beagle.draft --lookup off --lookup 2 --speculate fixed,auto \
       --out "$work/spec" --quiet 2>"$work/spec.err" >"$work/spec.md" || echo "spec: exit $? $(tail -3 "$work/spec.err")"
     { echo; cat "$work/spec.md"; } | tee -a "$report"
   fi

@@ -428,6 +428,29 @@ pub fn generate_with_policy<R: Runtime>(
                 views.iter().map(|_| DraftTree::new()).collect()
             }
         };
+        // With its draft in hand, the planner decides how much of it to
+        // verify (lookup drafts for free, only where the history matches).
+        let trees = match &*policy {
+            DraftPolicy::Planned(p) if !skip => {
+                let depths: Vec<usize> = trees.iter().map(DraftTree::levels).collect();
+                let spent = td.elapsed().as_secs_f64();
+                match p.verify_counts(&active, &depths, spent) {
+                    Some(keep) => trees
+                        .into_iter()
+                        .zip(keep)
+                        .map(|(t, k)| {
+                            if k >= t.levels() {
+                                t
+                            } else {
+                                t.prune_to_depth(k)
+                            }
+                        })
+                        .collect(),
+                    None => trees,
+                }
+            }
+            _ => trees,
+        };
         // Whatever the drafter did to the target's caches (self-speculation
         // writes tentative rows), verification starts from the committed rows.
         for v in &views {
@@ -533,6 +556,8 @@ pub fn generate_with_policy<R: Runtime>(
             for (&i, (tree, (nodes, _))) in active.iter().zip(trees.iter().zip(&accepted)) {
                 p.observe_seq(i, tree.levels(), nodes.len());
             }
+            let emitted = accepted.iter().map(|(n, _)| n.len() + 1).sum();
+            p.observe_round(batch, emitted, td.elapsed().as_secs_f64(), !skip);
         }
         active = still;
         stats.rounds += 1;

@@ -125,7 +125,10 @@ impl PlannerConfig {
     /// The budgets a warm-up cycles through, round by round: no draft,
     /// one token after one, two and five rounds without a draft (a drafter
     /// that catches up on the rows it skipped runs a wider first pass), the
-    /// middle and the largest budget (each shape a run mostly uses).
+    /// middle and the largest budget (each shape a run mostly uses). The
+    /// rounds [`PlannerConfig::warm_single`] names draft for the first
+    /// sequence only, so a batch also measures a verify pass one or a few
+    /// rows wider than no draft.
     pub fn warm_budgets(&self) -> Vec<usize> {
         let k = self.max_budget;
         let mut v = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
@@ -161,6 +164,17 @@ impl Costs {
         }
         self.verify.sort_by_key(|e| e.0);
         self.draft.sort_by_key(|e| (e.0, e.1));
+    }
+}
+
+/// Warm-up rounds (indices into [`PlannerConfig::warm_budgets`]) in which
+/// only the first sequence drafts.
+const WARM_SINGLE: [usize; 2] = [4, 13];
+
+impl PlannerConfig {
+    /// Whether warm-up round `r` drafts for the first sequence only.
+    pub fn warm_single(&self, r: usize) -> bool {
+        WARM_SINGLE.contains(&r)
     }
 }
 
@@ -275,6 +289,9 @@ pub struct Planner {
     losing: usize,
     /// The batch size at which the drafter was switched off.
     off_at: Option<usize>,
+    /// Tokens, seconds and rounds of the drafting rounds since the last
+    /// reality check ([`Planner::observe_round`]).
+    window: (f64, f64, usize),
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -282,8 +299,10 @@ const GLOBAL_KEEP: f64 = 0.995;
 const SEQ_KEEP: f64 = 0.9;
 /// Weight of the global estimate in a sequence's (pseudo-rounds).
 const SEQ_PRIOR: f64 = 8.0;
+/// Drafting rounds per reality check of the realised rate.
+pub const REALITY_WINDOW: usize = 8;
 /// Planned rounds without a paying draft after which the drafter is off.
-pub const OFF_AFTER: usize = 8;
+pub const OFF_AFTER: usize = 4;
 /// The most a probe may lose, as a share of the time since the last draft.
 const PROBE_SHARE: f64 = 0.02;
 /// Cost samples are clipped to this multiple of their average.
@@ -311,6 +330,7 @@ impl Planner {
             predicted_rounds: 0,
             losing: 0,
             off_at: None,
+            window: (0.0, 0.0, 0),
         })
     }
 
@@ -390,11 +410,13 @@ impl Planner {
         }
     }
 
-    /// Takes the cost tables of `other` (the warm-up's start-up
-    /// measurements), keeping this planner's acceptance estimates.
+    /// Takes the cost tables and the global acceptance estimates of
+    /// `other` (the warm-up's start-up measurements on the same prompts),
+    /// so the run's first rounds are planned from them.
     pub fn adopt_costs(&mut self, other: &Planner) {
         self.verify.clone_from(&other.verify);
         self.draft.clone_from(&other.draft);
+        self.global = other.global.clone();
     }
 
     /// The rest of a round (target pass over `rows` rows, acceptance,
@@ -526,8 +548,13 @@ impl Planner {
             },
             PlanMode::Cycle => {
                 let w = self.cfg.warm_budgets();
+                let r = self.rounds % w.len();
+                let mut budgets = vec![w[r]; b];
+                if self.cfg.warm_single(r) {
+                    budgets.iter_mut().skip(1).for_each(|k| *k = 0);
+                }
                 RoundPlan {
-                    budgets: vec![w[self.rounds % w.len()]; b],
+                    budgets,
                     predicted: None,
                     drafter_off: false,
                 }
@@ -616,31 +643,10 @@ impl Planner {
             let Some(dt) = self.draft_time(b, d) else {
                 continue;
             };
-            let mut items: Vec<(f64, usize)> = reach
-                .iter()
-                .enumerate()
-                .flat_map(|(i, p)| p[..d].iter().map(move |&v| (v, i)))
-                .collect();
-            items.sort_by(|x, y| y.0.total_cmp(&x.0));
-            let (mut tokens, mut best) = (b as f64, None::<(f64, usize, f64, f64)>);
-            for (m, &(v, _)) in items.iter().enumerate() {
-                tokens += v;
-                let Some(vt) = self.verify_time(b + m + 1) else {
-                    break;
-                };
-                let time = dt + vt;
-                let rate = tokens / time;
-                if best.is_none_or(|x| rate > x.0) {
-                    best = Some((rate, m + 1, tokens, time));
-                }
-            }
-            if let Some((rate, m, tokens, time)) = best {
+            let depths = vec![d; b];
+            if let Some((rate, budgets, pred)) = self.best_prefix(&reach, &depths, dt) {
                 if best_draft.as_ref().is_none_or(|x| rate > x.0) {
-                    let mut budgets = vec![0; b];
-                    for &(_, i) in &items[..m] {
-                        budgets[i] += 1;
-                    }
-                    best_draft = Some((rate, budgets, (tokens, time)));
+                    best_draft = Some((rate, budgets, pred));
                 }
             }
         }
@@ -691,6 +697,109 @@ impl Planner {
             a.join(" "),
             self.predicted_speedup(seqs)
         )
+    }
+
+    /// The best set of draft tokens to verify when sequence `i` may verify
+    /// up to `depths[i]` of its tokens and `spent` seconds go to the
+    /// drafter: the items `P_i(j)` sorted by value, the prefix with the
+    /// most tokens per second. `None` when no row count can be predicted.
+    /// Returns the rate, the count per sequence and (tokens, seconds).
+    #[allow(clippy::type_complexity)]
+    fn best_prefix(
+        &self,
+        reach: &[Vec<f64>],
+        depths: &[usize],
+        spent: f64,
+    ) -> Option<(f64, Vec<usize>, (f64, f64))> {
+        let b = reach.len();
+        let mut items: Vec<(f64, usize)> = reach
+            .iter()
+            .zip(depths)
+            .enumerate()
+            .flat_map(|(i, (p, &d))| p[..d.min(p.len())].iter().map(move |&v| (v, i)))
+            .collect();
+        items.sort_by(|x, y| y.0.total_cmp(&x.0));
+        let (mut tokens, mut best) = (b as f64, None::<(f64, usize, f64, f64)>);
+        for (m, &(v, _)) in items.iter().enumerate() {
+            tokens += v;
+            let Some(vt) = self.verify_time(b + m + 1) else {
+                break;
+            };
+            let time = spent + vt;
+            let rate = tokens / time;
+            if best.is_none_or(|x| rate > x.0) {
+                best = Some((rate, m + 1, tokens, time));
+            }
+        }
+        let (rate, m, tokens, time) = best?;
+        let mut counts = vec![0; b];
+        for &(_, i) in &items[..m] {
+            counts[i] += 1;
+        }
+        Some((rate, counts, (tokens, time)))
+    }
+
+    /// After drafting: how many of each sequence's drafted tokens to verify
+    /// (`depths[i]`: sequence `i`'s tree depth), given the `spent` drafter
+    /// seconds (a cost already paid). A drafter that drafts for free and
+    /// only sometimes (prompt lookup) is planned here, on what it actually
+    /// proposed; so is a tree deeper than it is worth verifying. `None`:
+    /// verify everything (fixed or random modes, or no costs yet).
+    pub fn verify_counts(
+        &self,
+        slots: &[usize],
+        depths: &[usize],
+        spent: f64,
+    ) -> Option<Vec<usize>> {
+        if self.cfg.mode != PlanMode::Auto || slots.len() != depths.len() {
+            return None;
+        }
+        let b = slots.len();
+        let v0 = self.verify_time(b)?;
+        let reach: Vec<Vec<f64>> = slots
+            .iter()
+            .zip(depths)
+            .map(|(&s, &d)| {
+                let mut p = 1.0;
+                (0..d)
+                    .map(|j| {
+                        p *= self.alpha(s, j);
+                        p
+                    })
+                    .collect()
+            })
+            .collect();
+        let none_rate = b as f64 / (spent + v0);
+        match self.best_prefix(&reach, depths, spent) {
+            Some((rate, counts, _)) if rate > none_rate => Some(counts),
+            _ => Some(vec![0; b]),
+        }
+    }
+
+    /// A whole round (drafter call, target pass, acceptance, commit) emitted
+    /// `tokens` tokens for `seqs` sequences in `seconds`. Every
+    /// [`REALITY_WINDOW`] rounds in which the drafter ran, the realised rate
+    /// is compared with the no-draft rate `seqs / V(seqs)`; a window that fell
+    /// short switches the drafter off, whatever the model predicted (costs
+    /// it does not see, such as a drafter catching up on skipped rows, are
+    /// in the realised rate).
+    pub fn observe_round(&mut self, seqs: usize, tokens: usize, seconds: f64, drafted: bool) {
+        if self.cfg.mode != PlanMode::Auto || !seconds.is_finite() || self.off_at.is_some() {
+            return;
+        }
+        if drafted {
+            self.window.0 += tokens as f64;
+            self.window.1 += seconds;
+            self.window.2 += 1;
+        }
+        if self.window.2 >= REALITY_WINDOW {
+            let (t, s, _) = std::mem::take(&mut self.window);
+            if let Some(v0) = self.verify_time(seqs) {
+                if t / s < seqs as f64 / v0 {
+                    self.off_at = Some(seqs);
+                }
+            }
+        }
     }
 
     /// The speedup the planner expects of the rounds it planned, over its

@@ -314,3 +314,63 @@ fn costs_round_trip_and_seed_a_planner() {
     assert_eq!(m.verify.len(), 4);
     assert!(m.verify.contains(&(4, 0.5)));
 }
+
+/// Costs of a batch of 4 on lavapipe: a fifth row crosses a row block.
+fn batch4_planner() -> Planner {
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    for (n, t) in [(4, 0.127), (5, 0.150), (6, 0.153), (8, 0.164), (16, 0.25)] {
+        for _ in 0..3 {
+            p.observe_verify(n, t);
+        }
+    }
+    p.observe_draft(4, 1, 0.0001, true);
+    p.observe_draft(4, 3, 0.0001, true);
+    p
+}
+
+#[test]
+fn after_drafting_it_verifies_only_what_pays() {
+    let mut p = batch4_planner();
+    // Lookup-like: one sequence in four proposed a token, accepted 40 %:
+    // one more row costs 18 % of the step for 0.4 tokens.
+    for s in 0..4 {
+        for _ in 0..20 {
+            p.observe_seq(s, 1, usize::from(s == 0));
+        }
+    }
+    let keep = p.verify_counts(&[0, 1, 2, 3], &[0, 1, 0, 0], 0.0).unwrap();
+    assert_eq!(keep, vec![0, 0, 0, 0]);
+    // A sure sequence's chain is worth its rows.
+    for _ in 0..40 {
+        p.observe_seq(0, 3, 3);
+    }
+    let keep = p.verify_counts(&[0, 1, 2, 3], &[3, 1, 0, 0], 0.0).unwrap();
+    assert_eq!(keep[0], 3, "{keep:?}");
+    // Other modes verify everything.
+    let r = Planner::new(PlannerConfig {
+        mode: PlanMode::Random { seed: 1 },
+        ..PlannerConfig::auto(3)
+    })
+    .unwrap();
+    assert_eq!(r.verify_counts(&[0], &[3], 0.0), None);
+}
+
+#[test]
+fn a_window_that_realised_less_than_no_draft_switches_the_drafter_off() {
+    let mut p = batch4_planner();
+    // Rounds that drafted emitted 4.4 tokens in 0.2 s: 22 tokens/s against
+    // 4 / 0.127 = 31.5 without a draft, whatever the model predicted.
+    for _ in 0..REALITY_WINDOW - 1 {
+        p.observe_round(4, 5, 0.2, true);
+        assert!(!p.is_off(4));
+    }
+    p.observe_round(4, 4, 0.2, true);
+    assert!(p.is_off(4));
+    // A window that paid keeps it on.
+    let mut q = batch4_planner();
+    for _ in 0..3 * REALITY_WINDOW {
+        q.observe_round(4, 6, 0.15, true);
+        q.observe_round(4, 4, 0.13, false);
+    }
+    assert!(!q.is_off(4));
+}

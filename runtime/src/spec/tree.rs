@@ -301,6 +301,13 @@ impl DraftTree {
         self.subtree(&keep)
     }
 
+    /// Keeps the nodes of the first `levels` levels (a chain's first
+    /// `levels` tokens), in the original order.
+    pub fn prune_to_depth(&self, levels: usize) -> DraftTree {
+        let keep: Vec<bool> = self.nodes.iter().map(|n| n.depth < levels).collect();
+        self.subtree(&keep)
+    }
+
     /// Node `i`'s rank score in [`DraftTree::prune_to_best`]: the least
     /// cumulative log-probability on its path (a node never ranks above
     /// its parent).

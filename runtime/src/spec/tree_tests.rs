@@ -595,3 +595,17 @@ fn confidence_parses_and_rejects_non_probabilities() {
         );
     }
 }
+
+#[test]
+fn prune_to_depth_keeps_the_first_levels() {
+    let mut t = DraftTree::new();
+    let a = t.push(None, 1, -0.1).unwrap();
+    let b = t.push(Some(a), 2, -0.2).unwrap();
+    t.push(Some(b), 3, -0.3).unwrap();
+    t.push(None, 4, -0.5).unwrap();
+    let p = t.prune_to_depth(2);
+    assert_eq!(p.len(), 3);
+    assert_eq!(p.levels(), 2);
+    assert!(t.prune_to_depth(0).is_empty());
+    assert_eq!(t.prune_to_depth(9), t);
+}
