@@ -430,9 +430,13 @@ pub fn generate_with_policy<R: Runtime>(
         };
         // With its draft in hand, the planner decides how much of it to
         // verify (lookup drafts for free, only where the history matches).
-        let trees = match &*policy {
+        let trees = match &mut *policy {
             DraftPolicy::Planned(p) if !skip => {
                 let depths: Vec<usize> = trees.iter().map(DraftTree::levels).collect();
+                // (Near max_tokens the room, not the drafter, cut the trees.)
+                if room.iter().all(|&r| r > budget) {
+                    p.observe_depth(budget, depths.iter().copied().max().unwrap_or(0));
+                }
                 let spent = td.elapsed().as_secs_f64();
                 match p.verify_counts(&active, &depths, spent) {
                     Some(keep) => trees

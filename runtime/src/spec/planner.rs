@@ -130,15 +130,33 @@ impl PlannerConfig {
     /// sequence only, so a batch also measures a verify pass one or a few
     /// rows wider than no draft.
     pub fn warm_budgets(&self) -> Vec<usize> {
-        let k = self.max_budget;
         let mut v = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
         // Twice each: a shape's first round compiles, its second measures.
-        for x in [k.div_ceil(2), k, k.div_ceil(2), k] {
-            if x > 1 {
-                v.push(x);
+        let tail = self.warm_tail();
+        v.extend(&tail);
+        v.extend(&tail);
+        v
+    }
+
+    /// Two tokens (rows 3 and 4 of a batch of one: lavapipe's linears block
+    /// rows by 1, 2, 4 and 8, and every block is a kernel to compile), the
+    /// middle and the largest budget.
+    fn warm_tail(&self) -> Vec<usize> {
+        let k = self.max_budget;
+        let mut tail: Vec<usize> = Vec::new();
+        for x in [2, k.div_ceil(2), k] {
+            if x > 1 && x <= k && !tail.contains(&x) {
+                tail.push(x);
             }
         }
-        v
+        tail
+    }
+
+    /// Whether warm-up round `r` drafts for the first sequence only: the
+    /// second one-token round, and the first round of the second pass over
+    /// the larger budgets.
+    pub fn warm_single(&self, r: usize) -> bool {
+        r == 4 || (r == 11 + self.warm_tail().len() && self.max_budget > 1)
     }
 }
 
@@ -164,17 +182,6 @@ impl Costs {
         }
         self.verify.sort_by_key(|e| e.0);
         self.draft.sort_by_key(|e| (e.0, e.1));
-    }
-}
-
-/// Warm-up rounds (indices into [`PlannerConfig::warm_budgets`]) in which
-/// only the first sequence drafts.
-const WARM_SINGLE: [usize; 2] = [4, 13];
-
-impl PlannerConfig {
-    /// Whether warm-up round `r` drafts for the first sequence only.
-    pub fn warm_single(&self, r: usize) -> bool {
-        WARM_SINGLE.contains(&r)
     }
 }
 
@@ -292,6 +299,12 @@ pub struct Planner {
     /// Tokens, seconds and rounds of the drafting rounds since the last
     /// reality check ([`Planner::observe_round`]).
     window: (f64, f64, usize),
+    /// The deepest draft the drafter returned for a budget at least as
+    /// deep (`None` until it returned a shallower one): MagicDec's chain
+    /// ends at its `l` whatever the budget.
+    depth_cap: Option<usize>,
+    /// The last reality check fell short.
+    short_window: bool,
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -299,8 +312,16 @@ const GLOBAL_KEEP: f64 = 0.995;
 const SEQ_KEEP: f64 = 0.9;
 /// Weight of the global estimate in a sequence's (pseudo-rounds).
 const SEQ_PRIOR: f64 = 8.0;
-/// Drafting rounds per reality check of the realised rate.
+/// Drafting rounds per reality check of the realised rate (two checks in a
+/// row must fall short).
 pub const REALITY_WINDOW: usize = 8;
+/// A window must fall this far below the no-draft rate to switch the
+/// drafter off (host noise on a shared machine is a few per cent).
+const REALITY_MARGIN: f64 = 0.97;
+/// A drafter whose calls cost less than this share of a no-draft round is
+/// never switched off: nothing is saved, and after drafting the planner
+/// verifies only what pays (prompt lookup).
+const FREE_DRAFT: f64 = 0.01;
 /// Planned rounds without a paying draft after which the drafter is off.
 pub const OFF_AFTER: usize = 4;
 /// The most a probe may lose, as a share of the time since the last draft.
@@ -331,7 +352,24 @@ impl Planner {
             losing: 0,
             off_at: None,
             window: (0.0, 0.0, 0),
+            depth_cap: None,
+            short_window: false,
         })
+    }
+
+    /// Whether every measured drafter call at `seqs` sequences costs less
+    /// than [`FREE_DRAFT`] of a no-draft round.
+    fn free_drafter(&self, seqs: usize) -> bool {
+        let Some(v0) = self.verify_time(seqs) else {
+            return false;
+        };
+        let calls: Vec<f64> = self
+            .draft
+            .iter()
+            .filter(|((b, _), _)| *b == seqs)
+            .map(|(_, e)| e.value)
+            .collect();
+        !calls.is_empty() && calls.iter().all(|&t| t < FREE_DRAFT * v0)
     }
 
     /// Whether the drafter is off for a batch of `seqs` sequences (a run
@@ -417,6 +455,7 @@ impl Planner {
         self.verify.clone_from(&other.verify);
         self.draft.clone_from(&other.draft);
         self.global = other.global.clone();
+        self.depth_cap = other.depth_cap;
     }
 
     /// The rest of a round (target pass over `rows` rows, acceptance,
@@ -439,6 +478,14 @@ impl Planner {
         s.add(levels, accepted);
         self.global.decay(GLOBAL_KEEP);
         self.global.add(levels, accepted);
+    }
+
+    /// A drafter call with budget `budget` returned trees at most `levels`
+    /// deep (before the planner cut them).
+    pub fn observe_depth(&mut self, budget: usize, levels: usize) {
+        if levels > 0 && levels < budget {
+            self.depth_cap = Some(self.depth_cap.map_or(levels, |c| c.max(levels)));
+        }
     }
 
     /// Estimated acceptance of sequence `slot` at depth `j` (0-based).
@@ -467,9 +514,22 @@ impl Planner {
         if self.verify.len() < 2 {
             return self.verify.get(&rows).map(|e| e.value);
         }
-        // Weighted least squares over the keys (weight = samples, capped).
+        // Weighted least squares over the keys (weight = samples, capped);
+        // a row count seen once at more than twice the slowest row count
+        // seen twice is a compile, not a cost, until a second sample says
+        // otherwise.
+        let settled = self
+            .verify
+            .values()
+            .filter(|e| e.count >= 2)
+            .map(|e| e.value)
+            .fold(0.0f64, f64::max);
         let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for (&n, e) in &self.verify {
+        for (&n, e) in self
+            .verify
+            .iter()
+            .filter(|(_, e)| e.count >= 2 || settled == 0.0 || e.value <= SPIKE * settled)
+        {
             let w = e.count.min(8) as f64;
             let x = n as f64;
             sw += w;
@@ -567,7 +627,7 @@ impl Planner {
                         self.verify_time(b).is_some_and(|v0| t / s > b as f64 / v0)
                     });
                     self.losing = if drafts && pays { 0 } else { self.losing + 1 };
-                    if self.losing >= OFF_AFTER {
+                    if self.losing >= OFF_AFTER && !self.free_drafter(b) {
                         self.off_at = Some(b);
                     }
                 }
@@ -639,7 +699,10 @@ impl Planner {
                     .collect()
             })
             .collect();
-        for d in 1..=self.cfg.max_budget {
+        let deepest = self
+            .depth_cap
+            .map_or(self.cfg.max_budget, |c| c.min(self.cfg.max_budget));
+        for d in 1..=deepest {
             let Some(dt) = self.draft_time(b, d) else {
                 continue;
             };
@@ -795,9 +858,13 @@ impl Planner {
         if self.window.2 >= REALITY_WINDOW {
             let (t, s, _) = std::mem::take(&mut self.window);
             if let Some(v0) = self.verify_time(seqs) {
-                if t / s < seqs as f64 / v0 {
+                // Two windows in a row must fall short (one is noise on a
+                // shared host as often as not).
+                let short = t / s < REALITY_MARGIN * seqs as f64 / v0;
+                if short && self.short_window && !self.free_drafter(seqs) {
                     self.off_at = Some(seqs);
                 }
+                self.short_window = short;
             }
         }
     }

@@ -206,6 +206,13 @@ fn verify_line_interpolates_and_never_slopes_down() {
     assert!((e.value - 1.5).abs() < 1e-12, "{}", e.value);
     let mid = p.verify_time(3).unwrap();
     assert!((mid - 0.12).abs() < 1e-9, "{mid}");
+    // One sample far above the settled ones (a compile) bends no line.
+    for _ in 0..2 {
+        p.observe_verify(1, 0.10);
+        p.observe_verify(5, 0.14);
+    }
+    p.observe_verify(3, 9.9);
+    assert!(p.verify_time(4).unwrap() < 0.2);
     let mut q = Planner::new(PlannerConfig::auto(4)).unwrap();
     q.observe_verify(1, 0.2);
     q.observe_verify(5, 0.1);
@@ -252,12 +259,17 @@ fn cycle_mode_visits_every_warm_budget() {
         mode: PlanMode::Cycle,
         ..PlannerConfig::auto(6)
     };
-    let want = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 3, 6, 3, 6];
+    let want = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1, 2, 3, 6, 2, 3, 6];
     assert_eq!(cfg.warm_budgets(), want);
     let mut p = Planner::new(cfg).unwrap();
     let ks: Vec<usize> = (0..want.len()).map(|_| p.plan(&[0]).budgets[0]).collect();
     assert_eq!(ks, want);
     assert_eq!(p.no_draft_rounds(), 8);
+    // Two rounds draft for the first sequence only.
+    let singles: Vec<usize> = (0..want.len())
+        .filter(|&r| p.config().warm_single(r))
+        .collect();
+    assert_eq!(singles, vec![4, 14]);
 }
 
 #[test]
@@ -323,8 +335,8 @@ fn batch4_planner() -> Planner {
             p.observe_verify(n, t);
         }
     }
-    p.observe_draft(4, 1, 0.0001, true);
-    p.observe_draft(4, 3, 0.0001, true);
+    p.observe_draft(4, 1, 0.01, true);
+    p.observe_draft(4, 3, 0.02, true);
     p
 }
 
@@ -360,7 +372,7 @@ fn a_window_that_realised_less_than_no_draft_switches_the_drafter_off() {
     let mut p = batch4_planner();
     // Rounds that drafted emitted 4.4 tokens in 0.2 s: 22 tokens/s against
     // 4 / 0.127 = 31.5 without a draft, whatever the model predicted.
-    for _ in 0..REALITY_WINDOW - 1 {
+    for _ in 0..2 * REALITY_WINDOW - 1 {
         p.observe_round(4, 5, 0.2, true);
         assert!(!p.is_off(4));
     }
@@ -373,4 +385,33 @@ fn a_window_that_realised_less_than_no_draft_switches_the_drafter_off() {
         q.observe_round(4, 4, 0.13, false);
     }
     assert!(!q.is_off(4));
+    // A drafter that costs nothing (prompt lookup) stays on: after drafting
+    // the planner verifies only what pays.
+    let mut f = batch4_planner();
+    f.observe_draft(4, 1, 0.0001, true);
+    f.observe_draft(4, 3, 0.0001, true);
+    for _ in 0..10 {
+        f.observe_draft(4, 1, 0.0001, true);
+        f.observe_draft(4, 3, 0.0001, true);
+    }
+    for _ in 0..REALITY_WINDOW {
+        f.observe_round(4, 4, 0.2, true);
+    }
+    assert!(!f.is_off(4));
+}
+
+#[test]
+fn drafts_are_planned_no_deeper_than_the_drafter_goes() {
+    let mut p = batch4_planner();
+    for s in 0..4 {
+        for _ in 0..20 {
+            p.observe_seq(s, 3, 3);
+        }
+    }
+    p.rounds = 4;
+    assert_eq!(p.plan(&[0, 1, 2, 3]).draft_budget(), 3);
+    // Asked for 3, the drafter returned chains of 2 at most.
+    p.observe_depth(3, 2);
+    p.observe_depth(1, 1);
+    assert!(p.plan(&[0, 1, 2, 3]).draft_budget() <= 2);
 }
