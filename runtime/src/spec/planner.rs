@@ -503,6 +503,18 @@ impl Planner {
         (sa + SEQ_PRIOR * global) / (st + SEQ_PRIOR)
     }
 
+    /// `P(j)` for `j = 1..=depth`: the chance that sequence `slot` accepts
+    /// its first `j` draft tokens.
+    fn reach(&self, slot: usize, depth: usize) -> Vec<f64> {
+        let mut p = 1.0;
+        (0..depth)
+            .map(|j| {
+                p *= self.alpha(slot, j);
+                p
+            })
+            .collect()
+    }
+
     /// Predicted round time without a draft over `rows` rows: the row
     /// count's own average once it was measured twice (a kernel's cost is
     /// a step function of its rows: lavapipe's linears block rows by 1, 2,
@@ -689,15 +701,7 @@ impl Planner {
         // P_i(j) per sequence, j = 1..=max.
         let reach: Vec<Vec<f64>> = slots
             .iter()
-            .map(|&s| {
-                let mut p = 1.0;
-                (0..self.cfg.max_budget)
-                    .map(|j| {
-                        p *= self.alpha(s, j);
-                        p
-                    })
-                    .collect()
-            })
+            .map(|&s| self.reach(s, self.cfg.max_budget))
             .collect();
         let deepest = self
             .depth_cap
@@ -822,15 +826,7 @@ impl Planner {
         let reach: Vec<Vec<f64>> = slots
             .iter()
             .zip(depths)
-            .map(|(&s, &d)| {
-                let mut p = 1.0;
-                (0..d)
-                    .map(|j| {
-                        p *= self.alpha(s, j);
-                        p
-                    })
-                    .collect()
-            })
+            .map(|(&s, &d)| self.reach(s, d))
             .collect();
         let none_rate = b as f64 / (spent + v0);
         match self.best_prefix(&reach, depths, spent) {
