@@ -303,15 +303,14 @@ impl<R: Runtime> ParallelDrafter<R> {
                 }
             }
         }
+        // The usual case, a draft every round: one chunk gathered whole
+        // (no sequence reset since), run as it is.
+        let whole = chunks.len() == 1
+            && passes.len() == 1
+            && chunks[0].seqs.iter().map(|s| s.1.len()).sum::<usize>() == chunks[0].rows;
         for pass in passes.iter().filter(|p| !p.is_empty()) {
-            let whole = pass.iter().all(|(_, s)| s.0 == pass[0].1 .0)
-                && pass.iter().map(|(_, s)| s.2).sum::<usize>() == chunks[pass[0].1 .0].rows
-                && pass
-                    .iter()
-                    .zip(&chunks[pass[0].1 .0].seqs)
-                    .all(|((slot, s), c)| *slot == c.0 && s.1 == c.2);
             let inputs = if whole {
-                chunks[pass[0].1 .0].inputs.clone()
+                chunks[0].inputs.clone()
             } else {
                 self.merge(c, &chunks, pass)?
             };

@@ -130,7 +130,7 @@ impl PlannerConfig {
     /// sequence only, so a batch also measures a verify pass one or a few
     /// rows wider than no draft.
     pub fn warm_budgets(&self) -> Vec<usize> {
-        let mut v = vec![0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
+        let mut v = WARM_BASE.to_vec();
         // Twice each: a shape's first round compiles, its second measures.
         let tail = self.warm_tail();
         v.extend(&tail);
@@ -156,9 +156,13 @@ impl PlannerConfig {
     /// second one-token round, and the first round of the second pass over
     /// the larger budgets.
     pub fn warm_single(&self, r: usize) -> bool {
-        r == 4 || (r == 11 + self.warm_tail().len() && self.max_budget > 1)
+        r == 4 || (r == WARM_BASE.len() + self.warm_tail().len() && self.max_budget > 1)
     }
 }
+
+/// The warm-up's first rounds: no draft, then one token after one, two and
+/// five rounds without a draft.
+const WARM_BASE: [usize; 11] = [0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
 
 /// A planner's measured costs, as `draftc calibrate` stores them per
 /// device, model, dtype and drafter: seconds of a round without its drafter
