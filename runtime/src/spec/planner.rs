@@ -436,18 +436,20 @@ impl Planner {
         }
     }
 
-    /// Starts from stored costs (a cache file): they count as settled
-    /// averages that this run's measurements then move.
+    /// Starts from stored costs (a cache file). Each counts as one sample,
+    /// not a settled average: a stored value may itself be a single
+    /// sample that caught a compile, and this run's first samples of the
+    /// shape replace it when lower.
     pub fn seed_costs(&mut self, c: &Costs) {
-        let settled = |value: f64| Ema { value, count: 3 };
+        let sample = |value: f64| Ema { value, count: 1 };
         for &(n, t) in &c.verify {
             if n > 0 && t.is_finite() && t > 0.0 {
-                self.verify.insert(n, settled(t));
+                self.verify.insert(n, sample(t));
             }
         }
         for &(b, k, t) in &c.draft {
             if b > 0 && k > 0 && t.is_finite() && t >= 0.0 {
-                self.draft.insert((b, k), settled(t));
+                self.draft.insert((b, k), sample(t));
             }
         }
     }
