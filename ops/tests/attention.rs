@@ -56,32 +56,25 @@ fn check_as(
         1.0,
         dtype,
     );
-    let up = |data: &[f32], rows: usize, h: usize| {
-        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, dims.head_dim], dtype).unwrap()
-    };
-    let (qt, kt, vt) = (
-        up(&q, tq, dims.heads),
-        up(&k, tk, dims.kv_heads),
-        up(&v, tk, dims.kv_heads),
-    );
-    // Poison the output so that a kernel that never ran cannot pass.
-    let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
-    match layout {
-        None => attention(&client, &qt, &kt, &vt, dims, batch, mask, &out),
-        Some((planes, chunk)) => {
-            let shape = AttnPlaneShape {
-                plane: plane(),
-                planes,
-                chunk,
+    let got = match layout {
+        None => {
+            let up = |data: &[f32], rows: usize, h: usize| {
+                DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, dims.head_dim], dtype)
+                    .unwrap()
             };
-            AttnMeta::new(&client, batch, mask).and_then(|meta| {
-                let rows = 0..meta.total_q();
-                attention_planes(&client, &qt, &kt, &vt, dims, &meta, rows, &out, shape)
-            })
+            let (qt, kt, vt) = (
+                up(&q, tq, dims.heads),
+                up(&k, tk, dims.kv_heads),
+                up(&v, tk, dims.kv_heads),
+            );
+            // Poison the output so that a kernel that never ran cannot pass.
+            let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
+            attention(&client, &qt, &kt, &vt, dims, batch, mask, &out)
+                .and_then(|()| out.download_f32(&client))
         }
+        Some((planes, chunk)) => run_planes(dtype, dims, batch, mask, (&q, &k, &v), planes, chunk),
     }
     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let got = out.download_f32(&client).unwrap();
     let want = attention_ref(&q, &k, &v, dims, batch, mask);
     assert_close(
         &format!("{mask:?} {dims:?} {dtype} {layout:?}"),
@@ -89,6 +82,40 @@ fn check_as(
         &want,
         dtype,
     )
+}
+
+/// The GPU layout (`planes` planes a cube, splits of `chunk` keys) on
+/// `q, k, v` (f32 values, uploaded as `dtype`); the output as f32, poisoned
+/// beforehand so that a kernel that never ran cannot pass.
+fn run_planes(
+    dtype: DType,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    planes: u32,
+    chunk: u32,
+) -> draftc_ops::Result<Vec<f32>> {
+    let client = test_client();
+    let (tq, tk) = (batch.total_q(), batch.total_k());
+    let up = |data: &[f32], rows: usize, h: usize| {
+        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, dims.head_dim], dtype)
+    };
+    let (qt, kt, vt) = (
+        up(q, tq, dims.heads)?,
+        up(k, tk, dims.kv_heads)?,
+        up(v, tk, dims.kv_heads)?,
+    );
+    let out = up(&vec![f32::NAN; q.len()], tq, dims.heads)?;
+    let shape = AttnPlaneShape {
+        plane: plane(),
+        planes,
+        chunk,
+    };
+    let meta = AttnMeta::new(&client, batch, mask)?;
+    let rows = 0..meta.total_q();
+    attention_planes(&client, &qt, &kt, &vt, dims, &meta, rows, &out, shape)?;
+    out.download_f32(&client)
 }
 
 /// Dimensions the plane layout takes on the test device's planes (8 lanes
@@ -140,6 +167,81 @@ proptest! {
         if tail {
             let b = with_tail(batch_from_tree(&batch), seed);
             check_as(dtype, dims, &b, Mask::Causal, seed, Some(layout))?;
+        }
+    }
+}
+
+/// Each node of `tree` (one sequence) as the decode row that autoregressive
+/// decoding would run for it after committing its path: one sequence per
+/// node, the committed keys then the path's keys (root first), the node's
+/// query last (causal). Returns that batch and the rows of `tree`'s keys in
+/// its key order.
+fn paths_as_decode_rows(tree: &SeqBatch) -> (SeqBatch, Vec<usize>) {
+    let n = tree.parents.len();
+    let committed = tree.k_lens[0] - n;
+    let mut b = SeqBatch::default();
+    let mut key_rows = Vec::new();
+    for node in 0..n {
+        let mut path = vec![node];
+        while tree.parents[*path.last().unwrap()] != TREE_ROOT {
+            path.push(tree.parents[*path.last().unwrap()] as usize);
+        }
+        path.reverse();
+        let tk = committed + path.len();
+        key_rows.extend(0..committed);
+        key_rows.extend(path.iter().map(|&p| committed + p));
+        b.k_pos.extend(0..tk as u32);
+        b.q_pos.push(tk as u32 - 1);
+        b.q_lens.push(1);
+        b.k_lens.push(tk);
+    }
+    (b, key_rows)
+}
+
+proptest! {
+    #![proptest_config(config(12))]
+
+    /// Lossless speculation rests on this: the GPU layout gives a tree node's
+    /// row the same bits as the decode row autoregressive decoding runs at
+    /// that position over the same keys. The node's ancestors lie at gaps in
+    /// the tree's key rows (siblings between them); a plane must still take
+    /// the keys, and a split its keys, by their place on the path, as decode
+    /// does, or the sums round differently and a near tie in f16 logits
+    /// flips a greedy token (seen on an H100 at batch 16).
+    #[test]
+    fn plane_layout_tree_rows_equal_decode_rows_bit_for_bit(
+        dtype in float_dtype(), dims in plane_dims_strategy(),
+        committed in prop_oneof![Just(0usize), Just(37), 1..24usize],
+        nodes in prop_oneof![Just(12usize), 2..40usize],
+        seed in 0u64..1000,
+        planes in prop_oneof![Just(2u32), Just(4)],
+        chunk in prop_oneof![Just(3u32), Just(16), Just(256)],
+    ) {
+        let tree = tree_batch(committed, nodes, seed);
+        let (decode, key_rows) = paths_as_decode_rows(&tree);
+        let (hd, tk) = (dims.head_dim, tree.total_k());
+        let q = random_f32(seed, nodes * dims.heads * hd, -2.0, 2.0, dtype);
+        let k = random_f32(seed + 1, tk * dims.kv_heads * hd, -2.0, 2.0, dtype);
+        let v = random_f32(seed + 2, tk * dims.kv_heads * hd, -1.0, 1.0, dtype);
+        let gather = |x: &[f32]| -> Vec<f32> {
+            let w = dims.kv_heads * hd;
+            key_rows.iter().flat_map(|&r| x[r * w..(r + 1) * w].to_vec()).collect()
+        };
+        let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
+        let got = run_planes(dtype, dims, &tree, Mask::Tree, (&q, &k, &v), planes, chunk)
+            .map_err(fail)?;
+        let want = run_planes(
+            dtype, dims, &decode, Mask::Causal, (&q, &gather(&k), &gather(&v)), planes, chunk,
+        )
+        .map_err(fail)?;
+        let w = dims.heads * hd;
+        for node in 0..nodes {
+            let (a, b) = (&got[node * w..][..w], &want[node * w..][..w]);
+            prop_assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "node {node} (parents {:?}) differs from its decode row: {:?} vs {:?}",
+                tree.parents, &a[..4.min(w)], &b[..4.min(w)]
+            );
         }
     }
 }

@@ -275,6 +275,62 @@ fn plane_layout_smollm_shapes_and_chunks() {
     .unwrap();
 }
 
+/// Lossless speculation rests on this too: in the GPU layout a row's output
+/// has the same bits whether it runs alone (an autoregressive decode step)
+/// or among the rows of a verify pass (m up to 64, blocks of 16), for the
+/// RMS prologue and a SwiGLU or residual epilogue.
+#[test]
+fn plane_layout_rows_do_not_depend_on_their_batch() {
+    let client = test_client();
+    for (m, k, n, ksplit, dtype, swiglu) in [
+        (37usize, 576usize, 96usize, 1u32, DType::F16, true),
+        (64, 384, 40, 4, DType::F32, false),
+        (20, 200, 33, 2, DType::F16, false),
+    ] {
+        let x = random_f32(1, m * k, -1.0, 1.0, dtype);
+        let w = random_f32(2, n * k, -0.5, 0.5, dtype);
+        let u = random_f32(3, n * k, -0.5, 0.5, dtype);
+        let gamma = random_f32(4, k, 0.5, 1.5, dtype);
+        let res = random_f32(5, m * n, -1.0, 1.0, dtype);
+        let up = |v: &[f32], s: &[usize]| DeviceTensor::upload_f32(&client, v, s, dtype).unwrap();
+        let (wt, ut, gt) = (up(&w, &[n, k]), up(&u, &[n, k]), up(&gamma, &[k]));
+        let shape = PlaneShape {
+            plane: plane(),
+            planes: 4,
+            ksplit,
+            cols: 1,
+        };
+        let run = |rows: std::ops::Range<usize>| {
+            let r = rows.len();
+            let xt = up(&x[rows.start * k..rows.end * k], &[r, k]);
+            let rt = up(&res[rows.start * n..rows.end * n], &[r, n]);
+            let out = DeviceTensor::empty(&client, &[r, n], dtype);
+            let pro = Prologue::RmsNorm {
+                weight: &gt,
+                eps: 1e-5,
+            };
+            let epi = if swiglu {
+                Epilogue::SwiGlu { up: &ut }
+            } else {
+                Epilogue::Residual(&rt)
+            };
+            linear_planes(&client, &xt, &wt, pro, epi, &out, shape).unwrap();
+            out.download_f32(&client).unwrap()
+        };
+        let all = run(0..m);
+        for row in [0, 1, m / 2, m - 1] {
+            let alone = run(row..row + 1);
+            assert!(
+                all[row * n..(row + 1) * n]
+                    .iter()
+                    .zip(&alone)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "m={m} k={k} n={n} {dtype}: row {row} differs alone"
+            );
+        }
+    }
+}
+
 #[test]
 fn plane_layout_rejects_bad_shapes() {
     let client = test_client();

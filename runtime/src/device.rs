@@ -141,7 +141,7 @@ fn lavapipe_threads() -> u32 {
 
 /// `client`'s profile as a GPU with usable planes: runs the GPU kernel
 /// layouts on lavapipe (whose 8-lane planes work although cubecl does not
-/// advertise them), for tests and `--device-layout gpu`.
+/// advertise them), for tests.
 pub fn gpu_layout_profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfile {
     let mut p = profile(client);
     p.class = DeviceClass::Gpu;

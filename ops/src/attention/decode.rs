@@ -110,11 +110,47 @@ pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
         l[g as usize] = f32::new(0.0);
     }
 
-    let start = k_begin + split * chunk;
-    let stop = select(start + chunk < k_end, start + chunk, k_end);
+    // A key's index `i` (its place among the sequence's keys) chooses its
+    // split (`i / chunk`) and plane (`(i - split's first) % planes`), so
+    // a row's sums round the same way whatever the batch around it. Below
+    // `tree_base` that is its row: `k_begin + i`. A tree key takes the
+    // index its node would have once its path is committed (tail start +
+    // depth, depth = position - the first node's position), which is the
+    // row autoregressive decoding reads it from: a tree node's output then
+    // has the bits of the decode row at its position (lossless greedy
+    // speculation). Tree keys the formula cannot place keep their row.
+    let lo = split * chunk;
+    let start = k_begin + lo;
+    let flat_end = select(tree_base < k_end, tree_base, k_end);
+    let stop = select(start + chunk < flat_end, start + chunk, flat_end);
     let mut j = start + plane;
-    while j < stop && live {
-        if key_visible(j, qp, row, tree_base, k_pos, anc, words, p0, p1, mask, tree) {
+    let mut t = k_end;
+    if comptime!(tree) {
+        t = tree_base;
+    }
+    while (j < stop || t < k_end) && live {
+        let mut key = j;
+        let mut take = true;
+        if j < stop {
+            j += planes as u32;
+        } else {
+            key = t;
+            t += 1;
+            let root = k_pos[tree_base as usize];
+            let kp = k_pos[key as usize];
+            let path_index = (tree_base - k_begin) + (kp - root);
+            let mut i = key - k_begin;
+            if kp >= root && path_index < k_end - k_begin {
+                i = path_index;
+            }
+            take = i >= lo && i < lo + chunk && (i - lo) % (planes as u32) == plane;
+        }
+        if take
+            && key_visible(
+                key, qp, row, tree_base, k_pos, anc, words, p0, p1, mask, tree,
+            )
+        {
+            let j = key;
             let k_base = (j * kv_heads + kvh) * hdv + d0;
             let mut kv = Array::<Vector<f32, N>>::new(pv);
             let mut vv = Array::<Vector<f32, N>>::new(pv);
@@ -150,7 +186,6 @@ pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
                 }
             }
         }
-        j += planes as u32;
     }
 
     // Merge the planes: per (plane, head) a slot of `2 + hd_cap_v` vectors,
