@@ -372,6 +372,7 @@ pub fn generate_with_policy<R: Runtime>(
         }
     }
     let mut drafted_last = false;
+    let trace_rounds = std::env::var("DRAFTC_PLAN_DEBUG").is_ok_and(|v| v == "rounds");
     while !active.is_empty() {
         round += 1;
         let counts0 = draftc_ops::counters::snapshot();
@@ -561,7 +562,21 @@ pub fn generate_with_policy<R: Runtime>(
                 p.observe_seq(i, tree.levels(), nodes.len());
             }
             let emitted = accepted.iter().map(|(n, _)| n.len() + 1).sum();
-            p.observe_round(batch, emitted, td.elapsed().as_secs_f64(), !skip);
+            let round_s = td.elapsed().as_secs_f64();
+            p.observe_round(batch, emitted, round_s, !skip);
+            if trace_rounds {
+                // DRAFTC_PLAN_DEBUG=rounds: one line a round, times in ms.
+                eprintln!(
+                    "plan round {round}: seqs {batch} budget {budget} rows {rows} emitted {emitted} \
+                     draft {:.3} pass+accept {:.3} commit+observe {:.3} round {:.3} \
+                     V(seqs) {:?} off {drafter_off}",
+                    draft_s * 1e3,
+                    verify_s * 1e3,
+                    (tv.elapsed().as_secs_f64() - verify_s) * 1e3,
+                    round_s * 1e3,
+                    p.verify_time(batch).map(|v| (v * 1e6).round() / 1e3),
+                );
+            }
         }
         active = still;
         stats.rounds += 1;
