@@ -331,7 +331,10 @@ pub fn generate_with_policy<R: Runtime>(
         .collect();
     // A planner that switched the drafter off at this batch size keeps it
     // off: the drafter does not even read the prompts.
-    let mut drafter_off = matches!(&*policy, DraftPolicy::Planned(p) if p.is_off(b));
+    let mut drafter_off = match &mut *policy {
+        DraftPolicy::Planned(p) => p.start_run(b),
+        DraftPolicy::Fixed(_) => false,
+    };
     if drafter_off {
         stats.drafter_off_at = Some(0);
     }

@@ -309,6 +309,11 @@ pub struct Planner {
     depth_cap: Option<usize>,
     /// The last reality check fell short.
     short_window: bool,
+    /// Rounds planned since the drafter was switched off.
+    off_rounds: usize,
+    /// Rounds off after which a run at that batch size tries the drafter
+    /// again ([`Planner::start_run`]); doubles with every retry.
+    retry_after: usize,
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -328,6 +333,16 @@ const REALITY_MARGIN: f64 = 0.97;
 const FREE_DRAFT: f64 = 0.01;
 /// Planned rounds without a paying draft after which the drafter is off.
 pub const OFF_AFTER: usize = 4;
+/// Rounds the drafter stays off before a run at that batch size tries it
+/// again (then twice as many after each retry): the rounds that switched it
+/// off may have been one hard prompt's.
+pub const RETRY_OFF: usize = 64;
+/// Samples after which a row count's own average is trusted over the line
+/// through the others (a shape's first passes may all include compiles).
+const SETTLED: usize = 3;
+/// An unsettled row count costing more than this multiple of the settled
+/// line is planned at the line's cost, so that it is measured again.
+const SUSPECT: f64 = 1.25;
 /// The most a probe may lose, as a share of the time since the last draft.
 const PROBE_SHARE: f64 = 0.02;
 /// Cost samples are clipped to this multiple of their average.
@@ -358,6 +373,8 @@ impl Planner {
             window: (0.0, 0.0, 0),
             depth_cap: None,
             short_window: false,
+            off_rounds: 0,
+            retry_after: RETRY_OFF,
         })
     }
 
@@ -380,6 +397,21 @@ impl Planner {
     /// that starts off does not feed the drafter its prompts either).
     pub fn is_off(&self, seqs: usize) -> bool {
         self.cfg.mode == PlanMode::Auto && self.off_at == Some(seqs)
+    }
+
+    /// Whether a run of `seqs` sequences starts with the drafter off:
+    /// [`Planner::is_off`], unless it has been off for [`RETRY_OFF`]
+    /// rounds (doubling with each retry), when this run tries it again.
+    pub fn start_run(&mut self, seqs: usize) -> bool {
+        if self.is_off(seqs) && self.off_rounds >= self.retry_after {
+            self.off_at = None;
+            self.off_rounds = 0;
+            self.retry_after *= 2;
+            self.losing = 0;
+            self.window = (0.0, 0.0, 0);
+            self.short_window = false;
+        }
+        self.is_off(seqs)
     }
 
     pub fn config(&self) -> &PlannerConfig {
@@ -527,6 +559,16 @@ impl Planner {
     /// 4 and 8, a GPU's by its tiles), else the line through the table.
     pub fn verify_time(&self, rows: usize) -> Option<f64> {
         if let Some(e) = self.verify.get(&rows).filter(|e| e.count >= 2) {
+            // Two samples that both caught compiles (a GPU compiles kernels
+            // per row count) would keep the row count unplanned, and so
+            // unmeasured, for good: until it settles, it costs at most what
+            // the settled row counts' line says, give or take.
+            if e.count < SETTLED {
+                let line = self.line(rows, |e| e.count >= SETTLED);
+                if let Some(l) = line.filter(|&l| e.value > SUSPECT * l) {
+                    return Some(l);
+                }
+            }
             return Some(e.value);
         }
         if self.verify.len() < 2 {
@@ -542,12 +584,17 @@ impl Planner {
             .filter(|e| e.count >= 2)
             .map(|e| e.value)
             .fold(0.0f64, f64::max);
+        self.line(rows, |e| {
+            e.count >= 2 || settled == 0.0 || e.value <= SPIKE * settled
+        })
+    }
+
+    /// The weighted least-squares line (weight = samples, capped at 8;
+    /// never sloping down) through the row counts `keep` accepts, at
+    /// `rows`; `None` when it keeps none.
+    fn line(&self, rows: usize, keep: impl Fn(&Ema) -> bool) -> Option<f64> {
         let (mut sw, mut sx, mut sy, mut sxx, mut sxy) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        for (&n, e) in self
-            .verify
-            .iter()
-            .filter(|(_, e)| e.count >= 2 || settled == 0.0 || e.value <= SPIKE * settled)
-        {
+        for (&n, e) in self.verify.iter().filter(|(_, e)| keep(e)) {
             let w = e.count.min(8) as f64;
             let x = n as f64;
             sw += w;
@@ -555,6 +602,9 @@ impl Planner {
             sy += w * e.value;
             sxx += w * x * x;
             sxy += w * x * e.value;
+        }
+        if sw == 0.0 {
+            return None;
         }
         let var = sxx * sw - sx * sx;
         let slope = if var > 1e-12 {
@@ -639,14 +689,21 @@ impl Planner {
             }
             PlanMode::Auto => {
                 let plan = self.plan_auto(slots);
-                if plan.predicted.is_some() && !plan.drafter_off {
-                    let drafts = plan.draft_budget() > 0;
-                    let pays = plan.predicted.is_some_and(|(t, s)| {
-                        self.verify_time(b).is_some_and(|v0| t / s > b as f64 / v0)
-                    });
-                    self.losing = if drafts && pays { 0 } else { self.losing + 1 };
+                if plan.drafter_off {
+                    self.off_rounds += 1;
+                } else if plan.predicted.is_some() {
+                    // A round counts against the drafter when a draft would
+                    // not pay even at the batch's average acceptance: a
+                    // sequence in a hard stretch gets no draft, but does not
+                    // switch the drafter off for the others.
+                    self.losing = if self.pays_on_average(b) {
+                        0
+                    } else {
+                        self.losing + 1
+                    };
                     if self.losing >= OFF_AFTER && !self.free_drafter(b) {
                         self.off_at = Some(b);
+                        self.off_rounds = 0;
                     }
                 }
                 plan
@@ -703,28 +760,13 @@ impl Planner {
             return fixed(self.cfg.max_budget, None, false);
         };
         let none = (b as f64, v0);
-        let mut best_draft: Option<(f64, Vec<usize>, (f64, f64))> = None;
         // P_i(j) per sequence, j = 1..=max.
         let reach: Vec<Vec<f64>> = slots
             .iter()
             .map(|&s| self.reach(s, self.cfg.max_budget))
             .collect();
-        let deepest = self
-            .depth_cap
-            .map_or(self.cfg.max_budget, |c| c.min(self.cfg.max_budget));
-        for d in 1..=deepest {
-            let Some(dt) = self.draft_time(b, d) else {
-                continue;
-            };
-            let depths = vec![d; b];
-            if let Some((rate, budgets, pred)) = self.best_prefix(&reach, &depths, dt) {
-                if best_draft.as_ref().is_none_or(|x| rate > x.0) {
-                    best_draft = Some((rate, budgets, pred));
-                }
-            }
-        }
         let none_rate = none.0 / none.1;
-        match best_draft {
+        match self.best_draft(&reach) {
             Some((rate, budgets, pred)) if rate > none_rate => RoundPlan {
                 budgets,
                 predicted: Some(pred),
@@ -746,6 +788,42 @@ impl Planner {
             }
             _ => fixed(0, Some(none), false),
         }
+    }
+
+    /// The best draft for sequences with acceptance `reach` (`P_i(j)`):
+    /// over every call budget the drafter goes to, the best prefix of
+    /// draft tokens (rate, budgets, predicted tokens and seconds).
+    #[allow(clippy::type_complexity)]
+    fn best_draft(&self, reach: &[Vec<f64>]) -> Option<(f64, Vec<usize>, (f64, f64))> {
+        let b = reach.len();
+        let deepest = self
+            .depth_cap
+            .map_or(self.cfg.max_budget, |c| c.min(self.cfg.max_budget));
+        let mut best: Option<(f64, Vec<usize>, (f64, f64))> = None;
+        for d in 1..=deepest {
+            let Some(dt) = self.draft_time(b, d) else {
+                continue;
+            };
+            if let Some(x) = self.best_prefix(reach, &vec![d; b], dt) {
+                if best.as_ref().is_none_or(|y| x.0 > y.0) {
+                    best = Some(x);
+                }
+            }
+        }
+        best
+    }
+
+    /// Whether a draft pays for `seqs` sequences at the global acceptance
+    /// estimates (no sequence's own): the drafter's worth at this batch
+    /// size, whatever one sequence is going through.
+    fn pays_on_average(&self, seqs: usize) -> bool {
+        let Some(v0) = self.verify_time(seqs) else {
+            return true;
+        };
+        // usize::MAX is no sequence's slot: its estimate is the global one.
+        let reach = vec![self.reach(usize::MAX, self.cfg.max_budget); seqs];
+        self.best_draft(&reach)
+            .is_some_and(|(rate, ..)| rate > seqs as f64 / v0)
     }
 
     /// The planner's tables and estimates, for `DRAFTC_PLAN_DEBUG=1`.

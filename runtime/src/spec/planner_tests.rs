@@ -415,3 +415,104 @@ fn drafts_are_planned_no_deeper_than_the_drafter_goes() {
     p.observe_depth(1, 1);
     assert!(p.plan(&[0, 1, 2, 3]).draft_budget() <= 2);
 }
+
+/// Batch 1 on a GPU (the H100 traces of docs/bench/cuda-h100/2026-11-26):
+/// a round costs about the same at 1 to 4 rows, a drafter call a quarter
+/// of it.
+fn gpu_b1_planner() -> Planner {
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    for (n, t) in [(1, 3.0e-3), (2, 3.0e-3), (3, 3.1e-3), (4, 3.2e-3)] {
+        for _ in 0..4 {
+            p.observe_verify(n, t);
+        }
+    }
+    for (k, t) in [(1, 0.7e-3), (2, 1.1e-3), (3, 1.2e-3)] {
+        for _ in 0..4 {
+            p.observe_draft(1, k, t, true);
+        }
+    }
+    p.rounds = 4;
+    p
+}
+
+#[test]
+fn a_hard_stretch_on_one_sequence_does_not_switch_the_drafter_off() {
+    let mut p = gpu_b1_planner();
+    // Earlier sequences accepted half their first tokens: drafting pays on
+    // average (break-even is about 0.23).
+    for i in 0..40 {
+        p.observe_seq(9, 1, i % 2);
+    }
+    // This one rejects everything for a while.
+    let mut skipped = 0;
+    for _ in 0..30 {
+        let plan = p.plan(&[0]);
+        let k = plan.draft_budget();
+        skipped += usize::from(k == 0);
+        p.observe_seq(0, k, 0);
+        assert!(!plan.drafter_off, "switched off by one sequence's stretch");
+    }
+    assert!(
+        skipped > 10,
+        "the hard sequence kept its drafts ({skipped} skipped)"
+    );
+    assert!(!p.is_off(1));
+    // A new sequence in another slot drafts again.
+    assert!(p.plan(&[1]).draft_budget() > 0);
+}
+
+#[test]
+fn an_off_drafter_is_tried_again_after_enough_rounds() {
+    let mut p = gpu_b1_planner();
+    // Nothing is ever accepted: the drafter goes off.
+    for _ in 0..40 {
+        let k = p.plan(&[0]).draft_budget();
+        p.observe_seq(0, k, 0);
+    }
+    assert!(p.is_off(1));
+    assert!(p.start_run(1), "tried again too soon");
+    for _ in 0..RETRY_OFF {
+        assert!(p.plan(&[0]).drafter_off);
+    }
+    assert!(!p.start_run(1), "never tried again");
+    assert!(!p.is_off(1));
+    // Still nothing accepted: off again, and the next retry waits twice as long.
+    for _ in 0..40 {
+        let k = p.plan(&[0]).draft_budget();
+        p.observe_seq(0, k, 0);
+    }
+    assert!(p.is_off(1));
+    for _ in 0..RETRY_OFF {
+        p.plan(&[0]);
+    }
+    assert!(p.start_run(1));
+    for _ in 0..RETRY_OFF {
+        p.plan(&[0]);
+    }
+    assert!(!p.start_run(1));
+}
+
+#[test]
+fn an_unsettled_row_count_that_caught_compiles_is_planned_again() {
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    for (n, t, count) in [
+        (1, 3.1e-3, 10),
+        (2, 3.0e-3, 10),
+        (3, 3.6e-3, 9),
+        (4, 5.25e-3, 2),
+    ] {
+        for _ in 0..count {
+            p.observe_verify(n, t);
+        }
+    }
+    let v4 = p.verify_time(4).unwrap();
+    assert!(v4 < 4.2e-3, "two compile-inflated samples kept: {v4}");
+    // Measured again at its real cost, the row count takes it.
+    p.observe_verify(4, 3.1e-3);
+    assert!((p.verify_time(4).unwrap() - 3.1e-3).abs() < 1e-6);
+    // A settled row count keeps its own average, however far off the line.
+    for _ in 0..3 {
+        p.observe_verify(6, 9.0e-3);
+    }
+    assert!((p.verify_time(6).unwrap() - 9.0e-3).abs() < 1e-6);
+}
