@@ -314,6 +314,10 @@ pub struct Planner {
     /// Rounds off after which a run at that batch size tries the drafter
     /// again ([`Planner::start_run`]); doubles with every retry.
     retry_after: usize,
+    /// The drafter went off although it would not pay even if every draft
+    /// token were accepted: its costs, not its acceptance, lose, and it is
+    /// not tried again.
+    hopeless: bool,
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -337,6 +341,9 @@ pub const OFF_AFTER: usize = 4;
 /// again (then twice as many after each retry): the rounds that switched it
 /// off may have been one hard prompt's.
 pub const RETRY_OFF: usize = 64;
+/// A drafter switched off is tried again only if, with half the rejections
+/// it saw, a draft would be this much faster than none.
+const RETRY_GAIN: f64 = 1.1;
 /// Samples after which a row count's own average is trusted over the line
 /// through the others (a shape's first passes may all include compiles).
 const SETTLED: usize = 3;
@@ -375,6 +382,7 @@ impl Planner {
             short_window: false,
             off_rounds: 0,
             retry_after: RETRY_OFF,
+            hopeless: false,
         })
     }
 
@@ -399,11 +407,34 @@ impl Planner {
         self.cfg.mode == PlanMode::Auto && self.off_at == Some(seqs)
     }
 
+    /// Switches the drafter off at `seqs` sequences; hopeless when even
+    /// with half the rejections it now sees a draft would not gain
+    /// [`RETRY_GAIN`]: then its costs lose, not a hard stretch of text, and
+    /// a retry would only pay its own rounds again.
+    fn switch_off(&mut self, seqs: usize) {
+        self.off_at = Some(seqs);
+        self.off_rounds = 0;
+        self.hopeless = self.verify_time(seqs).is_some_and(|v0| {
+            let mut p = 1.0;
+            let hopeful: Vec<f64> = (0..self.cfg.max_budget)
+                .map(|j| {
+                    p *= 1.0 - (1.0 - self.alpha(usize::MAX, j)) / 2.0;
+                    p
+                })
+                .collect();
+            !self
+                .best_draft(&vec![hopeful; seqs])
+                .is_some_and(|(rate, ..)| rate > RETRY_GAIN * seqs as f64 / v0)
+        });
+    }
+
     /// Whether a run of `seqs` sequences starts with the drafter off:
     /// [`Planner::is_off`], unless it has been off for [`RETRY_OFF`]
-    /// rounds (doubling with each retry), when this run tries it again.
+    /// rounds (doubling with each retry), when this run tries it again;
+    /// never for a hopeless drafter (MagicDec on a 135M target: it
+    /// accepts almost everything, and its draft steps still cost too much).
     pub fn start_run(&mut self, seqs: usize) -> bool {
-        if self.is_off(seqs) && self.off_rounds >= self.retry_after {
+        if self.is_off(seqs) && !self.hopeless && self.off_rounds >= self.retry_after {
             self.off_at = None;
             self.off_rounds = 0;
             self.retry_after *= 2;
@@ -619,6 +650,24 @@ impl Planner {
     /// Predicted drafter call time for `seqs` sequences at `budget`.
     pub fn draft_time(&self, seqs: usize, budget: usize) -> Option<f64> {
         if let Some(e) = self.draft.get(&(seqs, budget)) {
+            // An unsettled call costing more than a settled call for at
+            // least as many sequences at least as deep is a compile or a
+            // catch-up caught in its few samples: planned at that call's
+            // cost until it settles (else it is never planned, so never
+            // measured again: two sequences left at the end of a batch on
+            // lavapipe kept a 41.6 ms catch-up as their one-token cost, 9 ms
+            // settled at four sequences).
+            if e.count < SETTLED {
+                let bound = self
+                    .draft
+                    .iter()
+                    .filter(|(&(b, k), o)| b >= seqs && k >= budget && o.count >= SETTLED)
+                    .map(|(_, o)| o.value)
+                    .fold(f64::INFINITY, f64::min);
+                if e.value > SUSPECT * bound {
+                    return Some(bound);
+                }
+            }
             return Some(e.value);
         }
         // The same batch at other budgets: nearest, scaled by the slope.
@@ -702,8 +751,7 @@ impl Planner {
                         self.losing + 1
                     };
                     if self.losing >= OFF_AFTER && !self.free_drafter(b) {
-                        self.off_at = Some(b);
-                        self.off_rounds = 0;
+                        self.switch_off(b);
                     }
                 }
                 plan
@@ -942,7 +990,7 @@ impl Planner {
                 // shared host as often as not).
                 let short = t / s < REALITY_MARGIN * seqs as f64 / v0;
                 if short && self.short_window && !self.free_drafter(seqs) {
-                    self.off_at = Some(seqs);
+                    self.switch_off(seqs);
                 }
                 self.short_window = short;
             }

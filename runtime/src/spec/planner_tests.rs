@@ -122,6 +122,11 @@ fn auto_stops_drafting_where_drafts_cost() {
     assert!(p.is_off(1));
     assert!(!p.is_off(2));
     assert!(p.plan(&[0]).drafter_off);
+    // Even all-accepted drafts lose here: it is never tried again.
+    for _ in 0..4 * RETRY_OFF {
+        p.plan(&[0]);
+    }
+    assert!(p.start_run(1), "a hopeless drafter was tried again");
 }
 
 #[test]
@@ -515,4 +520,22 @@ fn an_unsettled_row_count_that_caught_compiles_is_planned_again() {
         p.observe_verify(6, 9.0e-3);
     }
     assert!((p.verify_time(6).unwrap() - 9.0e-3).abs() < 1e-6);
+}
+
+#[test]
+fn an_unsettled_drafter_cost_above_a_settled_larger_call_is_planned_again() {
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    for _ in 0..3 {
+        p.observe_draft(4, 1, 9.0e-3, true);
+        p.observe_draft(4, 3, 23.0e-3, true);
+    }
+    // Two sequences left; their one call caught the drafter catching up.
+    p.observe_draft(2, 1, 41.6e-3, true);
+    assert!((p.draft_time(2, 1).unwrap() - 9.0e-3).abs() < 1e-9);
+    // Measured again, its own cost.
+    p.observe_draft(2, 1, 7.0e-3, true);
+    assert!((p.draft_time(2, 1).unwrap() - 7.0e-3).abs() < 1e-9);
+    // Nothing settled to compare with: its own samples.
+    p.observe_draft(8, 3, 50.0e-3, true);
+    assert!((p.draft_time(8, 3).unwrap() - 50.0e-3).abs() < 1e-9);
 }
