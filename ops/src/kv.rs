@@ -267,7 +267,7 @@ pub fn compact_rows<R: Runtime>(
     cache: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "kv_compact";
-    let (layers, slots, width) = dims3(OP, "cache", cache)?;
+    let (_, slots, _) = dims3(OP, "cache", cache)?;
     let m = src_slots.len();
     if dst_start + m > slots {
         return Err(OpsError::InvalidArgument {
@@ -276,6 +276,29 @@ pub fn compact_rows<R: Runtime>(
                 "destination {dst_start}..{} exceeds the cache's {slots} slots",
                 dst_start + m
             ),
+        });
+    }
+    let dst: Vec<u32> = (dst_start as u32..(dst_start + m) as u32).collect();
+    move_rows(client, src_slots, &dst, cache)
+}
+
+/// Moves rows `src_slots[i]` of `cache` to `dst_slots[i]` (distinct), for
+/// every layer, correct for any overlap between sources and destinations:
+/// compaction of several sequences' accepted paths in one gather and one
+/// scatter.
+pub fn move_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    src_slots: &[u32],
+    dst_slots: &[u32],
+    cache: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "kv_compact";
+    let (layers, _, width) = dims3(OP, "cache", cache)?;
+    let m = src_slots.len();
+    if dst_slots.len() != m {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("{m} source slots for {} destinations", dst_slots.len()),
         });
     }
     if m == 0 {
@@ -288,9 +311,8 @@ pub fn compact_rows<R: Runtime>(
     };
     let temp = DeviceTensor::<R>::empty(client, &shape, cache.dtype());
     let identity: Vec<u32> = (0..m as u32).collect();
-    let dst: Vec<u32> = (dst_start as u32..(dst_start + m) as u32).collect();
     launch_copy(client, OP, cache, src_slots, &temp, &identity)?;
-    launch_copy(client, OP, &temp, &identity, cache, &dst)
+    launch_copy(client, OP, &temp, &identity, cache, dst_slots)
 }
 
 /// Compacts both caches (see [`compact_rows`]).
@@ -320,6 +342,27 @@ pub mod reference {
             for (i, &s) in slots.iter().enumerate() {
                 let d = (l * slots_per_layer + s as usize) * width;
                 cache[d..d + width].copy_from_slice(&new[(l * n + i) * width..][..width]);
+            }
+        }
+    }
+
+    /// Sequential-semantics moves: all sources are read before any
+    /// destination is written.
+    pub fn move_rows(
+        cache: &mut [f32],
+        slots_per_layer: usize,
+        width: usize,
+        src: &[u32],
+        dst: &[u32],
+    ) {
+        for l in 0..cache.len() / (slots_per_layer * width).max(1) {
+            let rows: Vec<Vec<f32>> = src
+                .iter()
+                .map(|&s| cache[(l * slots_per_layer + s as usize) * width..][..width].to_vec())
+                .collect();
+            for (&d, row) in dst.iter().zip(&rows) {
+                let d = (l * slots_per_layer + d as usize) * width;
+                cache[d..d + width].copy_from_slice(row);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! KV append and compaction on the wgpu runtime against the sequential
 //! reference, including compaction whose sources overlap its destinations.
 
-use draftc_ops::kv::{append_rows, compact_rows, kv_append, kv_compact, reference};
+use draftc_ops::kv::{append_rows, compact_rows, kv_append, kv_compact, move_rows, reference};
 use draftc_ops::testing::{config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -55,6 +55,28 @@ proptest! {
         let ct = upload(&cache, &[layers, slots, width], dtype);
         compact_rows(&test_client(), &path, committed, &ct).unwrap();
         reference::compact(&mut cache, slots, width, &path, committed);
+        prop_assert_eq!(ct.download_f32(&test_client()).unwrap(), cache);
+    }
+}
+
+proptest! {
+    #![proptest_config(config(24))]
+
+    /// Several sequences' accepted paths compacted in one call: sources and
+    /// destinations anywhere in the cache, overlapping.
+    #[test]
+    fn moves_of_several_paths_match_reference(
+        dtype in float_dtype(), layers in 1usize..3, slots in 2usize..90,
+        width in prop_oneof![Just(3usize), Just(64), 1..40usize], seed in 0u64..1000,
+        frac in 0.0f64..1.0,
+    ) {
+        let m = ((slots as f64 * frac) as usize).max(1).min(slots);
+        let src = distinct_slots(m, slots, seed);
+        let dst = distinct_slots(m, slots, seed ^ 77);
+        let mut cache = random_f32(seed, layers * slots * width, -1.0, 1.0, dtype);
+        let ct = upload(&cache, &[layers, slots, width], dtype);
+        move_rows(&test_client(), &src, &dst, &ct).unwrap();
+        reference::move_rows(&mut cache, slots, width, &src, &dst);
         prop_assert_eq!(ct.download_f32(&test_client()).unwrap(), cache);
     }
 }

@@ -445,6 +445,57 @@ fn gpu_layouts_bit_for_bit(dtype: PlanDType) {
     }
 }
 
+/// Caches sized as `draftc generate` sizes them (the longest prompt plus
+/// `--max-tokens` plus one) for a run shorter than the warm-up's cycle:
+/// the warm-up stays inside them (it once asked for 30-odd tokens
+/// whatever the run's length, and a long prompt filled the cache).
+#[test]
+fn warm_up_fits_caches_sized_for_a_short_run() {
+    let max = 4;
+    let reqs = prompts(3);
+    let capacity = reqs.iter().map(|r| r.prompt.len()).max().unwrap() + max + 1;
+    let cfg = tiny_config();
+    let g = compile("llama", &cfg);
+    let tws = draftc_codegen::TargetWeights::new(&cfg, &g.meta.exports);
+    let w = weights_seeded(&weight_specs(&g, &tws).unwrap(), 7);
+    let mut t = TargetModel::from_parts(
+        &wgpu_client(),
+        g,
+        cfg,
+        w.clone(),
+        3,
+        capacity,
+        PlanDType::F32,
+    )
+    .unwrap();
+    let mut d = drafter(&t, &w, "beagle", Some("chain"), PlanDType::F32);
+    let mut policy = DraftPolicy::auto(3).unwrap();
+    warm_up(&mut t, d.as_mut(), &reqs, &Sampling::GREEDY, &mut policy)
+        .unwrap_or_else(|e| panic!("warm-up: {e}"));
+    let want = draftc_runtime::engine::generate(
+        &mut t,
+        &reqs,
+        max,
+        &Sampling::GREEDY,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap()
+    .tokens;
+    let got = generate_with_policy(
+        &mut t,
+        d.as_mut(),
+        &reqs,
+        max,
+        &Sampling::GREEDY,
+        &mut policy,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(got.tokens, want);
+}
+
 /// Proposes garbage: out-of-vocabulary ids and random trees.
 struct Faulty(u64);
 

@@ -55,9 +55,29 @@ struct Stream {
 
 /// Committed target states not yet appended to the drafter's caches.
 struct Pending<R: Runtime> {
-    /// Per stream, device chunks `[rows, d]`.
-    parts: Vec<Vec<DeviceTensor<R>>>,
+    /// Per stream, the rows in the order they were committed.
+    parts: Vec<Vec<Part<R>>>,
     positions: Vec<u32>,
+}
+
+/// Rows `rows` of `tensor` (`[_, d]`) that feed a memory stream. Parts
+/// with the same `source` are rows of one tensor: a pass's memory input
+/// gathers each source once, for every sequence at once (one launch and
+/// two index uploads a source instead of a sequence; issue 31).
+struct Part<R: Runtime> {
+    source: u64,
+    tensor: DeviceTensor<R>,
+    rows: Vec<u32>,
+}
+
+impl<R: Runtime> Clone for Part<R> {
+    fn clone(&self) -> Self {
+        Part {
+            source: self.source,
+            tensor: self.tensor.clone(),
+            rows: self.rows.clone(),
+        }
+    }
 }
 
 impl<R: Runtime> Pending<R> {
@@ -78,6 +98,8 @@ type QueriedRows = (usize, Vec<Option<usize>>, Vec<u32>);
 struct Predicted<R: Runtime> {
     /// Per stream, `[rows, d]` (the pass's `append` outputs).
     rows: Vec<DeviceTensor<R>>,
+    /// Their [`Part::source`].
+    source: u64,
     /// Per sequence index: first row, the nodes queried, their positions.
     seqs: HashMap<usize, QueriedRows>,
 }
@@ -98,6 +120,8 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     pending: Vec<Pending<R>>,
     /// `--confidence`: the builders' cut (see [`Confidence`]).
     confidence: Option<Confidence>,
+    /// The last [`Part::source`] handed out.
+    sources: u64,
 }
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
@@ -187,29 +211,48 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             in_cache: vec![0; slots],
             pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
             confidence: None,
+            sources: 0,
             streams,
             final_norm,
         })
     }
 
-    /// Packs `parts` (`[rows_i, d]` each) into one `[Σ rows_i, d]` tensor.
+    /// Packs the rows of `parts` into one `[Σ rows, d]` tensor, in order:
+    /// one gather per source (destinations need not be contiguous), and no
+    /// copy at all when the parts are one tensor's rows in order.
     fn pack(
         client: &ComputeClient<R>,
-        parts: &[(DeviceTensor<R>, Vec<u32>)],
+        parts: &[Part<R>],
         d: usize,
         dtype: DType,
     ) -> Result<DeviceTensor<R>, EngineError> {
-        let total: usize = parts.iter().map(|p| p.1.len()).sum();
-        let out = DeviceTensor::<R>::empty(client, &[total, d], dtype);
+        // (source, tensor, source rows, destination rows)
+        type Group<'a, R> = (u64, &'a DeviceTensor<R>, Vec<u32>, Vec<u32>);
+        let mut groups: Vec<Group<'_, R>> = Vec::new();
         let mut at = 0u32;
-        for (src, rows) in parts {
-            if rows.is_empty() {
-                continue;
+        for p in parts.iter().filter(|p| !p.rows.is_empty()) {
+            let g = match groups.iter().position(|g| g.0 == p.source) {
+                Some(g) => g,
+                None => {
+                    groups.push((p.source, &p.tensor, Vec::new(), Vec::new()));
+                    groups.len() - 1
+                }
+            };
+            let n = p.rows.len() as u32;
+            groups[g].2.extend_from_slice(&p.rows);
+            groups[g].3.extend(at..at + n);
+            at += n;
+        }
+        if let [(_, t, src, _)] = groups.as_slice() {
+            let n = t.numel() / d.max(1);
+            if src.len() == n && src.iter().enumerate().all(|(i, &r)| r as usize == i) {
+                return Ok(t.reshape(&[n, d])?);
             }
-            let dst: Vec<u32> = (at..at + rows.len() as u32).collect();
-            let src = src.reshape(&[src.numel() / d, d])?;
-            draftc_ops::kv::gather_rows(client, &src, rows, &out, &dst)?;
-            at += rows.len() as u32;
+        }
+        let out = DeviceTensor::<R>::empty(client, &[at as usize, d], dtype);
+        for (_, t, src, dst) in &groups {
+            let t = t.reshape(&[t.numel() / d, d])?;
+            draftc_ops::kv::gather_rows(client, &t, src, &out, dst)?;
         }
         Ok(out)
     }
@@ -239,26 +282,44 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         out: &Outputs<R>,
         committed: &[Committed],
     ) -> Result<(), EngineError> {
-        for x in committed.iter().filter(|x| !x.rows.is_empty()) {
-            let p = &mut self.pending[x.slot];
-            for (i, s) in self.streams.iter().enumerate() {
-                let src = out.get(&format!("hidden[{}]", s.tap))?;
-                let d = *src.shape().last().unwrap_or(&1);
-                let src = src.reshape(&[src.numel() / d, d])?;
-                let dst = DeviceTensor::<R>::empty(c, &[x.rows.len(), d], src.dtype());
-                let to: Vec<u32> = (0..x.rows.len() as u32).collect();
-                draftc_ops::kv::gather_rows(c, &src, &x.rows, &dst, &to)?;
-                let dst = match (&self.final_norm, s.normed) {
-                    (Some((w, eps)), true) => {
-                        let normed = DeviceTensor::<R>::empty(c, dst.shape(), dst.dtype());
-                        draftc_ops::rms_norm::rms_norm(c, &dst, w, *eps, &normed)?;
-                        normed
-                    }
-                    _ => dst,
-                };
-                p.parts[i].push(dst);
+        // Every sequence's committed rows at once: one gather (and norm)
+        // per stream, each sequence keeping its rows of the result.
+        let live: Vec<&Committed> = committed.iter().filter(|x| !x.rows.is_empty()).collect();
+        if live.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<u32> = live.iter().flat_map(|x| x.rows.iter().copied()).collect();
+        let to: Vec<u32> = (0..rows.len() as u32).collect();
+        for (i, s) in self.streams.iter().enumerate() {
+            let src = out.get(&format!("hidden[{}]", s.tap))?;
+            let d = *src.shape().last().unwrap_or(&1);
+            let src = src.reshape(&[src.numel() / d, d])?;
+            let dst = DeviceTensor::<R>::empty(c, &[rows.len(), d], src.dtype());
+            draftc_ops::kv::gather_rows(c, &src, &rows, &dst, &to)?;
+            let dst = match (&self.final_norm, s.normed) {
+                (Some((w, eps)), true) => {
+                    let normed = DeviceTensor::<R>::empty(c, dst.shape(), dst.dtype());
+                    draftc_ops::rms_norm::rms_norm(c, &dst, w, *eps, &normed)?;
+                    normed
+                }
+                _ => dst,
+            };
+            self.sources += 1;
+            let mut at = 0u32;
+            for x in &live {
+                let n = x.rows.len() as u32;
+                self.pending[x.slot].parts[i].push(Part {
+                    source: self.sources,
+                    tensor: dst.clone(),
+                    rows: (at..at + n).collect(),
+                });
+                at += n;
             }
-            p.positions.extend_from_slice(&x.positions);
+        }
+        for x in &live {
+            self.pending[x.slot]
+                .positions
+                .extend_from_slice(&x.positions);
         }
         Ok(())
     }
@@ -296,8 +357,7 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             let first_level = predicted.is_none();
             let mut step = Step::default();
             let mut ids = Vec::new();
-            let mut mem_parts: Vec<Vec<(DeviceTensor<R>, Vec<u32>)>> =
-                vec![Vec::new(); self.streams.len()];
+            let mut mem_parts: Vec<Vec<Part<R>>> = vec![Vec::new(); self.streams.len()];
             let mut mem_lens = Vec::new();
             let mut mem_pos = Vec::new();
             let mut queried = HashMap::new();
@@ -309,10 +369,9 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 let (count, positions) = if first_level {
                     let p = &self.pending[s.slot];
                     for (k, parts) in p.parts.iter().enumerate() {
-                        for t in parts {
-                            width = *t.shape().last().unwrap_or(&1);
-                            let rows: Vec<u32> = (0..t.shape()[0] as u32).collect();
-                            mem_parts[k].push((t.clone(), rows));
+                        for part in parts {
+                            width = *part.tensor.shape().last().unwrap_or(&1);
+                            mem_parts[k].push(part.clone());
                         }
                     }
                     (p.positions.len(), p.positions.clone())
@@ -324,7 +383,11 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                     let rows: Vec<u32> = (first as u32..(first + nodes.len()) as u32).collect();
                     for (k, t) in pred.rows.iter().enumerate() {
                         width = *t.shape().last().unwrap_or(&1);
-                        mem_parts[k].push((t.clone(), rows.clone()));
+                        mem_parts[k].push(Part {
+                            source: pred.source,
+                            tensor: t.clone(),
+                            rows: rows.clone(),
+                        });
                     }
                     for (j, node) in nodes.iter().enumerate() {
                         state_of[i].insert(*node, tail[i] + j);
@@ -422,7 +485,9 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 v.map_candidates(&mut cands);
             }
             let mut row = 0;
+            self.sources += 1;
             let mut next = Predicted {
+                source: self.sources,
                 rows: self
                     .streams
                     .iter()

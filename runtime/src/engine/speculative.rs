@@ -248,7 +248,12 @@ pub fn warm_up<R: Runtime>(
         mode: PlanMode::Cycle,
         ..PlannerConfig::auto(policy.max_budget().max(1))
     };
-    let tokens: usize = cfg.warm_budgets().iter().map(|k| k + 1).sum::<usize>() + 1;
+    // No more tokens than the caches hold after the longest prompt (the
+    // run's own --max-tokens sized them): a short run's warm-up visits
+    // fewer shapes instead of failing with a full cache.
+    let longest = requests.iter().map(|r| r.prompt.len()).max().unwrap_or(0);
+    let room = target.caches.capacity().saturating_sub(longest);
+    let tokens: usize = (cfg.warm_budgets().iter().map(|k| k + 1).sum::<usize>() + 1).min(room);
     let mut cycle = DraftPolicy::Planned(Box::new(
         Planner::new(cfg).map_err(|e| EngineError::Invalid(e.to_string()))?,
     ));
@@ -506,6 +511,7 @@ pub fn generate_with_policy<R: Runtime>(
         drafter.verified(verify_s, trees.iter().map(DraftTree::len).sum(), &per_seq);
         // 4. Commit.
         let mut committed = Vec::new();
+        let mut paths = Vec::new();
         let mut still = Vec::new();
         let mut base = 0u32;
         for (((&i, s), (nodes, bonus)), tree) in
@@ -513,7 +519,7 @@ pub fn generate_with_policy<R: Runtime>(
         {
             let committed_len = seqs[i].len() - 1;
             let keep: Vec<usize> = std::iter::once(0).chain(nodes.iter().copied()).collect();
-            target.caches.compact(i, committed_len, &keep)?;
+            paths.push((i, committed_len, keep.clone()));
             committed.push(Committed {
                 slot: i,
                 rows: keep.iter().map(|&k| base + k as u32).collect(),
@@ -552,6 +558,9 @@ pub fn generate_with_policy<R: Runtime>(
                 still.push(i);
             }
         }
+        // Every sequence's accepted path in one gather and one scatter per
+        // cache half.
+        target.caches.compact_all(&paths)?;
         if !drafter_off {
             drafter.observe(&client, &o, &committed)?;
         }

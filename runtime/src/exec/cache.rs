@@ -164,27 +164,39 @@ impl<R: Runtime> CacheStore<R> {
         committed: usize,
         keep: &[usize],
     ) -> Result<(), ExecError> {
-        let base = slot * self.capacity;
-        let src: Vec<u32> = keep
-            .iter()
-            .map(|&k| (base + committed + k) as u32)
-            .collect();
-        let identity = keep.iter().enumerate().all(|(i, &k)| i == k);
+        self.compact_all(&[(slot, committed, keep.to_vec())])
+    }
+
+    /// [`CacheStore::compact`] for several slots `(slot, committed, keep)`
+    /// (distinct) at once: the rows that move in every slot go in one
+    /// gather and one scatter per cache half, not two launches a slot
+    /// (issue 31: a round's commit at batch 16).
+    pub fn compact_all(&mut self, paths: &[(usize, usize, Vec<usize>)]) -> Result<(), ExecError> {
         for (name, rows) in self.rows.iter_mut() {
-            let pos = &mut rows.pos[slot];
-            if pos.len() < committed + keep.iter().max().map_or(0, |m| m + 1) {
-                continue;
+            let (mut src, mut dst) = (Vec::new(), Vec::new());
+            for (slot, committed, keep) in paths {
+                let pos = &mut rows.pos[*slot];
+                if pos.len() < committed + keep.iter().max().map_or(0, |m| m + 1) {
+                    continue;
+                }
+                let base = slot * self.capacity + committed;
+                for (i, &k) in keep.iter().enumerate() {
+                    if i != k {
+                        src.push((base + k) as u32);
+                        dst.push((base + i) as u32);
+                    }
+                }
+                let kept: Vec<u32> = keep.iter().map(|&k| pos[committed + k]).collect();
+                pos.truncate(*committed);
+                pos.extend(kept);
             }
-            if !identity {
+            if !src.is_empty() {
                 for half in ["k", "v"] {
                     if let Some(t) = self.halves.get(&format!("{name}.{half}")) {
-                        draftc_ops::kv::compact_rows(&self.client, &src, base + committed, t)?;
+                        draftc_ops::kv::move_rows(&self.client, &src, &dst, t)?;
                     }
                 }
             }
-            let kept: Vec<u32> = keep.iter().map(|&k| pos[committed + k]).collect();
-            pos.truncate(committed);
-            pos.extend(kept);
         }
         Ok(())
     }
