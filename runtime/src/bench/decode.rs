@@ -102,7 +102,8 @@ pub fn run_decode<R: Runtime>(
         ));
     }
     progress.message("measuring memory bandwidth (host and device) …");
-    let roofline: Roofline = draftc_ops::probe::roofline(client)?;
+    let gpu = crate::device::profile(client).class == draftc_codegen::DeviceClass::Gpu;
+    let roofline: Roofline = draftc_ops::probe::roofline(client, gpu)?;
     let max_b = *cfg.batches.iter().max().unwrap_or(&1);
     let mut prompts = Vec::with_capacity(max_b);
     for i in 0..max_b {
