@@ -7,12 +7,14 @@
 //! | [`builder`] | [`TreeBuilder`]: every tree shape built level by level, so a drafter expands a whole level (of every sequence) in one pass | 002, 003 |
 //! | [`prompt_lookup`] | n-gram drafting from the token history (`--drafter prompt-lookup`) | 003 (PLD baseline) |
 //! | [`budget`] | hardware-aware draft length from measured verify/draft times and acceptance | 003 §3.1 |
+//! | `plan_config` | the planner's settings ([`PlannerConfig`], [`PlanMode`], the warm-up's cycle) and its stored cost tables (`planner::Costs`) | |
 //! | [`planner`] | `--speculate auto`: each round's draft budget per sequence, down to none, from costs measured on the device and acceptance per depth estimated online | 004 §2, SpecDec++, SmartSpec |
 //!
 //! The throughput multiplier of paper 004 lives in [`crate::perf_model`].
 
 pub mod budget;
 pub mod builder;
+mod plan_config;
 pub mod planner;
 pub mod prompt_lookup;
 pub mod tree;
