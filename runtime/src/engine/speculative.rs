@@ -398,6 +398,9 @@ pub fn generate_with_policy<R: Runtime>(
         let budgets = match policy {
             DraftPolicy::Fixed(k) => vec![*k; active.len()],
             DraftPolicy::Planned(p) => {
+                let ctx = active.iter().map(|&i| seqs[i].len()).sum::<usize>() as f64
+                    / active.len() as f64;
+                p.set_context(ctx);
                 let plan = p.plan(&active);
                 if plan.drafter_off && !drafter_off {
                     // Off from now on: drop what the drafter holds.

@@ -84,6 +84,9 @@ impl RoundPlan {
 struct Ema {
     value: f64,
     count: usize,
+    /// The context (keys a verified row attends to, on average) the value
+    /// was measured at: the same average over its samples.
+    ctx: f64,
 }
 
 impl Ema {
@@ -91,8 +94,13 @@ impl Ema {
     /// inside the round, a preempted host) counts as `SPIKE` times it: a
     /// real change of cost still moves the average within a few rounds.
     /// The first samples keep their least (a shape's first run may
-    /// include its compilation).
-    fn update(&mut self, x: f64, w: f64) {
+    /// include its compilation). `ctx`: the sample's context.
+    fn update_at(&mut self, x: f64, w: f64, ctx: f64) {
+        if self.count == 0 || (self.count < 3 && x < self.value) || self.ctx.is_nan() {
+            self.ctx = ctx;
+        } else if self.count >= 3 {
+            self.ctx += w * (ctx - self.ctx);
+        }
         self.value = if self.count == 0 {
             x
         } else if self.count < 3 {
@@ -102,6 +110,11 @@ impl Ema {
             self.value + w * (x - self.value)
         };
         self.count += 1;
+    }
+
+    fn update(&mut self, x: f64, w: f64) {
+        let ctx = self.ctx;
+        self.update_at(x, w, ctx);
     }
 
     /// Only lowers the average (a sample that may carry unrelated work).
@@ -187,6 +200,11 @@ pub struct Planner {
     /// token were accepted: its costs, not its acceptance, lose, and it is
     /// not tried again.
     hopeless: bool,
+    /// This round's mean context ([`Planner::set_context`]).
+    ctx: f64,
+    /// Decayed sums (x², x·y) of the attention fit: x = rows · context
+    /// change, y = time change, per sample against its row count's means.
+    attn: (f64, f64),
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -210,6 +228,11 @@ pub const OFF_AFTER: usize = 4;
 /// again (then twice as many after each retry): the rounds that switched it
 /// off may have been one hard prompt's.
 pub const RETRY_OFF: usize = 64;
+/// Decay per sample of the attention fit's sums.
+const ATTN_KEEP: f64 = 0.99;
+/// The attention fit's `Σ x²` (rows · keys, squared) below which the
+/// context has not varied enough to fit a cost per key.
+const ATTN_MIN_VARIATION: f64 = 100.0;
 /// A drafter switched off is tried again only if, with half the rejections
 /// it saw, a draft would be this much faster than none.
 const RETRY_GAIN: f64 = 1.1;
@@ -252,6 +275,8 @@ impl Planner {
             off_rounds: 0,
             retry_after: RETRY_OFF,
             hopeless: false,
+            ctx: 0.0,
+            attn: (0.0, 0.0),
         })
     }
 
@@ -373,7 +398,12 @@ impl Planner {
     /// sample that caught a compile, and this run's first samples of the
     /// shape replace it when lower.
     pub fn seed_costs(&mut self, c: &Costs) {
-        let sample = |value: f64| Ema { value, count: 1 };
+        // Measured at a context the file does not say: taken as this run's.
+        let sample = |value: f64| Ema {
+            value,
+            count: 1,
+            ctx: f64::NAN,
+        };
         for &(n, t) in &c.verify {
             if n > 0 && t.is_finite() && t > 0.0 {
                 self.verify.insert(n, sample(t));
@@ -398,11 +428,43 @@ impl Planner {
 
     /// The rest of a round (target pass over `rows` rows, acceptance,
     /// commit, the drafter's observation) took `seconds`.
+    /// The context is the one [`Planner::set_context`] gave last.
     pub fn observe_verify(&mut self, rows: usize, seconds: f64) {
         if rows > 0 && seconds.is_finite() && seconds >= 0.0 {
             let w = self.cfg.smoothing;
-            self.verify.entry(rows).or_default().update(seconds, w);
+            let ctx = self.ctx;
+            let e = self.verify.entry(rows).or_default();
+            if e.count >= SETTLED && e.ctx.is_finite() {
+                // How far this sample's time and context are from the row
+                // count's averages: their co-movement is the attention term.
+                let x = rows as f64 * (ctx - e.ctx);
+                let y = (seconds - e.value).clamp(-e.value, e.value);
+                self.attn = (
+                    ATTN_KEEP * self.attn.0 + x * x,
+                    ATTN_KEEP * self.attn.1 + x * y,
+                );
+            }
+            e.update_at(seconds, w, ctx);
         }
+    }
+
+    /// The mean context of the sequences this round (committed tokens each
+    /// verified row attends to): costs measured at another context are
+    /// moved along the attention term ([`Planner::attention_cost`]).
+    pub fn set_context(&mut self, ctx: f64) {
+        if ctx.is_finite() && ctx >= 0.0 {
+            self.ctx = ctx;
+        }
+    }
+
+    /// Seconds a verified row costs per key it attends to, fitted from how
+    /// each row count's time moved with the context (0 until the context
+    /// has varied enough to tell).
+    pub fn attention_cost(&self) -> f64 {
+        if self.attn.0 < ATTN_MIN_VARIATION {
+            return 0.0;
+        }
+        (self.attn.1 / self.attn.0).max(0.0)
     }
 
     /// Sequence `slot` verified a tree `levels` deep and accepted `accepted`
@@ -458,6 +520,33 @@ impl Planner {
     /// a step function of its rows: lavapipe's linears block rows by 1, 2,
     /// 4 and 8, a GPU's by its tiles), else the line through the table.
     pub fn verify_time(&self, rows: usize) -> Option<f64> {
+        let (base, at) = self.verify_time_measured(rows)?;
+        // Moved to this round's context along the attention term (never
+        // below half the measured time).
+        if !at.is_finite() {
+            return Some(base);
+        }
+        let moved = base + self.attention_cost() * rows as f64 * (self.ctx - at);
+        Some(moved.max(0.5 * base))
+    }
+
+    /// [`Planner::verify_time`] as measured, and the context it was
+    /// measured at.
+    fn verify_time_measured(&self, rows: usize) -> Option<(f64, f64)> {
+        let mean_ctx = || {
+            let (w, c) = self
+                .verify
+                .values()
+                .filter(|e| e.ctx.is_finite())
+                .fold((0.0, 0.0), |(w, c), e| {
+                    (w + e.count as f64, c + e.count as f64 * e.ctx)
+                });
+            if w > 0.0 {
+                c / w
+            } else {
+                self.ctx
+            }
+        };
         if let Some(e) = self.verify.get(&rows).filter(|e| e.count >= 2) {
             // Two samples that both caught compiles (a GPU compiles kernels
             // per row count) would keep the row count unplanned, and so
@@ -466,13 +555,13 @@ impl Planner {
             if e.count < SETTLED {
                 let line = self.line(rows, |e| e.count >= SETTLED);
                 if let Some(l) = line.filter(|&l| e.value > SUSPECT * l) {
-                    return Some(l);
+                    return Some((l, mean_ctx()));
                 }
             }
-            return Some(e.value);
+            return Some((e.value, e.ctx));
         }
         if self.verify.len() < 2 {
-            return self.verify.get(&rows).map(|e| e.value);
+            return self.verify.get(&rows).map(|e| (e.value, e.ctx));
         }
         // Weighted least squares over the keys (weight = samples, capped);
         // a row count seen once at more than twice the slowest row count
@@ -487,6 +576,7 @@ impl Planner {
         self.line(rows, |e| {
             e.count >= 2 || settled == 0.0 || e.value <= SPIKE * settled
         })
+        .map(|l| (l, mean_ctx()))
     }
 
     /// The weighted least-squares line (weight = samples, capped at 8;
@@ -759,10 +849,12 @@ impl Planner {
             .map(|j| format!("{:.2}", self.alpha(usize::MAX, j)))
             .collect();
         format!(
-            "planner: verify rows [{}], draft [{}], global acceptance by depth [{}], predicted speedup {:?} at {seqs} sequences",
+            "planner: verify rows [{}], draft [{}], global acceptance by depth [{}], attention {:.3} µs a row per key at context {:.0}, predicted speedup {:?} at {seqs} sequences",
             v.join(" "),
             d.join(" "),
             a.join(" "),
+            self.attention_cost() * 1e6,
+            self.ctx,
             self.predicted_speedup(seqs)
         )
     }

@@ -539,3 +539,32 @@ fn an_unsettled_drafter_cost_above_a_settled_larger_call_is_planned_again() {
     p.observe_draft(8, 3, 50.0e-3, true);
     assert!((p.draft_time(8, 3).unwrap() - 50.0e-3).abs() < 1e-9);
 }
+
+#[test]
+fn context_enters_through_the_attention_term() {
+    // A round over `rows` rows at context `ctx` (keys each row attends to).
+    let truth = |rows: usize, ctx: f64| 0.05 + 0.002 * rows as f64 + 2e-5 * rows as f64 * ctx;
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    // The warm-up measured every row count at a short context…
+    p.set_context(100.0);
+    for n in 1..=4 {
+        for _ in 0..4 {
+            p.observe_verify(n, truth(n, 100.0));
+        }
+    }
+    assert_eq!(p.attention_cost(), 0.0, "no context change seen yet");
+    // …then the run decoded one row a round as its context grew.
+    for c in (100..=1000).step_by(10) {
+        p.set_context(c as f64);
+        p.observe_verify(1, truth(1, c as f64));
+    }
+    let a = p.attention_cost();
+    assert!((a - 2e-5).abs() < 0.2e-5, "attention cost {a}");
+    // Four rows, last measured at context 100, now cost what they cost at 1000.
+    let (v4, want) = (p.verify_time(4).unwrap(), truth(4, 1000.0));
+    assert!((v4 - want).abs() < 0.05 * want, "{v4} against {want}");
+    assert!(
+        truth(4, 100.0) < 0.5 * want,
+        "the test must tell the two apart"
+    );
+}
