@@ -87,6 +87,9 @@ struct Ema {
     /// The context (keys a verified row attends to, on average) the value
     /// was measured at: the same average over its samples.
     ctx: f64,
+    /// The value and context when it settled: the attention fit measures
+    /// later samples' time and context against them.
+    settled_at: Option<(f64, f64)>,
 }
 
 impl Ema {
@@ -202,9 +205,10 @@ pub struct Planner {
     hopeless: bool,
     /// This round's mean context ([`Planner::set_context`]).
     ctx: f64,
-    /// Decayed sums (x², x·y) of the attention fit: x = rows · context
-    /// change, y = time change, per sample against its row count's means.
-    attn: (f64, f64),
+    /// Decayed sums (x², x·y, samples) of the attention fit: x = rows ·
+    /// context change, y = time change, per sample against its row count's
+    /// value and context when it settled.
+    attn: (f64, f64, f64),
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -230,9 +234,12 @@ pub const OFF_AFTER: usize = 4;
 pub const RETRY_OFF: usize = 64;
 /// Decay per sample of the attention fit's sums.
 const ATTN_KEEP: f64 = 0.99;
-/// The attention fit's `Σ x²` (rows · keys, squared) below which the
-/// context has not varied enough to fit a cost per key.
-const ATTN_MIN_VARIATION: f64 = 100.0;
+/// The attention fit's `Σ x²` (rows · keys, squared) and sample count
+/// below which the context has not varied enough to fit a cost per key: a
+/// few tens of samples some hundreds of keys past where their row count
+/// settled (a 64-token run does not get there, and needs no correction).
+const ATTN_MIN_VARIATION: f64 = 2.5e5;
+const ATTN_MIN_SAMPLES: f64 = 16.0;
 /// A drafter switched off is tried again only if, with half the rejections
 /// it saw, a draft would be this much faster than none.
 const RETRY_GAIN: f64 = 1.1;
@@ -276,7 +283,7 @@ impl Planner {
             retry_after: RETRY_OFF,
             hopeless: false,
             ctx: 0.0,
-            attn: (0.0, 0.0),
+            attn: (0.0, 0.0, 0.0),
         })
     }
 
@@ -403,6 +410,7 @@ impl Planner {
             value,
             count: 1,
             ctx: f64::NAN,
+            settled_at: None,
         };
         for &(n, t) in &c.verify {
             if n > 0 && t.is_finite() && t > 0.0 {
@@ -434,17 +442,22 @@ impl Planner {
             let w = self.cfg.smoothing;
             let ctx = self.ctx;
             let e = self.verify.entry(rows).or_default();
-            if e.count >= SETTLED && e.ctx.is_finite() {
+            if let Some((v0, c0)) = e.settled_at {
                 // How far this sample's time and context are from the row
-                // count's averages: their co-movement is the attention term.
-                let x = rows as f64 * (ctx - e.ctx);
-                let y = (seconds - e.value).clamp(-e.value, e.value);
+                // count's when it settled: their co-movement over many
+                // samples is the attention term.
+                let x = rows as f64 * (ctx - c0);
+                let y = (seconds - v0).clamp(-v0, v0);
                 self.attn = (
                     ATTN_KEEP * self.attn.0 + x * x,
                     ATTN_KEEP * self.attn.1 + x * y,
+                    ATTN_KEEP * self.attn.2 + 1.0,
                 );
             }
             e.update_at(seconds, w, ctx);
+            if e.count == SETTLED && e.ctx.is_finite() {
+                e.settled_at = Some((e.value, e.ctx));
+            }
         }
     }
 
@@ -461,7 +474,7 @@ impl Planner {
     /// each row count's time moved with the context (0 until the context
     /// has varied enough to tell).
     pub fn attention_cost(&self) -> f64 {
-        if self.attn.0 < ATTN_MIN_VARIATION {
+        if self.attn.0 < ATTN_MIN_VARIATION || self.attn.2 < ATTN_MIN_SAMPLES {
             return 0.0;
         }
         (self.attn.1 / self.attn.0).max(0.0)

@@ -567,4 +567,21 @@ fn context_enters_through_the_attention_term() {
         truth(4, 100.0) < 0.5 * want,
         "the test must tell the two apart"
     );
+    // A short run on a noisy host (±5 %, 64 tokens) fits nothing: a slope
+    // from that little would move costs by more than it knows.
+    let mut q = Planner::new(PlannerConfig::auto(3)).unwrap();
+    let mut sim = Sim {
+        verify_a: 0.0,
+        verify_c: 0.0,
+        draft_a: 0.0,
+        draft_c: 0.0,
+        alpha: vec![],
+        rng: 9,
+    };
+    for c in 60..124 {
+        q.set_context(c as f64);
+        let noise = 1.0 + 0.1 * (sim.uniform() - 0.5);
+        q.observe_verify(1, truth(1, c as f64) * noise);
+    }
+    assert_eq!(q.attention_cost(), 0.0);
 }
