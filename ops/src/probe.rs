@@ -71,6 +71,28 @@ pub fn stream_sum_strided_kernel<F: Float + CubeElement, N: Size>(
     }
 }
 
+/// `(units, elements per unit)` of a probe launch: `x` float and not empty,
+/// `out` f32 `[units]`, `units` dividing `x`'s length.
+fn check_units<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    x: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<(usize, usize)> {
+    expect_float(client, op, "x", x)?;
+    expect_nonempty(op, "x", x)?;
+    expect_nonempty(op, "out", out)?;
+    expect_dtype(op, "out", out, DType::F32)?;
+    let (len, units) = (x.numel(), out.numel());
+    if !len.is_multiple_of(units) {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!("{units} units do not divide {len} elements"),
+        });
+    }
+    Ok((units, len / units))
+}
+
 /// `out[u] = Σ x[u·len/units .. (u+1)·len/units]` for `out` `[units]` (f32);
 /// `units` must divide `x.numel()`.
 pub fn stream_sum<R: Runtime>(
@@ -79,18 +101,7 @@ pub fn stream_sum<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "stream_sum";
-    expect_float(client, OP, "x", x)?;
-    expect_nonempty(OP, "x", x)?;
-    expect_nonempty(OP, "out", out)?;
-    expect_dtype(OP, "out", out, DType::F32)?;
-    let (len, units) = (x.numel(), out.numel());
-    if !len.is_multiple_of(units) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("{units} units do not divide {len} elements"),
-        });
-    }
-    let per = len / units;
+    let (units, per) = check_units(client, OP, x, out)?;
     let n = vector_width(client, per);
     let count = cube_count(OP, units.div_ceil(BLOCK))?;
     crate::dispatch_float!(x.dtype(), OP, F => {
@@ -117,18 +128,7 @@ pub fn stream_sum_strided<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<usize> {
     const OP: &str = "stream_sum_strided";
-    expect_float(client, OP, "x", x)?;
-    expect_nonempty(OP, "x", x)?;
-    expect_nonempty(OP, "out", out)?;
-    expect_dtype(OP, "out", out, DType::F32)?;
-    let (len, units) = (x.numel(), out.numel());
-    if !len.is_multiple_of(units) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("{units} units do not divide {len} elements"),
-        });
-    }
-    let per = len / units;
+    let (units, per) = check_units(client, OP, x, out)?;
     let n = vector_width(client, per);
     let count = cube_count(OP, units.div_ceil(BLOCK))?;
     crate::dispatch_float!(x.dtype(), OP, F => {
