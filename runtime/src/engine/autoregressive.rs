@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use cubecl::prelude::*;
 
-use super::select::{select_tokens, Sampling};
+use super::select::{select_tokens, select_tokens_into, Sampling, SelectOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{SeqStep, Step};
 
@@ -108,6 +108,7 @@ pub fn generate<R: Runtime>(
         }
     }
     let mut step_no = 1u32;
+    let mut selected = SelectOut::default();
     while !active.is_empty() {
         let pass_start = Instant::now();
         let host0 = target.exec.host_time();
@@ -125,7 +126,13 @@ pub fn generate<R: Runtime>(
             .collect();
         let o = target.forward(&step, &ids)?;
         stats.target_passes += 1;
-        let next = select_tokens(target.client(), o.get("logits")?, sampling, step_no)?;
+        let next = select_tokens_into(
+            target.client(),
+            o.get("logits")?,
+            sampling,
+            step_no,
+            &mut selected,
+        )?;
         step_no += 1;
         stats.decode_pass_s.push(pass_start.elapsed().as_secs_f64());
         stats

@@ -5,6 +5,7 @@
 //! `(seed, row, step)` (`draftc_ops::sampling`).
 
 use cubecl::prelude::*;
+use cubecl::server::Handle;
 use draftc_ops::sampling::SamplingParams;
 use draftc_ops::{DType, DeviceTensor};
 
@@ -59,10 +60,46 @@ pub fn select_tokens<R: Runtime>(
     sampling: &Sampling,
     step: u32,
 ) -> Result<Vec<u32>, EngineError> {
+    select_tokens_into(client, logits, sampling, step, &mut SelectOut::default())
+}
+
+/// The selection's output buffer, kept by a decoding loop across its steps
+/// so that a steady-state step allocates none for it (issue 31).
+#[derive(Default)]
+pub struct SelectOut(Option<Handle>);
+
+impl SelectOut {
+    /// A `[rows]` u32 tensor over the kept buffer when it is large enough
+    /// and nothing else holds it, else over a new one that is kept.
+    fn take<R: Runtime>(&mut self, client: &ComputeClient<R>, rows: usize) -> DeviceTensor<R> {
+        let bytes = (rows.max(1) * DType::U32.size()) as u64;
+        if let Some(h) = self
+            .0
+            .as_ref()
+            .filter(|h| h.can_mut() && h.size_in_used() >= bytes)
+        {
+            if let Ok(t) = DeviceTensor::from_handle(h.clone(), &[rows], DType::U32) {
+                return t;
+            }
+        }
+        let t = DeviceTensor::<R>::empty(client, &[rows], DType::U32);
+        self.0 = Some(t.handle.clone());
+        t
+    }
+}
+
+/// [`select_tokens`] writing into `out`'s kept buffer.
+pub fn select_tokens_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    sampling: &Sampling,
+    step: u32,
+    out: &mut SelectOut,
+) -> Result<Vec<u32>, EngineError> {
     let vocab = *logits.shape().last().unwrap_or(&1);
     let rows = logits.numel() / vocab.max(1);
     let logits = logits.reshape(&[rows, vocab])?;
-    let out = DeviceTensor::<R>::empty(client, &[rows], DType::U32);
+    let out = out.take(client, rows);
     if sampling.is_greedy() {
         draftc_ops::argmax_topk::argmax(client, &logits, &out)?;
     } else {

@@ -22,7 +22,7 @@ use draftc_ops::tree::{accept_tree, AcceptMode};
 use draftc_ops::DeviceTensor;
 
 use super::drafters::{Committed, Drafter, SeqView};
-use super::select::{select_tokens, Sampling};
+use super::select::{select_tokens, select_tokens_into, Sampling, SelectOut};
 use super::target::{EngineError, TargetModel};
 use super::Request;
 use crate::exec::{SeqStep, Step};
@@ -381,6 +381,7 @@ pub fn generate_with_policy<R: Runtime>(
     }
     let mut drafted_last = false;
     let trace_rounds = std::env::var("DRAFTC_PLAN_DEBUG").is_ok_and(|v| v == "rounds");
+    let mut selected = SelectOut::default();
     while !active.is_empty() {
         round += 1;
         let counts0 = draftc_ops::counters::snapshot();
@@ -503,7 +504,15 @@ pub fn generate_with_policy<R: Runtime>(
         stats.target_passes += 1;
         let logits = o.get("logits")?;
         // 3. Accept.
-        let accepted = accept(&client, logits, &step, &ids, &trees, sampling, round, vocab)?;
+        let accepted = accept(
+            &client,
+            logits,
+            (&step, &ids, &trees),
+            sampling,
+            round,
+            vocab,
+            &mut selected,
+        )?;
         let verify_s = tv.elapsed().as_secs_f64();
         stats.verify_s += verify_s;
         let per_seq: Vec<(usize, usize)> = trees
@@ -658,20 +667,18 @@ fn pick_first<R: Runtime>(
 
 /// Per sequence of `step`: accepted node indices (verify-tree numbering,
 /// root = 0 excluded) and the bonus token.
-#[allow(clippy::too_many_arguments)]
 fn accept<R: Runtime>(
     client: &ComputeClient<R>,
     logits: &DeviceTensor<R>,
-    step: &Step,
-    ids: &[u32],
-    trees: &[DraftTree],
+    (step, ids, trees): (&Step, &[u32], &[DraftTree]),
     sampling: &Sampling,
     round: u32,
     vocab: usize,
+    selected: &mut SelectOut,
 ) -> Result<Vec<(Vec<usize>, u32)>, EngineError> {
     let mut res = Vec::with_capacity(trees.len());
     if sampling.is_greedy() {
-        let argmax = select_tokens(client, logits, &Sampling::GREEDY, 0)?;
+        let argmax = select_tokens_into(client, logits, &Sampling::GREEDY, 0, selected)?;
         let mut at = 0;
         for (s, tree) in step.seqs.iter().zip(trees) {
             let n = s.positions.len();
