@@ -376,15 +376,7 @@ pub mod reference {
         src: &[u32],
         dst_start: usize,
     ) {
-        for l in 0..cache.len() / (slots_per_layer * width).max(1) {
-            let rows: Vec<Vec<f32>> = src
-                .iter()
-                .map(|&s| cache[(l * slots_per_layer + s as usize) * width..][..width].to_vec())
-                .collect();
-            for (i, row) in rows.iter().enumerate() {
-                let d = (l * slots_per_layer + dst_start + i) * width;
-                cache[d..d + width].copy_from_slice(row);
-            }
-        }
+        let dst: Vec<u32> = (dst_start as u32..(dst_start + src.len()) as u32).collect();
+        move_rows(cache, slots_per_layer, width, src, &dst);
     }
 }

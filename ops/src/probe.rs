@@ -22,45 +22,29 @@ use crate::tensor::{DType, DeviceTensor};
 /// Units per cube.
 pub const BLOCK: usize = 64;
 
+/// Unit `u` sums `per_unit` vectors of `x` into `out[u]`: its contiguous
+/// chunk `[u·per_unit, (u+1)·per_unit)`, or with `strided` the vectors
+/// `u, u + units, …`, so the units of a plane read adjacent 16-byte
+/// vectors (coalesced, the GPU pattern; contiguous chunks give each lane
+/// its own stream, and an H100 read them at 374 GB/s).
 #[cube(launch_unchecked)]
 pub fn stream_sum_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
     out: &mut Array<f32>,
     units: usize,
     per_unit: usize,
-) {
-    let u = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
-    if u < units {
-        let base = u * per_unit;
-        let mut acc = Vector::<f32, N>::new(0.0);
-        for i in 0..per_unit {
-            acc += Vector::<f32, N>::cast_from(x[base + i]);
-        }
-        let mut s = 0f32;
-        #[unroll]
-        for i in 0..N::value() {
-            s += acc[i];
-        }
-        out[u] = s;
-    }
-}
-
-/// The GPU read pattern: unit `u` sums `x[u], x[u + units], …` (vectors),
-/// so the units of a plane read adjacent 16-byte vectors (coalesced); the
-/// contiguous chunks of [`stream_sum_kernel`] give each lane its own
-/// stream, which an H100 read at 374 GB/s against about 3 TB/s.
-#[cube(launch_unchecked)]
-pub fn stream_sum_strided_kernel<F: Float + CubeElement, N: Size>(
-    x: &Array<Vector<F, N>>,
-    out: &mut Array<f32>,
-    units: usize,
-    per_unit: usize,
+    #[comptime] strided: bool,
 ) {
     let u = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
     if u < units {
         let mut acc = Vector::<f32, N>::new(0.0);
         for i in 0..per_unit {
-            acc += Vector::<f32, N>::cast_from(x[i * units + u]);
+            let at = if comptime!(strided) {
+                i * units + u
+            } else {
+                u * per_unit + i
+            };
+            acc += Vector::<f32, N>::cast_from(x[at]);
         }
         let mut s = 0f32;
         #[unroll]
@@ -100,21 +84,7 @@ pub fn stream_sum<R: Runtime>(
     x: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    const OP: &str = "stream_sum";
-    let (units, per) = check_units(client, OP, x, out)?;
-    let n = vector_width(client, per);
-    let count = cube_count(OP, units.div_ceil(BLOCK))?;
-    crate::dispatch_float!(x.dtype(), OP, F => {
-        // SAFETY: `units · per` = len (checked above); unit u reads
-        // [u·per, (u+1)·per) and writes out[u] only for u < units.
-        unsafe {
-            stream_sum_kernel::launch_unchecked::<F, R>(
-                client, count, CubeDim::new_1d(BLOCK as u32), n,
-                x.array_arg(), out.array_arg(), units, per / n,
-            )
-        }
-    })?;
-    finish(client, OP)
+    launch_stream_sum(client, "stream_sum", x, out, false).map(|_| ())
 }
 
 /// `out[u] = Σ_i x[i·units·w + u·w .. i·units·w + (u+1)·w]` for `out`
@@ -127,21 +97,33 @@ pub fn stream_sum_strided<R: Runtime>(
     x: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<usize> {
-    const OP: &str = "stream_sum_strided";
-    let (units, per) = check_units(client, OP, x, out)?;
+    launch_stream_sum(client, "stream_sum_strided", x, out, true)
+}
+
+/// Either read pattern of [`stream_sum_kernel`]; returns the vector width.
+fn launch_stream_sum<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    x: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    strided: bool,
+) -> Result<usize> {
+    let (units, per) = check_units(client, op, x, out)?;
     let n = vector_width(client, per);
-    let count = cube_count(OP, units.div_ceil(BLOCK))?;
-    crate::dispatch_float!(x.dtype(), OP, F => {
-        // SAFETY: vector index i·units + u < (per/n)·units = len/n vectors
-        // for i < per/n and u < units; out[u] only for u < units.
+    let count = cube_count(op, units.div_ceil(BLOCK))?;
+    crate::dispatch_float!(x.dtype(), op, F => {
+        // SAFETY: `units · per` = len (checked above) and `n` divides
+        // `per`: unit u < units reads vectors u·per/n + i (contiguous) or
+        // i·units + u (strided) for i < per/n, all < len/n, and writes
+        // out[u] only.
         unsafe {
-            stream_sum_strided_kernel::launch_unchecked::<F, R>(
+            stream_sum_kernel::launch_unchecked::<F, R>(
                 client, count, CubeDim::new_1d(BLOCK as u32), n,
-                x.array_arg(), out.array_arg(), units, per / n,
+                x.array_arg(), out.array_arg(), units, per / n, strided,
             )
         }
     })?;
-    finish(client, OP)?;
+    finish(client, op)?;
     Ok(n)
 }
 

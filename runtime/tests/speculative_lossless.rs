@@ -454,20 +454,7 @@ fn warm_up_fits_caches_sized_for_a_short_run() {
     let max = 4;
     let reqs = prompts(3);
     let capacity = reqs.iter().map(|r| r.prompt.len()).max().unwrap() + max + 1;
-    let cfg = tiny_config();
-    let g = compile("llama", &cfg);
-    let tws = draftc_codegen::TargetWeights::new(&cfg, &g.meta.exports);
-    let w = weights_seeded(&weight_specs(&g, &tws).unwrap(), 7);
-    let mut t = TargetModel::from_parts(
-        &wgpu_client(),
-        g,
-        cfg,
-        w.clone(),
-        3,
-        capacity,
-        PlanDType::F32,
-    )
-    .unwrap();
+    let (mut t, w) = target_sized(3, PlanDType::F32, 7, capacity);
     let mut d = drafter(&t, &w, "beagle", Some("chain"), PlanDType::F32);
     let mut policy = DraftPolicy::auto(3).unwrap();
     warm_up(&mut t, d.as_mut(), &reqs, &Sampling::GREEDY, &mut policy)

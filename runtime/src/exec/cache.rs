@@ -7,7 +7,7 @@
 //! position of each row (masks are defined on positions).
 //!
 //! The engine edits caches between passes: [`CacheStore::truncate`] drops
-//! rejected rows, [`CacheStore::compact`] moves the accepted tree nodes
+//! rejected rows, [`CacheStore::compact_all`] moves the accepted tree nodes
 //! next to the committed prefix (ops `kv_compact`, safe for overlaps).
 
 use std::collections::BTreeMap;
@@ -155,21 +155,11 @@ impl<R: Runtime> CacheStore<R> {
         }
     }
 
-    /// In every cache of `slot`: rows `committed + keep[i]` move to
-    /// `committed + i`, and the slot's length becomes `committed + keep.len()`
-    /// (the accepted tree path; DESIGN.md §6 step 4).
-    pub fn compact(
-        &mut self,
-        slot: usize,
-        committed: usize,
-        keep: &[usize],
-    ) -> Result<(), ExecError> {
-        self.compact_all(&[(slot, committed, keep.to_vec())])
-    }
-
-    /// [`CacheStore::compact`] for several slots `(slot, committed, keep)`
-    /// (distinct) at once: the rows that move in every slot go in one
-    /// gather and one scatter per cache half, not two launches a slot
+    /// For every `(slot, committed, keep)` (slots distinct), in every cache
+    /// of the slot: rows `committed + keep[i]` move to `committed + i`, and
+    /// the slot's length becomes `committed + keep.len()` (the accepted tree
+    /// path; DESIGN.md §6 step 4). The rows that move in every slot go in
+    /// one gather and one scatter per cache half, not two launches a slot
     /// (issue 31: a round's commit at batch 16).
     pub fn compact_all(&mut self, paths: &[(usize, usize, Vec<usize>)]) -> Result<(), ExecError> {
         for (name, rows) in self.rows.iter_mut() {

@@ -315,18 +315,14 @@ impl Planner {
     fn switch_off(&mut self, seqs: usize) {
         self.off_at = Some(seqs);
         self.off_rounds = 0;
-        self.hopeless = self.verify_time(seqs).is_some_and(|v0| {
-            let mut p = 1.0;
-            let hopeful: Vec<f64> = (0..self.cfg.max_budget)
-                .map(|j| {
-                    p *= 1.0 - (1.0 - self.alpha(usize::MAX, j)) / 2.0;
-                    p
-                })
-                .collect();
-            !self
-                .best_draft(&vec![hopeful; seqs])
-                .is_some_and(|(rate, ..)| rate > RETRY_GAIN * seqs as f64 / v0)
-        });
+        let mut p = 1.0;
+        let hopeful: Vec<f64> = (0..self.cfg.max_budget)
+            .map(|j| {
+                p *= 1.0 - (1.0 - self.alpha(usize::MAX, j)) / 2.0;
+                p
+            })
+            .collect();
+        self.hopeless = self.beats_no_draft(&vec![hopeful; seqs], RETRY_GAIN) == Some(false);
     }
 
     /// Whether a run of `seqs` sequences starts with the drafter off:
@@ -837,13 +833,21 @@ impl Planner {
     /// estimates (no sequence's own): the drafter's worth at this batch
     /// size, whatever one sequence is going through.
     fn pays_on_average(&self, seqs: usize) -> bool {
-        let Some(v0) = self.verify_time(seqs) else {
-            return true;
-        };
         // usize::MAX is no sequence's slot: its estimate is the global one.
         let reach = vec![self.reach(usize::MAX, self.cfg.max_budget); seqs];
-        self.best_draft(&reach)
-            .is_some_and(|(rate, ..)| rate > seqs as f64 / v0)
+        self.beats_no_draft(&reach, 1.0).unwrap_or(true)
+    }
+
+    /// Whether the best draft for sequences with acceptance `reach` is
+    /// `factor` times faster than no draft (`None` while no-draft rounds
+    /// have no cost yet).
+    fn beats_no_draft(&self, reach: &[Vec<f64>], factor: f64) -> Option<bool> {
+        let seqs = reach.len() as f64;
+        let v0 = self.verify_time(reach.len())?;
+        Some(
+            self.best_draft(reach)
+                .is_some_and(|(rate, ..)| rate > factor * seqs / v0),
+        )
     }
 
     /// The planner's tables and estimates, for `DRAFTC_PLAN_DEBUG=1`.

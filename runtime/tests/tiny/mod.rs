@@ -119,11 +119,22 @@ pub fn target_seeded(
     dtype: PlanDType,
     seed: u64,
 ) -> (TargetModel<Wgpu>, HostWeights) {
+    target_sized(slots, dtype, seed, 96)
+}
+
+/// [`target_seeded`] with `capacity` rows per sequence.
+pub fn target_sized(
+    slots: usize,
+    dtype: PlanDType,
+    seed: u64,
+    capacity: usize,
+) -> (TargetModel<Wgpu>, HostWeights) {
     let cfg = tiny_config();
     let g = compile("llama", &cfg);
     let tw = TargetWeights::new(&cfg, &g.meta.exports);
     let w = weights_seeded(&weight_specs(&g, &tw).unwrap(), seed);
-    let t = TargetModel::from_parts(&wgpu_client(), g, cfg, w.clone(), slots, 96, dtype).unwrap();
+    let t =
+        TargetModel::from_parts(&wgpu_client(), g, cfg, w.clone(), slots, capacity, dtype).unwrap();
     (t, w)
 }
 
