@@ -75,6 +75,11 @@ pub enum Kernel {
         prologue: Prologue,
         epilogue: Epilogue,
         into_cache: bool,
+        /// Weight matrices stacked along the output into one `[n, k]`
+        /// weight (the q, k and v projections of a self-attention: 3;
+        /// otherwise 1). The launch lists them in order; the executor
+        /// binds their concatenation.
+        parts: i64,
         /// The kernel layout for the plan's device (`ops::linear` for
         /// lanes, `ops::linear_plane` for planes).
         layout: LinearLayout,
@@ -92,6 +97,16 @@ pub enum Kernel {
     Rope {
         tokens: i64,
         heads: i64,
+        head_dim: i64,
+        theta: F64,
+    },
+    /// `ops::rope::rope_qkv_append`: from a fused q/k/v projection's
+    /// `[tokens, (heads + 2 · kv_heads) · head_dim]` output, the rotated
+    /// queries, and the rotated K rows and the V rows into the caches.
+    RopeQkvAppend {
+        tokens: i64,
+        heads: i64,
+        kv_heads: i64,
         head_dim: i64,
         theta: F64,
     },
@@ -162,6 +177,7 @@ impl Kernel {
             Kernel::RmsNorm { .. } => "rms_norm::rms_norm",
             Kernel::GroupRmsNorm { .. } => "group_rms_norm::group_rms_norm",
             Kernel::Rope { .. } => "rope::rope",
+            Kernel::RopeQkvAppend { .. } => "rope::rope_qkv_append",
             Kernel::KvAppend { .. } => "kv::kv_append",
             Kernel::Attention { .. } => "attention::attention",
             Kernel::DraftDimAttention { .. } => "attention::draft_dim_attention",
@@ -236,6 +252,22 @@ impl Kernel {
                 Cost {
                     flops: 3 * x,
                     read: x * e + tokens * 4,
+                    written: x * e,
+                    weights: 0,
+                }
+            }
+            Kernel::RopeQkvAppend {
+                tokens,
+                heads,
+                kv_heads,
+                head_dim,
+                ..
+            } => {
+                let rotated = tokens * (heads + kv_heads) * head_dim;
+                let x = tokens * (heads + 2 * kv_heads) * head_dim;
+                Cost {
+                    flops: 3 * rotated,
+                    read: x * e + 2 * tokens * 4,
                     written: x * e,
                     weights: 0,
                 }
@@ -344,9 +376,13 @@ impl fmt::Display for Kernel {
                 prologue,
                 epilogue,
                 into_cache,
+                parts,
                 layout,
             } => {
                 write!(f, "linear m={m} k={k} n={n}")?;
+                if *parts > 1 {
+                    write!(f, " w=concat({parts})")?;
+                }
                 if *prologue != Prologue::None {
                     write!(f, " pro={prologue}")?;
                 }
@@ -377,6 +413,16 @@ impl fmt::Display for Kernel {
             } => write!(
                 f,
                 "rope t={tokens} heads={heads} hd={head_dim} theta={theta}"
+            ),
+            Kernel::RopeQkvAppend {
+                tokens,
+                heads,
+                kv_heads,
+                head_dim,
+                theta,
+            } => write!(
+                f,
+                "rope_qkv_append t={tokens} heads={heads} hkv={kv_heads} hd={head_dim} theta={theta}"
             ),
             Kernel::KvAppend { rows, width } => write!(f, "kv_append rows={rows} width={width}"),
             Kernel::Attention {

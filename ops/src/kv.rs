@@ -122,6 +122,23 @@ impl<R: Runtime> RowIndex<R> {
         })
     }
 
+    /// `idx` already on the device as `dev` (a part of a packed upload,
+    /// [`DeviceTensor::upload_u32_packed`]); `dev` must hold `idx`.
+    pub fn on_device(idx: &[u32], dev: DeviceTensor<R>) -> Result<Self> {
+        if dev.dtype() != crate::DType::U32 || dev.numel() != idx.len() {
+            return Err(crate::OpsError::ShapeMismatch {
+                op: "row_index",
+                arg: "dev",
+                expected: format!("[{}] u32", idx.len()),
+                found: dev.shape().to_vec(),
+            });
+        }
+        Ok(RowIndex {
+            host: idx.to_vec(),
+            dev: (!idx.is_empty()).then_some(dev),
+        })
+    }
+
     /// The indices.
     pub fn as_slice(&self) -> &[u32] {
         &self.host

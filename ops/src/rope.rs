@@ -13,6 +13,11 @@
 //! [`rope_append`] fuses a pass's last steps before attention: it rotates
 //! the new K rows and writes them, with the new V rows, straight into the
 //! caches at their slots (one launch for RoPE on K and both KV appends).
+//! [`rope_qkv_append`] goes one step further for self-attention, whose
+//! q, k and v projections are one linear over concatenated weights: from
+//! that linear's `[n, (heads + 2 · kv_heads) · head_dim]` output it writes
+//! the rotated queries, and the rotated K rows and the V rows into the
+//! caches (one launch for everything between the projection and attention).
 
 use cubecl::prelude::*;
 
@@ -97,6 +102,137 @@ pub fn rope_append_kernel<F: Float + CubeElement>(
         v_cache[dst + i] = v[src + i];
         v_cache[dst + i + half] = v[src + i + half];
     }
+}
+
+/// One unit per (row, head < heads + kv_heads, i < half) of a fused
+/// projection's output `qkv` (`[n, (heads + 2 · kv_heads) · head_dim]`: the
+/// query heads, then the K heads, then the V heads): a query head is
+/// rotated into `q`, a K head rotated into `k_cache` and the matching V
+/// head copied into `v_cache`, both at row `slots[row]`.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qkv_append_kernel<F: Float + CubeElement>(
+    qkv: &Array<F>,
+    pos: &Array<u32>,
+    inv_freq: &Array<f32>,
+    slots: &Array<u32>,
+    q: &mut Array<F>,
+    k_cache: &mut Array<F>,
+    v_cache: &mut Array<F>,
+    pairs: usize,
+    heads: usize,
+    kv_heads: usize,
+    half: usize,
+) {
+    let p = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
+    if p < pairs {
+        let i = p % half;
+        let rh = p / half; // row * (heads + kv_heads) + head
+        let all = heads + kv_heads;
+        let t = rh / all;
+        let head = rh % all;
+        let hd = 2 * half;
+        let row = t * (all + kv_heads) * hd;
+        let r = reduced_angle(pos[t], inv_freq[i]);
+        let (c, s) = (f32::cos(r), f32::sin(r));
+        let src = row + head * hd;
+        let x1 = f32::cast_from(qkv[src + i]);
+        let x2 = f32::cast_from(qkv[src + i + half]);
+        let y1 = F::cast_from(x1 * c - x2 * s);
+        let y2 = F::cast_from(x2 * c + x1 * s);
+        if head < heads {
+            let dst = (t * heads + head) * hd;
+            q[dst + i] = y1;
+            q[dst + i + half] = y2;
+        } else {
+            let g = head - heads;
+            let dst = (slots[t] as usize * kv_heads + g) * hd;
+            k_cache[dst + i] = y1;
+            k_cache[dst + i + half] = y2;
+            let vsrc = row + (all + g) * hd;
+            v_cache[dst + i] = qkv[vsrc + i];
+            v_cache[dst + i + half] = qkv[vsrc + i + half];
+        }
+    }
+}
+
+/// From a fused q/k/v projection's output `qkv` (`[n, (heads + 2 ·
+/// kv_heads) · head_dim]`) at `positions` (u32 `[n]`) with `freqs`
+/// ([`rope_freqs`]): the rotated query heads into `q` (`[n, heads,
+/// head_dim]`), the rotated K heads into `k_cache` and the V heads
+/// unchanged into `v_cache` (both `[rows, kv_heads · head_dim]`) at row
+/// `slots[i]` (distinct, `< rows`). It is [`rope_with_freqs`] on q and k,
+/// then `kv::append_rows` of K and V, in one launch.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qkv_append<R: Runtime>(
+    client: &ComputeClient<R>,
+    qkv: &DeviceTensor<R>,
+    positions: &DeviceTensor<R>,
+    freqs: &DeviceTensor<R>,
+    slots: &crate::kv::RowIndex<R>,
+    q: &DeviceTensor<R>,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "rope_qkv_append";
+    expect_float(client, OP, "q", q)?;
+    let s = expect_rank(OP, "q", q, 3, "[n, heads, head_dim]")?;
+    let (n, heads, hd) = (s[0], s[1], s[2]);
+    if !hd.is_multiple_of(2) || hd == 0 {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("head_dim must be even and positive, got {hd}"),
+        });
+    }
+    let rows = expect_rank(OP, "k_cache", k_cache, 2, "[rows, kv_heads * head_dim]")?[0];
+    let width = k_cache.shape()[1];
+    if width == 0 || !width.is_multiple_of(hd) {
+        return Err(OpsError::InvalidArgument {
+            op: OP,
+            reason: format!("cache width {width} is not a positive multiple of head_dim {hd}"),
+        });
+    }
+    let kv_heads = width / hd;
+    expect_shape(OP, "v_cache", v_cache, &[rows, width])?;
+    expect_shape(OP, "qkv", qkv, &[n, (heads + 2 * kv_heads) * hd])?;
+    for (arg, t) in [("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)] {
+        expect_dtype(OP, arg, t, q.dtype())?;
+    }
+    expect_dtype(OP, "positions", positions, DType::U32)?;
+    expect_shape(OP, "positions", positions, &[n])?;
+    let half = hd / 2;
+    expect_dtype(OP, "freqs", freqs, DType::F32)?;
+    expect_shape(OP, "freqs", freqs, &[half])?;
+    if slots.as_slice().len() != n {
+        return Err(OpsError::ShapeMismatch {
+            op: OP,
+            arg: "slots",
+            expected: format!("[{n}]"),
+            found: vec![slots.as_slice().len()],
+        });
+    }
+    crate::kv::check_indices(OP, "slots", slots.as_slice(), rows, true)?;
+    for (arg, t) in [("k_cache", k_cache), ("v_cache", v_cache)] {
+        crate::launch::expect_bindable(OP, arg, t)?;
+    }
+    let Some(slot_dev) = slots.device() else {
+        return Ok(()); // no rows
+    };
+    let pairs = n * (heads + kv_heads) * half;
+    let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
+    crate::dispatch_float!(q.dtype(), OP, F => {
+        // SAFETY: shapes validated above; every slot is < rows and distinct,
+        // so each unit writes its own in-bounds elements; `p < pairs` guards.
+        unsafe {
+            rope_qkv_append_kernel::launch_unchecked::<F, R>(
+                client, count, CubeDim::new_1d(BLOCK as u32),
+                qkv.array_arg(), positions.array_arg(), freqs.array_arg(),
+                slot_dev.array_arg(), q.array_arg(), k_cache.array_arg(), v_cache.array_arg(),
+                pairs, heads, kv_heads, half,
+            )
+        }
+    })?;
+    finish(client, OP)
 }
 
 /// Rotates the new K rows `k` (`[n, heads, head_dim]`) at `positions` (u32
@@ -286,6 +422,35 @@ pub mod reference {
             k_cache[dst..dst + width].copy_from_slice(&rotated[src..src + width]);
             v_cache[dst..dst + width].copy_from_slice(&v[src..src + width]);
         }
+    }
+
+    /// [`rope_qkv_append`](super::rope_qkv_append) on host tensors: the
+    /// rotated query heads of `qkv` (returned, `[n, heads, head_dim]`), and
+    /// its rotated K heads and its V heads written into the caches (`[rows,
+    /// kv_heads · head_dim]`) at `slots`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope_qkv_append(
+        qkv: &[f32],
+        pos: &[u32],
+        slots: &[u32],
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        theta: f32,
+        k_cache: &mut [f32],
+        v_cache: &mut [f32],
+    ) -> Vec<f32> {
+        let (qw, kw) = (heads * head_dim, kv_heads * head_dim);
+        let cols = |from: usize, width: usize| -> Vec<f32> {
+            qkv.chunks(qw + 2 * kw)
+                .flat_map(|r| r[from..from + width].to_vec())
+                .collect()
+        };
+        let (q, k, v) = (cols(0, qw), cols(qw, kw), cols(qw + kw, kw));
+        rope_append(
+            &k, &v, pos, slots, kv_heads, head_dim, theta, k_cache, v_cache,
+        );
+        rope(&q, pos, heads, head_dim, theta)
     }
 
     /// RoPE of `x` (`[t, heads, head_dim]`) at `pos` (`[t]`).

@@ -119,6 +119,11 @@ fn read<R: Runtime>(
         .collect()
 }
 
+/// The byte alignment of each array in a packed upload
+/// ([`DeviceTensor::upload_u32_packed`]): wgpu's storage-binding offset
+/// alignment on every adapter it supports (256), a multiple of CUDA's.
+pub const PACK_ALIGN: usize = 256;
+
 /// Allocation size for `numel` elements: padded to 16 bytes, never zero
 /// (what [`DeviceTensor::empty`] asks for).
 pub fn padded_bytes(numel: usize, dtype: DType) -> usize {
@@ -179,6 +184,48 @@ impl<R: Runtime> DeviceTensor<R> {
         bytes.resize(padded_bytes(data.len(), DType::U32), 0);
         crate::counters::upload();
         Self::from_handle(client.create_from_slice(&bytes), shape, DType::U32)
+    }
+
+    /// Uploads several u32 arrays (`(data, shape)` each) as ONE upload and
+    /// one allocation, returning a tensor per array: views of the one
+    /// buffer at offsets aligned to [`PACK_ALIGN`] bytes (what storage
+    /// bindings need on every backend). A pass's small per-step arrays
+    /// (attention metadata, positions, cache slots) cost one host→device
+    /// transfer instead of one each.
+    pub fn upload_u32_packed(
+        client: &ComputeClient<R>,
+        parts: &[(&[u32], &[usize])],
+    ) -> Result<Vec<Self>> {
+        let mut offsets = Vec::with_capacity(parts.len());
+        let mut words: Vec<u32> = Vec::new();
+        for (data, shape) in parts {
+            check_len("upload_u32_packed", data.len(), shape)?;
+            offsets.push(words.len() * 4);
+            words.extend_from_slice(data);
+            // Every part padded to a whole, aligned section (never empty).
+            let section = padded_bytes(data.len(), DType::U32).div_ceil(PACK_ALIGN) * PACK_ALIGN;
+            words.resize(offsets[offsets.len() - 1] / 4 + section / 4, 0);
+        }
+        if words.is_empty() {
+            return Ok(Vec::new());
+        }
+        crate::counters::upload();
+        let handle = client.create_from_slice(bytemuck::cast_slice::<u32, u8>(&words));
+        let total = (words.len() * 4) as u64;
+        parts
+            .iter()
+            .zip(&offsets)
+            .enumerate()
+            .map(|(i, ((data, shape), &at))| {
+                let end = offsets.get(i + 1).copied().unwrap_or(words.len() * 4) as u64;
+                let used = (padded_bytes(data.len(), DType::U32) as u64).min(end - at as u64);
+                let h = handle
+                    .clone()
+                    .offset_start(at as u64)
+                    .offset_end(total - at as u64 - used);
+                Self::from_handle(h, shape, DType::U32)
+            })
+            .collect()
     }
 
     /// A zero-filled tensor.

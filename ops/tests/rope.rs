@@ -2,7 +2,9 @@
 //! large ones, f32 and f16.
 
 use draftc_ops::kv::RowIndex;
-use draftc_ops::rope::{reference, rope, rope_append, rope_freqs, rope_with_freqs};
+use draftc_ops::rope::{
+    reference, rope, rope_append, rope_freqs, rope_qkv_append, rope_with_freqs,
+};
 use draftc_ops::testing::{
     assert_close, awkward_size, config, float_dtype, random_f32, random_u32, test_client,
     TestRuntime,
@@ -99,14 +101,7 @@ proptest! {
         let k = random_f32(seed, n * width, -2.0, 2.0, dtype);
         let v = random_f32(seed ^ 1, n * width, -2.0, 2.0, dtype);
         let pos = random_u32(seed ^ 3, n, 4096);
-        // Distinct slots: a seeded shuffle of 0..rows, first n.
-        let mut slots: Vec<u32> = (0..rows as u32).collect();
-        let mut x = seed | 1;
-        for i in (1..slots.len()).rev() {
-            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-            slots.swap(i, (x % (i as u64 + 1)) as usize);
-        }
-        slots.truncate(n);
+        let slots = distinct_slots(seed, rows, n);
         let k0 = random_f32(seed ^ 5, rows * width, -1.0, 1.0, dtype);
         let v0 = random_f32(seed ^ 7, rows * width, -1.0, 1.0, dtype);
         let kt = DeviceTensor::upload_f32(&client, &k, &[n, heads, hd], dtype).unwrap();
@@ -152,5 +147,95 @@ fn rope_append_errors() {
     assert!(matches!(
         rope_append(&client, &k, &k, &p, &f, &ok, &narrow, &cache),
         Err(OpsError::ShapeMismatch { arg: "k_cache", .. })
+    ));
+}
+
+/// `n` distinct slots below `rows`: a seeded shuffle of `0..rows`, first `n`.
+fn distinct_slots(seed: u64, rows: usize, n: usize) -> Vec<u32> {
+    let mut slots: Vec<u32> = (0..rows as u32).collect();
+    let mut x = seed | 1;
+    for i in (1..slots.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        slots.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    slots.truncate(n);
+    slots
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// The fused q/k/v step (RoPE on q and k, both appends) equals the
+    /// reference: queries rotated, K rows rotated and V rows copied into
+    /// the caches at distinct random slots, every other cache row kept.
+    #[test]
+    fn rope_qkv_append_matches_reference(n in awkward_size(24), kv_heads in 1usize..4, group in 1usize..4,
+                                         half in prop_oneof![Just(1usize), Just(32), 1usize..40],
+                                         extra in 0usize..40, dtype in float_dtype(), seed in any::<u64>()) {
+        let client = test_client();
+        let (heads, hd) = (kv_heads * group, 2 * half);
+        let (qw, kw) = (heads * hd, kv_heads * hd);
+        let rows = n + extra;
+        let qkv = random_f32(seed, n * (qw + 2 * kw), -2.0, 2.0, dtype);
+        let pos = random_u32(seed ^ 3, n, 8192);
+        let slots = distinct_slots(seed, rows, n);
+        let k0 = random_f32(seed ^ 5, rows * kw, -1.0, 1.0, dtype);
+        let v0 = random_f32(seed ^ 7, rows * kw, -1.0, 1.0, dtype);
+        let xt = DeviceTensor::upload_f32(&client, &qkv, &[n, qw + 2 * kw], dtype).unwrap();
+        let pt = DeviceTensor::upload_u32(&client, &pos, &[n]).unwrap();
+        let q = DeviceTensor::empty(&client, &[n, heads, hd], dtype);
+        let kc = DeviceTensor::upload_f32(&client, &k0, &[rows, kw], dtype).unwrap();
+        let vc = DeviceTensor::upload_f32(&client, &v0, &[rows, kw], dtype).unwrap();
+        let freqs = rope_freqs(&client, hd, 1e5).unwrap();
+        let idx = RowIndex::upload(&client, &slots).unwrap();
+        rope_qkv_append(&client, &xt, &pt, &freqs, &idx, &q, &kc, &vc).unwrap();
+        let (mut want_k, mut want_v) = (k0.clone(), v0.clone());
+        let want_q = reference::rope_qkv_append(
+            &qkv, &pos, &slots, heads, kv_heads, hd, 1e5, &mut want_k, &mut want_v,
+        );
+        assert_close("rope_qkv_append q", &q.download_f32(&client).unwrap(), &want_q, dtype)?;
+        assert_close("rope_qkv_append k", &kc.download_f32(&client).unwrap(), &want_k, dtype)?;
+        // V rows and untouched rows are copies: exact.
+        prop_assert_eq!(vc.download_f32(&client).unwrap(), want_v);
+    }
+}
+
+#[test]
+fn rope_qkv_append_errors() {
+    let client = test_client();
+    // 2 query heads, 1 kv head of 8: the fused row is 32 wide.
+    let qkv = DeviceTensor::zeros(&client, &[2, 32], DType::F32);
+    let q = DeviceTensor::zeros(&client, &[2, 2, 8], DType::F32);
+    let p = DeviceTensor::upload_u32(&client, &[0, 1], &[2]).unwrap();
+    let f = rope_freqs(&client, 8, 1e4).unwrap();
+    let cache = DeviceTensor::zeros(&client, &[4, 8], DType::F32);
+    let ok = RowIndex::upload(&client, &[0, 3]).unwrap();
+    rope_qkv_append(&client, &qkv, &p, &f, &ok, &q, &cache, &cache).unwrap();
+    let wide = DeviceTensor::zeros(&client, &[2, 40], DType::F32);
+    assert!(matches!(
+        rope_qkv_append(&client, &wide, &p, &f, &ok, &q, &cache, &cache),
+        Err(OpsError::ShapeMismatch { arg: "qkv", .. })
+    ));
+    let twice = RowIndex::upload(&client, &[1, 1]).unwrap();
+    assert!(matches!(
+        rope_qkv_append(&client, &qkv, &p, &f, &twice, &q, &cache, &cache),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    let far = RowIndex::upload(&client, &[0, 4]).unwrap();
+    assert!(matches!(
+        rope_qkv_append(&client, &qkv, &p, &f, &far, &q, &cache, &cache),
+        Err(OpsError::IndexOutOfRange { .. })
+    ));
+    let ragged = DeviceTensor::zeros(&client, &[4, 6], DType::F32);
+    assert!(matches!(
+        rope_qkv_append(&client, &qkv, &p, &f, &ok, &q, &ragged, &ragged),
+        Err(OpsError::InvalidArgument { .. })
+    ));
+    let odd = DeviceTensor::zeros(&client, &[2, 2, 7], DType::F32);
+    assert!(matches!(
+        rope_qkv_append(&client, &qkv, &p, &f, &ok, &odd, &cache, &cache),
+        Err(OpsError::InvalidArgument { .. })
     ));
 }

@@ -1,14 +1,22 @@
 //! Lowering of one `attention` op (with its folded norm prologue and
-//! residual epilogue) into `ops` launches: q/k/v projections (the norm
-//! recomputed in each projection's prologue), RoPE of q and k, the K/V rows
-//! into the cache (fused: the projections write the cache's new rows
-//! directly; unfused: a `kv_append`), the fused attention kernel (comptime
-//! mask, GQA; draft-axis attention in chunks), and o_proj (residual epilogue).
+//! residual epilogue) into `ops` launches.
 //!
-//! Limits: ops has no single whole-attention kernel yet, so even fused an
-//! attention is 5–7 launches; cache length is `context + t` per sequence;
-//! memory attention projects only this pass's new memory rows (earlier rows'
-//! K/V are in the memory's cache).
+//! Fused self-attention with RoPE over a cache (the target's layers, the
+//! drafters' own decoder layers): one linear over the stacked q, k and v
+//! weights (`qkv_proj`, the norm in its prologue), one `rope_qkv_append`
+//! that rotates q and k and writes the K/V rows into the cache, the fused
+//! attention kernel, and o_proj with the residual: 4 launches. Otherwise
+//! (cross or memory attention, no RoPE or no cache, unfused plans): q/k/v
+//! projections (the norm recomputed in each projection's prologue), RoPE of
+//! q and k, the K/V rows into the cache (fused: the projections write the
+//! cache's new rows directly; unfused: a `kv_append`), the attention kernel
+//! (comptime mask, GQA; draft-axis attention in chunks), and o_proj.
+//!
+//! Limits: ops has no single whole-attention kernel, and RoPE is not yet a
+//! linear epilogue, so a fused self-attention is 4 launches and any other
+//! 5–7; cache length is `context + t` per sequence; memory attention
+//! projects only this pass's new memory rows (earlier rows' K/V are in the
+//! memory's cache).
 
 use draftc_ir::graph::ValueId;
 use draftc_ir::op::{AttentionAttrs, Axis, Cache, Mask};
@@ -64,19 +72,6 @@ impl Lowerer<'_> {
         } else {
             vec![main]
         };
-        self.lin(Lin {
-            part: "q_proj",
-            nodes: pro_nodes,
-            x,
-            m: rows,
-            k: dm,
-            n: qw,
-            pro,
-            weight: wq,
-            epi: Epi::None,
-            out: q,
-            into_cache: false,
-        });
         let per_seq_new = kv_rows_new / batch.max(1);
         let cache_rows = batch * (self.context() + per_seq_new);
         let caches = cache.as_ref().map(|c| {
@@ -85,70 +80,125 @@ impl Lowerer<'_> {
             (k, v)
         });
         let direct = fused && caches.is_some();
-        let (k, v) = match caches {
-            Some(kv) if direct => kv,
-            _ => (
-                self.temp(format!("{name}.k"), vec![kv_rows_new, kvw]),
-                self.temp(format!("{name}.v"), vec![kv_rows_new, kvw]),
-            ),
-        };
-        for (part, w, o) in [("k_proj", wk, k), ("v_proj", wv, v)] {
-            self.lin(Lin {
-                part,
-                nodes: kv_nodes.clone(),
-                x: kv_x,
-                m: kv_rows_new,
-                k: dkv,
-                n: kvw,
-                pro: kv_pro,
-                weight: w,
-                epi: Epi::None,
-                out: o,
-                into_cache: direct,
-            });
-        }
-        if let Some(theta) = a.rope {
-            for (part, b, r, h) in [
-                ("rope q", q, rows, a.heads),
-                ("rope k", k, kv_rows_new, a.kv_heads),
-            ] {
-                let kernel = Kernel::Rope {
-                    tokens: r,
-                    heads: h,
+        let self_attention = !a.cross && a.memory.is_none() && a.axis == Axis::Sequence;
+        let (k_read, v_read) = match (caches, a.rope) {
+            (Some((kc, vc)), Some(theta)) if direct && self_attention => {
+                // One projection for q, k and v (their weights stacked), then
+                // one launch for RoPE on q and k and both cache appends.
+                let n = qw + 2 * kvw;
+                let qkv = self.temp(format!("{name}.qkv"), vec![rows, n]);
+                let l = Lin {
+                    part: "qkv_proj",
+                    nodes: pro_nodes,
+                    x,
+                    m: rows,
+                    k: dm,
+                    n,
+                    pro,
+                    weight: wq,
+                    epi: Epi::None,
+                    out: qkv,
+                    into_cache: false,
+                };
+                self.lin_concat(l, vec![wk, wv]);
+                let kernel = Kernel::RopeQkvAppend {
+                    tokens: rows,
+                    heads: a.heads,
+                    kv_heads: a.kv_heads,
                     head_dim: a.head_dim,
                     theta,
                 };
                 self.launch(
                     kernel,
-                    part,
+                    "rope qkv",
                     vec![main],
-                    vec![b],
-                    vec![b],
+                    vec![qkv],
+                    vec![q, kc, vc],
                     Vec::new(),
-                    Some(0),
+                    None,
                 );
-            }
-        }
-        let (k_read, v_read) = match caches {
-            Some((kc, vc)) => {
-                if !direct {
-                    let kernel = Kernel::KvAppend {
-                        rows: kv_rows_new,
-                        width: kvw,
-                    };
-                    self.launch(
-                        kernel,
-                        "",
-                        vec![main],
-                        vec![k, v],
-                        vec![kc, vc],
-                        Vec::new(),
-                        None,
-                    );
-                }
                 (kc, vc)
             }
-            None => (k, v),
+            _ => {
+                self.lin(Lin {
+                    part: "q_proj",
+                    nodes: pro_nodes.clone(),
+                    x,
+                    m: rows,
+                    k: dm,
+                    n: qw,
+                    pro,
+                    weight: wq,
+                    epi: Epi::None,
+                    out: q,
+                    into_cache: false,
+                });
+                let (k, v) = match caches {
+                    Some(kv) if direct => kv,
+                    _ => (
+                        self.temp(format!("{name}.k"), vec![kv_rows_new, kvw]),
+                        self.temp(format!("{name}.v"), vec![kv_rows_new, kvw]),
+                    ),
+                };
+                for (part, w, o) in [("k_proj", wk, k), ("v_proj", wv, v)] {
+                    self.lin(Lin {
+                        part,
+                        nodes: kv_nodes.clone(),
+                        x: kv_x,
+                        m: kv_rows_new,
+                        k: dkv,
+                        n: kvw,
+                        pro: kv_pro,
+                        weight: w,
+                        epi: Epi::None,
+                        out: o,
+                        into_cache: direct,
+                    });
+                }
+                if let Some(theta) = a.rope {
+                    for (part, b, r, h) in [
+                        ("rope q", q, rows, a.heads),
+                        ("rope k", k, kv_rows_new, a.kv_heads),
+                    ] {
+                        let kernel = Kernel::Rope {
+                            tokens: r,
+                            heads: h,
+                            head_dim: a.head_dim,
+                            theta,
+                        };
+                        self.launch(
+                            kernel,
+                            part,
+                            vec![main],
+                            vec![b],
+                            vec![b],
+                            Vec::new(),
+                            Some(0),
+                        );
+                    }
+                }
+                match caches {
+                    Some((kc, vc)) => {
+                        if !direct {
+                            let kernel = Kernel::KvAppend {
+                                rows: kv_rows_new,
+                                width: kvw,
+                            };
+                            self.launch(
+                                kernel,
+                                "",
+                                vec![main],
+                                vec![k, v],
+                                vec![kc, vc],
+                                Vec::new(),
+                                None,
+                            );
+                        }
+                        (kc, vc)
+                    }
+                    None => (k, v),
+                }
+            }
         };
         let o = self.temp(format!("{name}.o"), vec![rows, qw]);
         let kernel = match a.axis {

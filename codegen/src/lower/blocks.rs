@@ -294,6 +294,13 @@ impl Lowerer<'_> {
     }
 
     pub(super) fn lin(&mut self, l: Lin<'_>) {
+        self.lin_concat(l, Vec::new());
+    }
+
+    /// [`Self::lin`] whose weight is `l.weight` with the matrices `more`
+    /// stacked under it along the output (one launch for the q, k and v
+    /// projections of a self-attention); `l.n` counts all their rows.
+    pub(super) fn lin_concat(&mut self, l: Lin<'_>, more: Vec<WeightRef>) {
         let mut inputs = vec![l.x];
         let mut weights = Vec::new();
         let prologue = match l.pro {
@@ -303,7 +310,9 @@ impl Lowerer<'_> {
             }
             None => Prologue::None,
         };
+        let parts = 1 + more.len() as i64;
         weights.push(l.weight);
+        weights.extend(more);
         let mut alias = None;
         let epilogue = match l.epi {
             Epi::None => Epilogue::None,
@@ -341,6 +350,7 @@ impl Lowerer<'_> {
             prologue,
             epilogue,
             into_cache: l.into_cache,
+            parts,
             layout,
         };
         self.launch(kernel, l.part, l.nodes, inputs, vec![l.out], weights, alias);

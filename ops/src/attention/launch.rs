@@ -37,6 +37,38 @@ pub struct AttnMeta<R: Runtime> {
     pub(super) max_keys: usize,
 }
 
+/// The metadata's tensors (per-row metadata, key positions, tree bits)
+/// and one per `extra` array.
+type Uploaded<R> = (
+    DeviceTensor<R>,
+    DeviceTensor<R>,
+    DeviceTensor<R>,
+    Vec<DeviceTensor<R>>,
+);
+
+/// The per-row metadata, key positions, tree bits and `extra` arrays in
+/// one upload.
+fn upload_meta<R: Runtime>(
+    client: &ComputeClient<R>,
+    batch: &SeqBatch,
+    meta: &[u32],
+    k_pos: &[u32],
+    anc: &[u32],
+    extra: &[(&[u32], &[usize])],
+) -> Result<Uploaded<R>> {
+    let (q, kp, a) = ([batch.total_q(), 4], [k_pos.len()], [anc.len()]);
+    let mut parts: Vec<(&[u32], &[usize])> = vec![(meta, &q), (k_pos, &kp), (anc, &a)];
+    parts.extend_from_slice(extra);
+    let mut t = DeviceTensor::upload_u32_packed(client, &parts)?.into_iter();
+    match (t.next(), t.next(), t.next()) {
+        (Some(m), Some(k), Some(a)) => Ok((m, k, a, t.collect())),
+        _ => Err(OpsError::Device {
+            op: "attention",
+            message: "a packed upload returned too few tensors".into(),
+        }),
+    }
+}
+
 impl<R: Runtime> AttnMeta<R> {
     /// Validates `batch` for `mask` and uploads its metadata.
     pub fn new(client: &ComputeClient<R>, batch: &SeqBatch, mask: Mask) -> Result<Self> {
@@ -60,10 +92,11 @@ impl<R: Runtime> AttnMeta<R> {
         } else {
             batch.k_pos.clone()
         };
+        let (meta, k_pos, anc, _) = upload_meta(client, batch, &meta, &k_pos, &anc, &[])?;
         Ok(AttnMeta {
-            meta: DeviceTensor::upload_u32(client, &meta, &[batch.total_q(), 4])?,
-            k_pos: DeviceTensor::upload_u32(client, &k_pos, &[k_pos.len()])?,
-            anc: DeviceTensor::upload_u32(client, &anc, &[anc.len()])?,
+            meta,
+            k_pos,
+            anc,
             words,
             total_q: batch.total_q(),
             total_k: batch.total_k(),
@@ -84,6 +117,21 @@ impl<R: Runtime> AttnMeta<R> {
         key_base: &[usize],
         key_rows: usize,
     ) -> Result<Self> {
+        Ok(Self::with_key_base_and(client, batch, mask, key_base, key_rows, &[])?.0)
+    }
+
+    /// [`AttnMeta::with_key_base`] that also uploads the u32 arrays
+    /// `extra` (`(data, shape)` each), all in ONE upload: a pass's other
+    /// per-step arrays (positions, cache slots) ride with its attention
+    /// metadata. Returns the metadata and a tensor per `extra` array.
+    pub fn with_key_base_and(
+        client: &ComputeClient<R>,
+        batch: &SeqBatch,
+        mask: Mask,
+        key_base: &[usize],
+        key_rows: usize,
+        extra: &[(&[u32], &[usize])],
+    ) -> Result<(Self, Vec<DeviceTensor<R>>)> {
         batch.validate("attention", &mask)?;
         if key_base.len() != batch.batch() {
             return Err(OpsError::ShapeMismatch {
@@ -120,16 +168,18 @@ impl<R: Runtime> AttnMeta<R> {
             }
         }
         let (anc, words) = batch.tree_bits(&mask).unwrap_or((vec![0], 0));
-        Ok(AttnMeta {
-            meta: DeviceTensor::upload_u32(client, &meta, &[batch.total_q(), 4])?,
-            k_pos: DeviceTensor::upload_u32(client, &k_pos, &[k_pos.len()])?,
-            anc: DeviceTensor::upload_u32(client, &anc, &[anc.len()])?,
+        let (meta, k_pos, anc, rest) = upload_meta(client, batch, &meta, &k_pos, &anc, extra)?;
+        let m = AttnMeta {
+            meta,
+            k_pos,
+            anc,
             words,
             total_q: batch.total_q(),
             total_k: key_rows,
             mask,
             max_keys: batch.k_lens.iter().copied().max().unwrap_or(0),
-        })
+        };
+        Ok((m, rest))
     }
 
     /// Total query rows of the batch.

@@ -148,6 +148,35 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let half = scalar::<usize>(&mut b);
             k::expand::<F>(&mut b.scope, x, pos, inv_freq, out, pairs, heads, half);
         }
+        KernelSpec::RopeQkvAppend { .. } => {
+            use rope::rope_qkv_append_kernel as k;
+            AddressType::U32.register(&mut b.scope);
+            let qkv = array_in::<F>(&mut b);
+            let pos = array_in::<u32>(&mut b);
+            let inv_freq = array_in::<f32>(&mut b);
+            let slots = array_in::<u32>(&mut b);
+            let q = array_out::<F>(&mut b);
+            let k_cache = array_out::<F>(&mut b);
+            let v_cache = array_out::<F>(&mut b);
+            let pairs = scalar::<usize>(&mut b);
+            let heads = scalar::<usize>(&mut b);
+            let kv_heads = scalar::<usize>(&mut b);
+            let half = scalar::<usize>(&mut b);
+            k::expand::<F>(
+                &mut b.scope,
+                qkv,
+                pos,
+                inv_freq,
+                slots,
+                q,
+                k_cache,
+                v_cache,
+                pairs,
+                heads,
+                kv_heads,
+                half,
+            );
+        }
         KernelSpec::RopeAppend { .. } => {
             use rope::rope_append_kernel as k;
             AddressType::U32.register(&mut b.scope);

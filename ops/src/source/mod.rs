@@ -290,6 +290,7 @@ mod tests {
                 KernelSpec::rms_norm(dtype, 576),
                 KernelSpec::rope(dtype),
                 KernelSpec::rope_append(dtype),
+                KernelSpec::rope_qkv_append(dtype),
                 KernelSpec::copy_rows(dtype, 192),
                 KernelSpec::attention(dtype, 64, MaskKind::Tree),
                 KernelSpec::attention(dtype, 130, MaskKind::SlidingSink),

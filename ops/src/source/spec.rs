@@ -159,6 +159,10 @@ pub enum KernelSpec {
     /// [`crate::rope::rope_append_kernel`]: RoPE on new K rows written
     /// into the cache with the new V rows (scalar loads, no `N`).
     RopeAppend { dtype: DType },
+    /// [`crate::rope::rope_qkv_append_kernel`]: from a fused q/k/v
+    /// projection, rotated queries, and rotated K rows and the V rows into
+    /// the caches (scalar loads, no `N`).
+    RopeQkvAppend { dtype: DType },
     /// The KV row-copy kernel of [`crate::kv`] (append, compaction, block copies).
     CopyRows { dtype: DType, vector: usize },
     /// The fused attention kernel ([`crate::attention`]); `head_dim_cap` is
@@ -284,6 +288,11 @@ impl KernelSpec {
         KernelSpec::RopeAppend { dtype }
     }
 
+    /// RoPE on q and k of a fused projection, with the KV append.
+    pub fn rope_qkv_append(dtype: DType) -> KernelSpec {
+        KernelSpec::RopeQkvAppend { dtype }
+    }
+
     /// Row copies of `width` scalars (KV append, stack/concat block copies).
     pub fn copy_rows(dtype: DType, width: usize) -> KernelSpec {
         KernelSpec::CopyRows {
@@ -356,6 +365,7 @@ impl KernelSpec {
             | KernelSpec::RmsNorm { dtype, .. }
             | KernelSpec::Rope { dtype }
             | KernelSpec::RopeAppend { dtype }
+            | KernelSpec::RopeQkvAppend { dtype }
             | KernelSpec::CopyRows { dtype, .. }
             | KernelSpec::Attention { dtype, .. }
             | KernelSpec::AttentionPlanes { dtype, .. }
@@ -369,7 +379,9 @@ impl KernelSpec {
     /// The vector width `N` (1 for kernels without one).
     pub fn vector(&self) -> usize {
         match *self {
-            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. } => 1,
+            KernelSpec::Rope { .. }
+            | KernelSpec::RopeAppend { .. }
+            | KernelSpec::RopeQkvAppend { .. } => 1,
             KernelSpec::Linear { vector, .. }
             | KernelSpec::LinearPlanes { vector, .. }
             | KernelSpec::RmsNorm { vector, .. }
@@ -391,6 +403,7 @@ impl KernelSpec {
             KernelSpec::RmsNorm { .. } => "rms_norm_kernel",
             KernelSpec::Rope { .. } => "rope_kernel",
             KernelSpec::RopeAppend { .. } => "rope_append_kernel",
+            KernelSpec::RopeQkvAppend { .. } => "rope_qkv_append_kernel",
             KernelSpec::CopyRows { .. } => "copy_rows",
             KernelSpec::Attention { .. } => "fused_attention",
             KernelSpec::AttentionPlanes { .. } => "decode_attention",
@@ -409,7 +422,9 @@ impl KernelSpec {
             DType::F32 | DType::U32 => "f32",
         };
         match self {
-            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. } => {
+            KernelSpec::Rope { .. }
+            | KernelSpec::RopeAppend { .. }
+            | KernelSpec::RopeQkvAppend { .. } => {
                 format!("{}_f_{f}", self.kernel_fn())
             }
             _ => format!("{}_f_{f}_n_{}", self.kernel_fn(), self.vector()),
@@ -423,7 +438,9 @@ impl KernelSpec {
             // 32-lane planes (the CUDA warp).
             KernelSpec::LinearPlanes { planes, .. } => 32 * *planes as u32,
             KernelSpec::RmsNorm { .. } => rms_norm::BLOCK as u32,
-            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. } => rope::BLOCK as u32,
+            KernelSpec::Rope { .. }
+            | KernelSpec::RopeAppend { .. }
+            | KernelSpec::RopeQkvAppend { .. } => rope::BLOCK as u32,
             KernelSpec::CopyRows { .. } => COPY_UNITS,
             KernelSpec::Attention { .. } => ATTENTION_UNITS,
             KernelSpec::AttentionPlanes { planes, .. } => 32 * *planes as u32,
@@ -509,7 +526,9 @@ impl fmt::Display for KernelSpec {
         write!(f, "{}<{}", self.kernel_fn(), self.dtype())?;
         if !matches!(
             self,
-            KernelSpec::Rope { .. } | KernelSpec::RopeAppend { .. }
+            KernelSpec::Rope { .. }
+                | KernelSpec::RopeAppend { .. }
+                | KernelSpec::RopeQkvAppend { .. }
         ) {
             write!(f, ", N={}", self.vector())?;
         }

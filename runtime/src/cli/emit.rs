@@ -243,6 +243,12 @@ pub fn kernel_spec(
             }
             KernelSpec::rope(dt)
         }
+        Kernel::RopeQkvAppend { head_dim, .. } => {
+            if size("head_dim", head_dim)? % 2 != 0 {
+                return Err(format!("head_dim = {head_dim} is odd"));
+            }
+            KernelSpec::rope_qkv_append(dt)
+        }
         Kernel::KvAppend { width, .. } => KernelSpec::copy_rows(dt, size("width", width)?),
         Kernel::Attention {
             head_dim,
@@ -357,6 +363,7 @@ mod tests {
             },
             epilogue: Epilogue::None,
             into_cache: false,
+            parts: 1,
             layout: draftc_codegen::LinearLayout::Lanes { cols: 24 },
         };
         let spec = kernel_spec(&k, PlanDType::F16, 4).unwrap();

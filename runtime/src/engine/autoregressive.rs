@@ -109,6 +109,9 @@ pub fn generate<R: Runtime>(
     }
     let mut step_no = 1u32;
     let mut selected = SelectOut::default();
+    // Whether the last selection's rows are this step's ids, in order (no
+    // sequence finished since): then they stay on the device.
+    let mut same_rows = false;
     while !active.is_empty() {
         let pass_start = Instant::now();
         let host0 = target.exec.host_time();
@@ -124,7 +127,10 @@ pub fn generate<R: Runtime>(
             .iter()
             .map(|&i| *out[i].last().unwrap_or(&0))
             .collect();
-        let o = target.forward(&step, &ids)?;
+        let o = match selected.last(ids.len()).filter(|_| same_rows) {
+            Some(dev) => target.forward_on_device(&step, &ids, dev)?,
+            None => target.forward(&step, &ids)?,
+        };
         stats.target_passes += 1;
         let next = select_tokens_into(
             target.client(),
@@ -149,6 +155,7 @@ pub fn generate<R: Runtime>(
                 still.push(i);
             }
         }
+        same_rows = still.len() == active.len();
         active = still;
     }
     stats.decode_s = t1.elapsed().as_secs_f64();

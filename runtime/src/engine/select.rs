@@ -88,6 +88,15 @@ impl SelectOut {
     }
 }
 
+impl SelectOut {
+    /// The last selection's `rows` tokens on the device (the next decode
+    /// step's ids), if the kept buffer holds that many.
+    pub fn last<R: Runtime>(&self, rows: usize) -> Option<DeviceTensor<R>> {
+        let h = self.0.as_ref()?;
+        DeviceTensor::from_handle(h.clone(), &[rows], DType::U32).ok()
+    }
+}
+
 /// [`select_tokens`] writing into `out`'s kept buffer.
 pub fn select_tokens_into<R: Runtime>(
     client: &ComputeClient<R>,

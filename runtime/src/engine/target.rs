@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use cubecl::prelude::*;
 use draftc_codegen::{PlanDType, TargetWeights};
 use draftc_ir::{Graph, TargetConfig};
-use draftc_ops::DeviceTensor;
+use draftc_ops::{DType, DeviceTensor};
 
 use crate::exec::{CacheStore, ExecError, Executor, HostWeights, Outputs, SeqStep, Step};
 use crate::model::config::LlamaConfig;
@@ -167,7 +167,33 @@ impl<R: Runtime> TargetModel<R> {
             )));
         }
         let t = DeviceTensor::upload_u32(self.client(), ids, &[ids.len()])?;
-        let inputs = BTreeMap::from([("ids".to_string(), t)]);
+        self.forward_on_device(step, ids, t)
+    }
+
+    /// [`Self::forward`] with the ids already on the device as `dev` (the
+    /// previous step's selection, so a decode step uploads no ids); `ids`
+    /// is their host copy, checked as in [`Self::forward`].
+    pub fn forward_on_device(
+        &mut self,
+        step: &Step,
+        ids: &[u32],
+        dev: DeviceTensor<R>,
+    ) -> Result<Outputs<R>, EngineError> {
+        if ids.len() != step.rows() || dev.numel() != ids.len() || dev.dtype() != DType::U32 {
+            return Err(EngineError::Invalid(format!(
+                "{} ids ({} on the device) for a pass of {} rows",
+                ids.len(),
+                dev.numel(),
+                step.rows()
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.vocab) {
+            return Err(EngineError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            )));
+        }
+        let inputs = BTreeMap::from([("ids".to_string(), dev)]);
         Ok(self.exec.run(step, &inputs, &mut self.caches, None)?)
     }
 

@@ -4,7 +4,7 @@
 //! (the lane kernel, or the GPU plane layout).
 
 use cubecl::prelude::*;
-use draftc_codegen::{AttentionLayout, BufferId};
+use draftc_codegen::{AttentionLayout, BufferId, Kernel};
 use draftc_ir::op::Mask as IrMask;
 use draftc_ops::attention::{
     attention_planes, attention_rows, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch, TREE_ROOT,
@@ -12,7 +12,7 @@ use draftc_ops::attention::{
 use draftc_ops::DeviceTensor;
 
 use super::cache::CacheStore;
-use super::executor::{ops_mask, ExecError, Run};
+use super::executor::{ops_mask, ExecError, RowSource, Run};
 
 impl<R: Runtime> Run<'_, R> {
     /// Cache half name of a state buffer and whether it lives in the target's store.
@@ -24,17 +24,15 @@ impl<R: Runtime> Run<'_, R> {
         }
     }
 
-    /// Appends the pending new rows of cache halves `k`, `v` (if any) and
-    /// returns the store-side cache name.
-    fn flush(
-        &mut self,
+    /// The cache of halves `k` (`….k`): its store-side name, whether it is
+    /// the target's, and its store.
+    fn cache_store<'s>(
+        &self,
         k: BufferId,
-        v: BufferId,
-        caches: &mut CacheStore<R>,
-        target: Option<&mut CacheStore<R>>,
-    ) -> Result<(String, bool), ExecError> {
+        caches: &'s mut CacheStore<R>,
+        target: Option<&'s mut CacheStore<R>>,
+    ) -> Result<(String, bool, &'s mut CacheStore<R>), ExecError> {
         let (k_half, in_target) = self.cache_name(k);
-        let (v_half, _) = self.cache_name(v);
         let cache = k_half
             .strip_suffix(".k")
             .ok_or_else(|| ExecError::Internal(format!("cache half `{k_half}` is not `….k`")))?
@@ -48,18 +46,99 @@ impl<R: Runtime> Run<'_, R> {
         } else {
             caches
         };
+        Ok((cache, in_target, store))
+    }
+
+    /// Reserves the cache rows of `src`'s rows, sequence by sequence, in
+    /// `store`'s `cache`: the rows their K/V go to.
+    fn reserve(
+        &self,
+        store: &mut CacheStore<R>,
+        cache: &str,
+        src: &RowSource,
+    ) -> Result<Vec<u32>, ExecError> {
+        let positions = self.positions_of(src)?;
+        let lens = self.lens_of(src);
+        let mut rows = Vec::with_capacity(positions.len());
+        let mut at = 0;
+        for (seq, &n) in self.step.seqs.iter().zip(&lens) {
+            rows.extend(store.reserve(cache, seq.slot, &positions[at..at + n])?);
+            at += n;
+        }
+        Ok(rows)
+    }
+
+    /// A fused projection's q/k/v rows (`launch`: `Kernel::RopeQkvAppend`,
+    /// input the projection, outputs q and the cache halves): RoPE on q
+    /// and k and both appends, in one launch, before the attention reads
+    /// the cache.
+    pub(super) fn rope_qkv_append(
+        &mut self,
+        launch: &draftc_codegen::Launch,
+        heads: usize,
+        head_dim: usize,
+        theta_bits: u64,
+        caches: &mut CacheStore<R>,
+        target: Option<&mut CacheStore<R>>,
+    ) -> Result<(), ExecError> {
+        let (qb, kb, vb) = match launch.outputs[..] {
+            [q, k, v] => (q, k, v),
+            _ => {
+                return Err(ExecError::Internal(format!(
+                    "launch #{}: rope_qkv_append writes q, k and v",
+                    launch.id.0
+                )))
+            }
+        };
+        let qkv = self.tensor(launch.inputs[0])?;
+        let n = qkv.shape()[0];
+        let q = self.tensor(qb)?.reshape(&[n, heads, head_dim])?;
+        let (cache, _, store) = self.cache_store(kb, caches, target)?;
+        let rows = self.reserve(store, &cache, &RowSource::Step)?;
+        if rows.len() != n {
+            return Err(ExecError::Unsupported(format!(
+                "q/k/v of {n} rows but the pass has {} positions",
+                rows.len()
+            )));
+        }
+        let width = (qkv.shape()[1] - heads * head_dim) / 2;
+        let kc = store.half(&self.cache_name(kb).0, width)?;
+        let vc = store.half(&self.cache_name(vb).0, width)?;
+        // The attention this step feeds reads the same cache: its metadata
+        // rides in one upload with the positions and slots.
+        let consumer = self.plan.launches.iter().find_map(|l| match l.kernel {
+            Kernel::Attention { mask, .. } if l.inputs.get(1) == Some(&kb) => Some(mask),
+            _ => None,
+        });
+        if let Some(mask) = consumer {
+            let key = self.cache_meta_key(ops_mask(mask), store, &cache)?;
+            self.upload_step(key, &rows)?;
+        }
+        let pos = self.positions_tensor(&RowSource::Step)?;
+        let dst = self.row_index(rows)?;
+        let freqs = self.rope_freqs(head_dim, theta_bits)?;
+        let slots = &self.row_indices[dst];
+        draftc_ops::rope::rope_qkv_append(self.client, &qkv, &pos, &freqs, slots, &q, &kc, &vc)?;
+        Ok(())
+    }
+
+    /// Appends the pending new rows of cache halves `k`, `v` (if any) and
+    /// returns the store-side cache name.
+    fn flush(
+        &mut self,
+        k: BufferId,
+        v: BufferId,
+        caches: &mut CacheStore<R>,
+        target: Option<&mut CacheStore<R>>,
+    ) -> Result<(String, bool), ExecError> {
+        let (k_half, _) = self.cache_name(k);
+        let (v_half, _) = self.cache_name(v);
+        let (cache, in_target, store) = self.cache_store(k, caches, target)?;
         let (Some((kt, src)), Some((vt, _))) = (self.pending.remove(&k), self.pending.remove(&v))
         else {
             return Ok((cache, in_target));
         };
-        let positions = self.positions_of(&src)?;
-        let lens = self.lens_of(&src);
-        let mut rows = Vec::with_capacity(positions.len());
-        let mut at = 0;
-        for (seq, &n) in self.step.seqs.iter().zip(&lens) {
-            rows.extend(store.reserve(&cache, seq.slot, &positions[at..at + n])?);
-            at += n;
-        }
+        let rows = self.reserve(store, &cache, &src)?;
         let width = kt.shape()[1];
         let kc = store.half(&k_half, width)?;
         let vc = store.half(&v_half, width)?;
@@ -98,6 +177,36 @@ impl<R: Runtime> Run<'_, R> {
         Ok((cache, in_target))
     }
 
+    /// Uploads, in ONE upload, what the first layer's q/k/v step and
+    /// attention need and every later layer reuses: the attention metadata
+    /// of `key`, the step rows' positions and the cache `slots`. Does
+    /// nothing when any of them is on the device already (a later layer,
+    /// or a pass whose layers differ).
+    fn upload_step(&mut self, key: MetaKey, slots: &[u32]) -> Result<(), ExecError> {
+        let src = RowSource::Step;
+        let known = self.positions.iter().any(|(s, _)| *s == src)
+            || self.row_indices.iter().any(|r| r.as_slice() == slots)
+            || self.attn_metas.iter().any(|(k, _)| *k == key);
+        let Some((base, rows)) = key.key_base.as_ref() else {
+            return Ok(());
+        };
+        if known || slots.is_empty() {
+            return Ok(());
+        }
+        let positions = self.positions_of(&src)?;
+        let extra: [(&[u32], &[usize]); 2] =
+            [(&positions, &[positions.len()]), (slots, &[slots.len()])];
+        let (meta, parts) =
+            AttnMeta::with_key_base_and(self.client, &key.batch, key.mask, base, *rows, &extra)?;
+        let [pos, dev] = <[DeviceTensor<R>; 2]>::try_from(parts)
+            .map_err(|_| ExecError::Internal("a packed upload lost a part".into()))?;
+        self.positions.push((src, pos));
+        self.row_indices
+            .push(draftc_ops::kv::RowIndex::on_device(slots, dev)?);
+        self.attn_metas.push((key, meta));
+        Ok(())
+    }
+
     /// The position in `row_indices` of `idx` on the device, uploaded once
     /// per pass: the K and V appends of every layer write the same rows.
     fn row_index(&mut self, idx: Vec<u32>) -> Result<usize, ExecError> {
@@ -133,11 +242,10 @@ impl<R: Runtime> Run<'_, R> {
         let out = self
             .tensor(launch.outputs[0])?
             .reshape(&[rows, dims.heads, dims.head_dim])?;
-        let q_lens = self.step.lens();
-        let q_pos = self.step.positions();
-        let mut mask = ops_mask(mask);
+        let mask = ops_mask(mask);
         if !self.is_cache(kb) {
             // No cache: keys are this pass's rows.
+            let (q_lens, q_pos) = (self.step.lens(), self.step.positions());
             let k = self.tensor(kb)?;
             let v = self.tensor(vb)?;
             if k.numel() / (dims.kv_heads * dims.head_dim) != rows {
@@ -175,6 +283,25 @@ impl<R: Runtime> Run<'_, R> {
         let width = dims.kv_heads * dims.head_dim;
         let kc = store.half(&k_half, width)?;
         let vc = store.half(&v_half, width)?;
+        let kshape = [store.total_rows(), dims.kv_heads, dims.head_dim];
+        let key = self.cache_meta_key(mask, store, &cache)?;
+        let client = self.client;
+        let meta = self.attn_meta(key)?;
+        let (k, v) = (kc.reshape(&kshape)?, vc.reshape(&kshape)?);
+        launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout)
+    }
+
+    /// What an attention over `store`'s `cache` with `mask` needs of its
+    /// metadata this pass (after the pass's rows are reserved): each
+    /// sequence's keys, positions and first key row, and the tree.
+    fn cache_meta_key(
+        &self,
+        mut mask: Mask,
+        store: &CacheStore<R>,
+        cache: &str,
+    ) -> Result<MetaKey, ExecError> {
+        let q_lens = self.step.lens();
+        let q_pos = self.step.positions();
         let mut k_lens = Vec::new();
         let mut k_pos = Vec::new();
         let mut key_base = Vec::new();
@@ -182,8 +309,8 @@ impl<R: Runtime> Run<'_, R> {
         let is_memory =
             cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
         for seq in &self.step.seqs {
-            k_lens.push(store.len(&cache, seq.slot));
-            k_pos.extend_from_slice(store.positions(&cache, seq.slot));
+            k_lens.push(store.len(cache, seq.slot));
+            k_pos.extend_from_slice(store.positions(cache, seq.slot));
             key_base.push(seq.slot * store.capacity());
             match &seq.parents {
                 Some(p) => parents.extend_from_slice(p),
@@ -215,16 +342,11 @@ impl<R: Runtime> Run<'_, R> {
                 None
             },
         };
-        let kshape = [store.total_rows(), dims.kv_heads, dims.head_dim];
-        let key = MetaKey {
+        Ok(MetaKey {
             batch,
             mask,
             key_base: Some((key_base, store.total_rows())),
-        };
-        let client = self.client;
-        let meta = self.attn_meta(key)?;
-        let (k, v) = (kc.reshape(&kshape)?, vc.reshape(&kshape)?);
-        launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout)
+        })
     }
 
     /// The attention metadata of `key`, uploaded once per pass: every layer

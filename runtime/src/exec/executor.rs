@@ -208,14 +208,7 @@ impl<R: Runtime> Executor<R> {
         let trace = draftc_codegen::trace(graph, target, &cfg)?;
         let table = draftc_codegen::pipeline::weights(&trace.plan).map_err(ExecError::Bind)?;
         weights.check(&table).map_err(ExecError::Bind)?;
-        let mut dev = BTreeMap::new();
-        for spec in &table {
-            let (shape, data) = weights.get(&spec.name).ok_or_else(|| {
-                ExecError::Internal(format!("weight `{}` vanished after the check", spec.name))
-            })?;
-            let t = DeviceTensor::upload_f32(client, data, shape, ops_dtype(dtype))?;
-            dev.insert(spec.name.clone(), t);
-        }
+        let dev = super::bound::upload(client, &trace.plan, &table, weights, ops_dtype(dtype))?;
         let mut plans = HashMap::new();
         plans.insert(1, Arc::new(trace.plan));
         Ok(Executor {
@@ -450,6 +443,7 @@ impl<R: Runtime> Run<'_, R> {
                 prologue,
                 epilogue,
                 layout,
+                parts,
                 ..
             } => {
                 let (k, n) = (k as usize, n as usize);
@@ -486,7 +480,12 @@ impl<R: Runtime> Run<'_, R> {
                         }
                     }
                 };
-                let w = weight(self.weights, launch, wi)?.clone();
+                let w = match super::bound::stacked(self.weights, launch, wi)? {
+                    Some(w) => w.clone(),
+                    None => weight(self.weights, launch, wi)?.clone(),
+                };
+                // The epilogue's weight follows the matrices.
+                let wi = wi + parts.max(1) as usize - 1;
                 let ob = launch.outputs[0];
                 let out = if self.is_cache(ob) {
                     // Consumed within the pass (RoPE, then the append).
@@ -582,6 +581,15 @@ impl<R: Runtime> Run<'_, R> {
                 let out = out.reshape(&[tokens, h, hd])?;
                 let freqs = self.rope_freqs(hd, theta.get().to_bits())?;
                 draftc_ops::rope::rope_with_freqs(c, &x, &pos, &freqs, &out)?;
+            }
+            Kernel::RopeQkvAppend {
+                heads,
+                head_dim,
+                theta,
+                ..
+            } => {
+                let (h, hd) = (heads as usize, head_dim as usize);
+                self.rope_qkv_append(launch, h, hd, theta.get().to_bits(), caches, target)?;
             }
             Kernel::KvAppend { width, .. } => {
                 let width = width as usize;

@@ -9,6 +9,7 @@
 //! | --- | --- |
 //! | `step.rs` | [`Step`], [`SeqStep`], [`MemoryRows`], [`HostTensor`] |
 //! | `weights.rs` | [`HostWeights`]: random, from safetensors, checked against a plan |
+//! | `bound.rs` | the executor's device weights: tensors read alone, stacked q/k/v projections |
 //! | `draft_vocab.rs` | [`DraftVocab`]: a reduced draft vocabulary's ids, head rows and id map |
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
 //! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch, flush policy |
@@ -25,6 +26,7 @@
 
 mod arena;
 mod attention;
+mod bound;
 mod buffers;
 mod cache;
 mod draft_vocab;
