@@ -165,3 +165,50 @@ fn kv_append_writes_both_caches_and_validates() {
         Err(OpsError::IndexOutOfRange { .. })
     ));
 }
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// A packed upload gives back every part unchanged, at its own offset
+    /// (reads and kernels see the part, not the buffer's start), as one
+    /// upload and one allocation.
+    #[test]
+    fn packed_upload_parts_are_independent_views(lens in proptest::collection::vec(0usize..300, 1..5),
+                                                 seed in any::<u64>()) {
+        let client = test_client();
+        let parts: Vec<Vec<u32>> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| random_u32(seed ^ i as u64, n.max(1), 1 << 20))
+            .collect();
+        let shapes: Vec<[usize; 1]> = parts.iter().map(|p| [p.len()]).collect();
+        let args: Vec<(&[u32], &[usize])> = parts
+            .iter()
+            .zip(&shapes)
+            .map(|(p, s)| (p.as_slice(), s.as_slice()))
+            .collect();
+        let before = draftc_ops::counters::snapshot();
+        let dev = DeviceTensor::<R>::upload_u32_packed(&client, &args).unwrap();
+        let c = draftc_ops::counters::snapshot().since(&before);
+        prop_assert_eq!((c.uploads, c.allocations), (1, 1));
+        for (t, p) in dev.iter().zip(&parts) {
+            prop_assert_eq!(&t.download_u32(&client).unwrap(), p);
+        }
+        // A kernel reading a later part as its row indices sees that part.
+        let last = parts.len() - 1;
+        let idx = draftc_ops::kv::RowIndex::on_device(&parts[last], dev[last].clone()).unwrap();
+        let n = parts[last].len();
+        let rows = (1 << 20) + 1;
+        let src = upload(&vec![1.0; n * 4], &[n, 4], DType::F32);
+        let dst = DeviceTensor::<R>::zeros(&client, &[rows, 4], DType::F32);
+        let all = draftc_ops::kv::RowIndex::upload(&client, &(0..n as u32).collect::<Vec<_>>()).unwrap();
+        if parts[last].iter().collect::<std::collections::HashSet<_>>().len() == n {
+            draftc_ops::kv::append_rows_indexed(&client, &src, &all, &idx, &dst).unwrap();
+            let got = dst.download_f32(&client).unwrap();
+            for &r in &parts[last] {
+                prop_assert_eq!(got[r as usize * 4], 1.0);
+            }
+            prop_assert_eq!(got.iter().filter(|&&x| x == 1.0).count(), n * 4);
+        }
+    }
+}
