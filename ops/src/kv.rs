@@ -122,6 +122,23 @@ impl<R: Runtime> RowIndex<R> {
         })
     }
 
+    /// Uploads two lists (a copy's source and destination rows) in one
+    /// upload.
+    pub fn upload_pair(client: &ComputeClient<R>, a: &[u32], b: &[u32]) -> Result<(Self, Self)> {
+        if a.is_empty() || b.is_empty() {
+            return Ok((Self::upload(client, a)?, Self::upload(client, b)?));
+        }
+        let mut t = DeviceTensor::upload_u32_packed(client, &[(a, &[a.len()]), (b, &[b.len()])])?
+            .into_iter();
+        match (t.next(), t.next()) {
+            (Some(da), Some(db)) => Ok((Self::on_device(a, da)?, Self::on_device(b, db)?)),
+            _ => Err(crate::OpsError::Device {
+                op: "row_index",
+                message: "a packed upload returned too few tensors".into(),
+            }),
+        }
+    }
+
     /// `idx` already on the device as `dev` (a part of a packed upload,
     /// [`DeviceTensor::upload_u32_packed`]); `dev` must hold `idx`.
     pub fn on_device(idx: &[u32], dev: DeviceTensor<R>) -> Result<Self> {
@@ -159,8 +176,7 @@ fn launch_copy<R: Runtime>(
     dst: &DeviceTensor<R>,
     dst_idx: &[u32],
 ) -> Result<()> {
-    let si = RowIndex::upload(client, src_idx)?;
-    let di = RowIndex::upload(client, dst_idx)?;
+    let (si, di) = RowIndex::upload_pair(client, src_idx, dst_idx)?;
     launch_copy_indexed(client, op, src, &si, dst, &di)
 }
 

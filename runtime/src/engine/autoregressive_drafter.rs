@@ -31,7 +31,7 @@ use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
 use super::drafters::{Committed, Drafter, SeqView};
-use super::select::{select_tokens, top_candidates, Sampling};
+use super::select::{select_tokens_into, top_candidates_into, Sampling, SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
@@ -122,6 +122,10 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     confidence: Option<Confidence>,
     /// The last [`Part::source`] handed out.
     sources: u64,
+    /// The selection's and the candidates' buffers, kept across depths
+    /// and rounds.
+    selected: SelectOut,
+    top: TopOut,
 }
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
@@ -212,6 +216,8 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
             confidence: None,
             sources: 0,
+            selected: SelectOut::default(),
+            top: TopOut::default(),
             streams,
             final_norm,
         })
@@ -474,12 +480,12 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 .max()
                 .unwrap_or(1);
             let mut cands: Vec<Vec<(u32, f32)>> = if greedy_chain {
-                select_tokens(&client, logits, &Sampling::GREEDY, 0)?
+                select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?
                     .into_iter()
                     .map(|t| vec![(t, 0.0)])
                     .collect()
             } else {
-                top_candidates(&client, logits, wants)?
+                top_candidates_into(&client, logits, wants, &mut self.top)?
             };
             if let Some(v) = &self.vocab {
                 v.map_candidates(&mut cands);

@@ -38,7 +38,10 @@ pub use lookup_first::{
     LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM, MIN_NGRAMS as LOOKUP_MIN_NGRAMS,
 };
 pub use parallel_drafter::ParallelDrafter;
-pub use select::{select_tokens, select_tokens_into, top_candidates, Sampling, SelectOut};
+pub use select::{
+    select_tokens, select_tokens_into, top_candidates, top_candidates_into, Kept, Sampling,
+    SelectOut, TopOut,
+};
 pub use speculative::{
     generate_speculative, generate_with_policy, warm_up, DraftPolicy, SpecGeneration, SpecStats,
 };

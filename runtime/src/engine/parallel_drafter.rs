@@ -18,7 +18,7 @@ use draftc_ir::op::{InputSource, Op};
 use draftc_ops::DeviceTensor;
 
 use super::drafters::{spec_err, Committed, Drafter, SeqView};
-use super::select::{select_tokens, top_candidates, Sampling};
+use super::select::{select_tokens_into, top_candidates_into, Kept, Sampling, SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, Step};
 use crate::spec::tree::Candidate;
@@ -58,6 +58,11 @@ pub struct ParallelDrafter<R: Runtime> {
     confidence: Option<Confidence>,
     /// Committed rows not yet run through the drafter, oldest first.
     pending: Vec<Pending<R>>,
+    /// The picked logit rows, the selection's and the candidates'
+    /// buffers, kept across passes.
+    picked: Kept,
+    selected: SelectOut,
+    top: TopOut,
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
@@ -112,6 +117,9 @@ impl<R: Runtime> ParallelDrafter<R> {
             vocab,
             confidence: None,
             pending: Vec::new(),
+            picked: Kept::default(),
+            selected: SelectOut::default(),
+            top: TopOut::default(),
         })
     }
 }
@@ -404,16 +412,17 @@ impl<R: Runtime> ParallelDrafter<R> {
             }
             owners.push(*slot);
         }
-        let picked = DeviceTensor::<R>::empty(c, &[pick_rows.len(), vocab], all.dtype());
+        let picked = self.picked.take(c, &[pick_rows.len(), vocab], all.dtype());
         let dst: Vec<u32> = (0..pick_rows.len() as u32).collect();
         draftc_ops::kv::gather_rows(c, &all, &pick_rows, &picked, &dst)?;
+        let top = &mut self.top;
         let mut cands: Vec<Vec<Candidate>> = match &self.shape {
             TreeShape::Static(b) => {
-                top_candidates(c, &picked, b.iter().copied().max().unwrap_or(1))?
+                top_candidates_into(c, &picked, b.iter().copied().max().unwrap_or(1), top)?
             }
             // A cut chain needs each token's probability.
-            _ if self.confidence.is_some() => top_candidates(c, &picked, 1)?,
-            _ => select_tokens(c, &picked, &Sampling::GREEDY, 0)?
+            _ if self.confidence.is_some() => top_candidates_into(c, &picked, 1, top)?,
+            _ => select_tokens_into(c, &picked, &Sampling::GREEDY, 0, &mut self.selected)?
                 .into_iter()
                 .map(|t| vec![(t, 0.0)])
                 .collect(),

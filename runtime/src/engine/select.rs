@@ -63,36 +63,64 @@ pub fn select_tokens<R: Runtime>(
     select_tokens_into(client, logits, sampling, step, &mut SelectOut::default())
 }
 
-/// The selection's output buffer, kept by a decoding loop across its steps
-/// so that a steady-state step allocates none for it (issue 31).
+/// A device buffer kept across a loop's steps: reused while it is large
+/// enough and nothing else holds it, replaced (and kept) otherwise, so a
+/// steady-state step allocates none (issue 31).
 #[derive(Default)]
-pub struct SelectOut(Option<Handle>);
+pub struct Kept(Option<Handle>);
 
-impl SelectOut {
-    /// A `[rows]` u32 tensor over the kept buffer when it is large enough
-    /// and nothing else holds it, else over a new one that is kept.
-    fn take<R: Runtime>(&mut self, client: &ComputeClient<R>, rows: usize) -> DeviceTensor<R> {
-        let bytes = (rows.max(1) * DType::U32.size()) as u64;
+impl Kept {
+    /// A tensor of `shape` over the kept buffer, or over a new kept one.
+    pub fn take<R: Runtime>(
+        &mut self,
+        client: &ComputeClient<R>,
+        shape: &[usize],
+        dtype: DType,
+    ) -> DeviceTensor<R> {
+        let numel: usize = shape.iter().product();
+        let bytes = draftc_ops::tensor::padded_bytes(numel, dtype) as u64;
         if let Some(h) = self
             .0
             .as_ref()
             .filter(|h| h.can_mut() && h.size_in_used() >= bytes)
         {
-            if let Ok(t) = DeviceTensor::from_handle(h.clone(), &[rows], DType::U32) {
+            if let Ok(t) = DeviceTensor::from_handle(h.clone(), shape, dtype) {
                 return t;
             }
         }
-        let t = DeviceTensor::<R>::empty(client, &[rows], DType::U32);
+        let t = DeviceTensor::<R>::empty(client, shape, dtype);
         self.0 = Some(t.handle.clone());
         t
     }
+}
+
+/// The selection's output buffer, kept by a decoding loop across its steps
+/// so that a steady-state step allocates none for it (issue 31).
+#[derive(Default)]
+pub struct SelectOut(Kept);
+
+impl SelectOut {
+    /// A `[rows]` u32 tensor over the kept buffer when it is large enough
+    /// and nothing else holds it, else over a new one that is kept.
+    fn take<R: Runtime>(&mut self, client: &ComputeClient<R>, rows: usize) -> DeviceTensor<R> {
+        self.0.take(client, &[rows], DType::U32)
+    }
+}
+
+/// The buffers of [`top_candidates_into`] (probabilities, values and
+/// indices), kept by a drafter across its depths and rounds.
+#[derive(Default)]
+pub struct TopOut {
+    probs: Kept,
+    values: Kept,
+    indices: Kept,
 }
 
 impl SelectOut {
     /// The last selection's `rows` tokens on the device (the next decode
     /// step's ids), if the kept buffer holds that many.
     pub fn last<R: Runtime>(&self, rows: usize) -> Option<DeviceTensor<R>> {
-        let h = self.0.as_ref()?;
+        let h = self.0 .0.as_ref()?;
         DeviceTensor::from_handle(h.clone(), &[rows], DType::U32).ok()
     }
 }
@@ -133,14 +161,24 @@ pub fn top_candidates<R: Runtime>(
     logits: &DeviceTensor<R>,
     k: usize,
 ) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
+    top_candidates_into(client, logits, k, &mut TopOut::default())
+}
+
+/// [`top_candidates`] in `out`'s kept buffers.
+pub fn top_candidates_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    k: usize,
+    out: &mut TopOut,
+) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
     let vocab = *logits.shape().last().unwrap_or(&1);
     let rows = logits.numel() / vocab.max(1);
     let k = k.clamp(1, vocab.max(1));
     let logits = logits.reshape(&[rows, vocab])?;
-    let probs = DeviceTensor::<R>::empty(client, &[rows, vocab], logits.dtype());
+    let probs = out.probs.take(client, &[rows, vocab], logits.dtype());
     draftc_ops::softmax::softmax(client, &logits, 1.0, &probs)?;
-    let values = DeviceTensor::<R>::empty(client, &[rows, k], logits.dtype());
-    let indices = DeviceTensor::<R>::empty(client, &[rows, k], DType::U32);
+    let values = out.values.take(client, &[rows, k], logits.dtype());
+    let indices = out.indices.take(client, &[rows, k], DType::U32);
     draftc_ops::argmax_topk::topk(client, &probs, k, &values, &indices)?;
     // One read for both: a tree drafter waits on this once per depth.
     let (p, ids) = DeviceTensor::download_f32_and_u32(client, &values, &indices)?;

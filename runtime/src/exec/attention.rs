@@ -112,7 +112,7 @@ impl<R: Runtime> Run<'_, R> {
         });
         if let Some(mask) = consumer {
             let key = self.cache_meta_key(ops_mask(mask), store, &cache)?;
-            self.upload_step(key, &rows)?;
+            self.upload_step(&RowSource::Step, key, &rows)?;
         }
         let pos = self.positions_tensor(&RowSource::Step)?;
         let dst = self.row_index(rows)?;
@@ -128,6 +128,7 @@ impl<R: Runtime> Run<'_, R> {
         &mut self,
         k: BufferId,
         v: BufferId,
+        mask: Mask,
         caches: &mut CacheStore<R>,
         target: Option<&mut CacheStore<R>>,
     ) -> Result<(String, bool), ExecError> {
@@ -145,6 +146,10 @@ impl<R: Runtime> Run<'_, R> {
         if rows.is_empty() {
             return Ok((cache, in_target));
         }
+        // The attention that follows reads this cache: its metadata rides
+        // in one upload with the rows' positions and slots.
+        let key = self.cache_meta_key(mask, store, &cache)?;
+        self.upload_step(&src, key, &rows)?;
         let n = kt.shape()[0];
         if let Some((heads, hd, theta)) = self.rope_pending.remove(&k) {
             let pos = self.positions_tensor(&src)?;
@@ -177,14 +182,18 @@ impl<R: Runtime> Run<'_, R> {
         Ok((cache, in_target))
     }
 
-    /// Uploads, in ONE upload, what the first layer's q/k/v step and
+    /// Uploads, in ONE upload, what a pass's first cache append and its
     /// attention need and every later layer reuses: the attention metadata
-    /// of `key`, the step rows' positions and the cache `slots`. Does
+    /// of `key`, the positions of `src`'s rows and the cache `slots`. Does
     /// nothing when any of them is on the device already (a later layer,
     /// or a pass whose layers differ).
-    fn upload_step(&mut self, key: MetaKey, slots: &[u32]) -> Result<(), ExecError> {
-        let src = RowSource::Step;
-        let known = self.positions.iter().any(|(s, _)| *s == src)
+    fn upload_step(
+        &mut self,
+        src: &RowSource,
+        key: MetaKey,
+        slots: &[u32],
+    ) -> Result<(), ExecError> {
+        let known = self.positions.iter().any(|(s, _)| s == src)
             || self.row_indices.iter().any(|r| r.as_slice() == slots)
             || self.attn_metas.iter().any(|(k, _)| *k == key);
         let Some((base, rows)) = key.key_base.as_ref() else {
@@ -193,14 +202,14 @@ impl<R: Runtime> Run<'_, R> {
         if known || slots.is_empty() {
             return Ok(());
         }
-        let positions = self.positions_of(&src)?;
+        let positions = self.positions_of(src)?;
         let extra: [(&[u32], &[usize]); 2] =
             [(&positions, &[positions.len()]), (slots, &[slots.len()])];
         let (meta, parts) =
             AttnMeta::with_key_base_and(self.client, &key.batch, key.mask, base, *rows, &extra)?;
         let [pos, dev] = <[DeviceTensor<R>; 2]>::try_from(parts)
             .map_err(|_| ExecError::Internal("a packed upload lost a part".into()))?;
-        self.positions.push((src, pos));
+        self.positions.push((src.clone(), pos));
         self.row_indices
             .push(draftc_ops::kv::RowIndex::on_device(slots, dev)?);
         self.attn_metas.push((key, meta));
@@ -272,7 +281,7 @@ impl<R: Runtime> Run<'_, R> {
             let (k, v) = (k.reshape(&kshape)?, v.reshape(&kshape)?);
             return launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout);
         }
-        let (cache, in_target) = self.flush(kb, vb, caches, target.as_deref_mut())?;
+        let (cache, in_target) = self.flush(kb, vb, mask, caches, target.as_deref_mut())?;
         let store: &mut CacheStore<R> = if in_target {
             target.ok_or_else(|| ExecError::Internal("target caches vanished".into()))?
         } else {
