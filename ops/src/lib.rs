@@ -68,6 +68,7 @@ pub mod group_rms_norm;
 pub mod layer_sum;
 pub mod linear;
 pub mod linear_plane;
+pub mod linear_rope;
 pub mod probe;
 pub mod rms_norm;
 pub mod rope;

@@ -96,7 +96,7 @@ pub enum Epilogue<'a, R: Runtime> {
 }
 
 /// Rows per register block for `m` rows.
-fn rows_per_block(m: usize) -> usize {
+pub(crate) fn rows_per_block(m: usize) -> usize {
     match m {
         1 => 1,
         2 => 2,

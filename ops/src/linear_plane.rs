@@ -47,7 +47,7 @@ pub struct PlaneShape {
 }
 
 impl PlaneShape {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let ok = self.plane > 0
             && self.plane.is_power_of_two()
             && self.planes > 0

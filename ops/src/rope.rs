@@ -37,7 +37,7 @@ const TWO_PI_LO: f32 = 0.001_935_307_2;
 /// The angle `pos · f` reduced modulo 2π in two steps (Cody–Waite), so
 /// `sin`/`cos` stay accurate at large positions.
 #[cube]
-fn reduced_angle(pos: u32, f: f32) -> f32 {
+pub(crate) fn reduced_angle(pos: u32, f: f32) -> f32 {
     let a = f32::cast_from(pos) * f;
     let k = f32::round(a / comptime!(TWO_PI_HI + TWO_PI_LO));
     (a - k * TWO_PI_HI) - k * TWO_PI_LO

@@ -28,6 +28,9 @@ mod layer_sum;
 #[path = "linear.rs"]
 mod linear;
 #[cfg(feature = "cuda-tests")]
+#[path = "linear_rope.rs"]
+mod linear_rope;
+#[cfg(feature = "cuda-tests")]
 #[path = "probe.rs"]
 mod probe;
 #[cfg(feature = "cuda-tests")]
