@@ -39,6 +39,16 @@ pub enum Epilogue {
     Residual,
     /// `silu(x·W_gateᵀ) · (x·W_upᵀ)`; the launch's second weight is `up`.
     SwiGlu,
+    /// A self-attention's stacked q/k/v projection: RoPE on q and k, the
+    /// queries into the launch's first output, the K and V rows into the
+    /// cache halves (its second and third) at the pass's new rows
+    /// (`ops::linear_rope::linear_rope_qkv`).
+    RopeQkv {
+        heads: i64,
+        kv_heads: i64,
+        head_dim: i64,
+        theta: F64,
+    },
 }
 
 /// Element-wise operation (`ops::elementwise`).
@@ -208,6 +218,7 @@ impl Kernel {
                     Epilogue::Bias => (0, n, 0),
                     Epilogue::Residual => (0, 0, m * n),
                     Epilogue::SwiGlu => (n * k, 0, 0),
+                    Epilogue::RopeQkv { .. } => (0, 0, 0),
                 };
                 let weights = (n * k + up + gamma + bias) * e;
                 let mats = if up > 0 { 2 } else { 1 };
@@ -361,6 +372,17 @@ impl fmt::Display for Epilogue {
             Epilogue::Bias => "bias",
             Epilogue::Residual => "residual",
             Epilogue::SwiGlu => "swiglu",
+            Epilogue::RopeQkv {
+                heads,
+                kv_heads,
+                head_dim,
+                theta,
+            } => {
+                return write!(
+                    f,
+                    "rope_qkv(heads={heads}, hkv={kv_heads}, hd={head_dim}, theta={theta})"
+                )
+            }
         })
     }
 }

@@ -3,20 +3,22 @@
 //!
 //! Fused self-attention with RoPE over a cache (the target's layers, the
 //! drafters' own decoder layers): one linear over the stacked q, k and v
-//! weights (`qkv_proj`, the norm in its prologue), one `rope_qkv_append`
-//! that rotates q and k and writes the K/V rows into the cache, the fused
-//! attention kernel, and o_proj with the residual: 4 launches. Otherwise
-//! (cross or memory attention, no RoPE or no cache, unfused plans): q/k/v
-//! projections (the norm recomputed in each projection's prologue), RoPE of
-//! q and k, the K/V rows into the cache (fused: the projections write the
-//! cache's new rows directly; unfused: a `kv_append`), the attention kernel
-//! (comptime mask, GQA; draft-axis attention in chunks), and o_proj.
+//! weights (`qkv_proj`, the norm in its prologue) whose epilogue rotates q
+//! and k and writes the K/V rows into the cache (`Epilogue::RopeQkv`,
+//! `ops::linear_rope`), the fused attention kernel, and o_proj with the
+//! residual: 3 launches. Where that kernel does not apply (a grouped norm,
+//! a stacked weight over one binding) the stacked projection is followed
+//! by one `rope_qkv_append`. Otherwise (cross or memory attention, no RoPE
+//! or no cache, unfused plans): q/k/v projections (the norm recomputed in
+//! each projection's prologue), RoPE of q and k, the K/V rows into the
+//! cache (fused: the projections write the cache's new rows directly;
+//! unfused: a `kv_append`), the attention kernel (comptime mask, GQA;
+//! draft-axis attention in chunks), and o_proj.
 //!
-//! Limits: ops has no single whole-attention kernel, and RoPE is not yet a
-//! linear epilogue, so a fused self-attention is 4 launches and any other
-//! 5–7; cache length is `context + t` per sequence; memory attention
-//! projects only this pass's new memory rows (earlier rows' K/V are in the
-//! memory's cache).
+//! Limits: ops has no single whole-attention kernel, so a fused
+//! self-attention is 3 launches and any other 5–7; cache length is
+//! `context + t` per sequence; memory attention projects only this pass's
+//! new memory rows (earlier rows' K/V are in the memory's cache).
 
 use draftc_ir::graph::ValueId;
 use draftc_ir::op::{AttentionAttrs, Axis, Cache, Mask};
@@ -24,7 +26,11 @@ use draftc_ir::op::{AttentionAttrs, Axis, Cache, Mask};
 use super::blocks::{Epi, Lin, Pro};
 use super::Lowerer;
 use crate::error::CodegenError;
-use crate::kernel::Kernel;
+use crate::kernel::{Epilogue, Kernel, Prologue};
+
+/// The largest weight one binding holds (`draftc_ops::launch::MAX_BINDING_BYTES`):
+/// a stacked q/k/v weight above it keeps the two-launch form.
+const MAX_BINDING_BYTES: i64 = 128 << 20;
 use crate::plan::{BufferClass, BufferId};
 
 impl Lowerer<'_> {
@@ -83,40 +89,86 @@ impl Lowerer<'_> {
         let self_attention = !a.cross && a.memory.is_none() && a.axis == Axis::Sequence;
         let (k_read, v_read) = match (caches, a.rope) {
             (Some((kc, vc)), Some(theta)) if direct && self_attention => {
-                // One projection for q, k and v (their weights stacked), then
-                // one launch for RoPE on q and k and both cache appends.
                 let n = qw + 2 * kvw;
-                let qkv = self.temp(format!("{name}.qkv"), vec![rows, n]);
-                let l = Lin {
-                    part: "qkv_proj",
-                    nodes: pro_nodes,
-                    x,
-                    m: rows,
-                    k: dm,
-                    n,
-                    pro,
-                    weight: wq,
-                    epi: Epi::None,
-                    out: qkv,
-                    into_cache: false,
-                };
-                self.lin_concat(l, vec![wk, wv]);
-                let kernel = Kernel::RopeQkvAppend {
-                    tokens: rows,
-                    heads: a.heads,
-                    kv_heads: a.kv_heads,
-                    head_dim: a.head_dim,
-                    theta,
-                };
-                self.launch(
-                    kernel,
-                    "rope qkv",
-                    vec![main],
-                    vec![qkv],
-                    vec![q, kc, vc],
-                    Vec::new(),
-                    None,
-                );
+                let grouped = matches!(pro.map(|p| p.kind), Some(Prologue::GroupRmsNorm { .. }));
+                let bytes = n * dm * self.cfg.dtype.size();
+                if !grouped && bytes <= MAX_BINDING_BYTES {
+                    // One launch: the stacked projection with RoPE and both
+                    // cache appends as its epilogue.
+                    let mut weights = Vec::new();
+                    let prologue = match pro {
+                        Some(p) => {
+                            weights.push(p.gamma.clone());
+                            p.kind
+                        }
+                        None => Prologue::None,
+                    };
+                    weights.extend([wq, wk, wv]);
+                    let elem = self.cfg.dtype.size() as usize;
+                    let norm = prologue != Prologue::None;
+                    let layout = self
+                        .cfg
+                        .device
+                        .linear_layout(rows, dm, n, 1, elem, norm, false);
+                    let kernel = Kernel::Linear {
+                        m: rows,
+                        k: dm,
+                        n,
+                        prologue,
+                        epilogue: Epilogue::RopeQkv {
+                            heads: a.heads,
+                            kv_heads: a.kv_heads,
+                            head_dim: a.head_dim,
+                            theta,
+                        },
+                        into_cache: true,
+                        parts: 3,
+                        layout,
+                    };
+                    self.launch(
+                        kernel,
+                        "qkv_proj",
+                        pro_nodes,
+                        vec![x],
+                        vec![q, kc, vc],
+                        weights,
+                        None,
+                    );
+                } else {
+                    // The stacked projection, then one launch for RoPE on
+                    // q and k and both cache appends.
+                    let qkv = self.temp(format!("{name}.qkv"), vec![rows, n]);
+                    let l = Lin {
+                        part: "qkv_proj",
+                        nodes: pro_nodes,
+                        x,
+                        m: rows,
+                        k: dm,
+                        n,
+                        pro,
+                        weight: wq,
+                        epi: Epi::None,
+                        out: qkv,
+                        into_cache: false,
+                    };
+                    self.lin_concat(l, vec![wk, wv]);
+                    let kernel = Kernel::RopeQkvAppend {
+                        tokens: rows,
+                        heads: a.heads,
+                        kv_heads: a.kv_heads,
+                        head_dim: a.head_dim,
+                        theta,
+                    };
+                    self.launch(
+                        kernel,
+                        "rope qkv",
+                        vec![main],
+                        vec![qkv],
+                        vec![q, kc, vc],
+                        Vec::new(),
+                        None,
+                    );
+                }
                 (kc, vc)
             }
             _ => {

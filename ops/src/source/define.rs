@@ -68,6 +68,57 @@ macro_rules! expand_linear {
     }};
 }
 
+/// Registers the runtime arguments both layouts of the q/k/v projection
+/// with RoPE share (`x`, `w`, `gamma`, `pos`, `inv_freq`, `slots`, `q`,
+/// `k_cache`, `v_cache`, then the size scalars and `eps`) and expands
+/// kernel `$k` with them and its comptime arguments.
+macro_rules! expand_linear_rope {
+    ($k:path, $b:ident, $n:ident, $($comptime:expr),+) => {{
+        use $k as k;
+        $b.scope.register_size::<k::N>($n);
+        AddressType::U32.register(&mut $b.scope);
+        let x = array_in::<Vector<F, k::N>>(&mut $b);
+        let w = array_in::<Vector<F, k::N>>(&mut $b);
+        let gamma = array_in::<Vector<F, k::N>>(&mut $b);
+        let pos = array_in::<u32>(&mut $b);
+        let inv_freq = array_in::<f32>(&mut $b);
+        let slots = array_in::<u32>(&mut $b);
+        let q = array_out::<F>(&mut $b);
+        let k_cache = array_out::<F>(&mut $b);
+        let v_cache = array_out::<F>(&mut $b);
+        let m = scalar::<usize>(&mut $b);
+        let in_v = scalar::<usize>(&mut $b);
+        let pairs = scalar::<usize>(&mut $b);
+        let half = scalar::<usize>(&mut $b);
+        let heads = scalar::<usize>(&mut $b);
+        let kv_heads = scalar::<usize>(&mut $b);
+        let d = scalar::<usize>(&mut $b);
+        let eps = scalar::<f32>(&mut $b);
+        k::expand::<F, k::N>(
+            &mut $b.scope,
+            $n,
+            x,
+            w,
+            gamma,
+            pos,
+            inv_freq,
+            slots,
+            q,
+            k_cache,
+            v_cache,
+            m,
+            in_v,
+            pairs,
+            half,
+            heads,
+            kv_heads,
+            d,
+            eps,
+            $($comptime),+
+        );
+    }};
+}
+
 /// Expands the kernel of `spec` with storage type `F`. Runtime arguments are
 /// registered in declaration order (inputs and outputs as buffers, scalars in
 /// the info block); comptime ones are passed by value.
@@ -76,6 +127,38 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
     b.runtime_properties(props);
     let n = spec.vector();
     match *spec {
+        KernelSpec::Linear {
+            rows_per_block,
+            cols,
+            norm,
+            epilogue: LinearEpilogue::RopeQkv,
+            ..
+        } => expand_linear_rope!(
+            crate::linear_rope::linear_rope_qkv_kernel,
+            b,
+            n,
+            rows_per_block,
+            cols / 2,
+            norm
+        ),
+        KernelSpec::LinearPlanes {
+            rows_per_block,
+            cols,
+            planes,
+            ksplit,
+            norm,
+            epilogue: LinearEpilogue::RopeQkv,
+            ..
+        } => expand_linear_rope!(
+            crate::linear_rope::linear_plane_rope_qkv_kernel,
+            b,
+            n,
+            rows_per_block,
+            cols,
+            planes,
+            ksplit,
+            norm
+        ),
         KernelSpec::Linear {
             rows_per_block,
             cols,

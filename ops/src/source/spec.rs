@@ -13,6 +13,10 @@ pub enum LinearEpilogue {
     Bias,
     Residual,
     SwiGlu,
+    /// RoPE on q and k and the KV append: the kernels of
+    /// [`crate::linear_rope`] (`cols` counts columns, two per pair, in
+    /// the lanes layout, and pairs per plane in the planes layout).
+    RopeQkv,
 }
 
 impl LinearEpilogue {
@@ -23,6 +27,8 @@ impl LinearEpilogue {
             LinearEpilogue::Bias => 1,
             LinearEpilogue::Residual => 2,
             LinearEpilogue::SwiGlu => 3,
+            // A kernel of its own, with no epilogue code.
+            LinearEpilogue::RopeQkv => 4,
         }
     }
 
@@ -32,6 +38,7 @@ impl LinearEpilogue {
             LinearEpilogue::Bias => "bias",
             LinearEpilogue::Residual => "residual",
             LinearEpilogue::SwiGlu => "swiglu",
+            LinearEpilogue::RopeQkv => "rope_qkv",
         }
     }
 }
@@ -398,6 +405,14 @@ impl KernelSpec {
     /// The `#[cube]` function's name.
     pub fn kernel_fn(&self) -> &'static str {
         match self {
+            KernelSpec::Linear {
+                epilogue: LinearEpilogue::RopeQkv,
+                ..
+            } => "linear_rope_qkv_kernel",
+            KernelSpec::LinearPlanes {
+                epilogue: LinearEpilogue::RopeQkv,
+                ..
+            } => "linear_plane_rope_qkv_kernel",
             KernelSpec::Linear { .. } => "linear_kernel",
             KernelSpec::LinearPlanes { .. } => "linear_plane_kernel",
             KernelSpec::RmsNorm { .. } => "rms_norm_kernel",

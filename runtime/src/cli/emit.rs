@@ -226,6 +226,7 @@ pub fn kernel_spec(
                 Epilogue::Bias => LinearEpilogue::Bias,
                 Epilogue::Residual => LinearEpilogue::Residual,
                 Epilogue::SwiGlu => LinearEpilogue::SwiGlu,
+                Epilogue::RopeQkv { .. } => LinearEpilogue::RopeQkv,
             };
             match crate::exec::linear_launch(layout) {
                 LinearLaunch::Lanes { cols } => KernelSpec::linear(dt, m, d, norm, epilogue, cols),

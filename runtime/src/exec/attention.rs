@@ -4,7 +4,7 @@
 //! (the lane kernel, or the GPU plane layout).
 
 use cubecl::prelude::*;
-use draftc_codegen::{AttentionLayout, BufferId, Kernel};
+use draftc_codegen::{AttentionLayout, BufferId};
 use draftc_ir::op::Mask as IrMask;
 use draftc_ops::attention::{
     attention_planes, attention_rows, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch, TREE_ROOT,
@@ -16,7 +16,7 @@ use super::executor::{ops_mask, ExecError, RowSource, Run};
 
 impl<R: Runtime> Run<'_, R> {
     /// Cache half name of a state buffer and whether it lives in the target's store.
-    fn cache_name(&self, b: BufferId) -> (String, bool) {
+    pub(super) fn cache_name(&self, b: BufferId) -> (String, bool) {
         let name = &self.plan.buffer(b).name;
         match name.strip_prefix("target.") {
             Some(rest) => (rest.to_string(), true),
@@ -26,7 +26,7 @@ impl<R: Runtime> Run<'_, R> {
 
     /// The cache of halves `k` (`….k`): its store-side name, whether it is
     /// the target's, and its store.
-    fn cache_store<'s>(
+    pub(super) fn cache_store<'s>(
         &self,
         k: BufferId,
         caches: &'s mut CacheStore<R>,
@@ -51,7 +51,7 @@ impl<R: Runtime> Run<'_, R> {
 
     /// Reserves the cache rows of `src`'s rows, sequence by sequence, in
     /// `store`'s `cache`: the rows their K/V go to.
-    fn reserve(
+    pub(super) fn reserve(
         &self,
         store: &mut CacheStore<R>,
         cache: &str,
@@ -66,60 +66,6 @@ impl<R: Runtime> Run<'_, R> {
             at += n;
         }
         Ok(rows)
-    }
-
-    /// A fused projection's q/k/v rows (`launch`: `Kernel::RopeQkvAppend`,
-    /// input the projection, outputs q and the cache halves): RoPE on q
-    /// and k and both appends, in one launch, before the attention reads
-    /// the cache.
-    pub(super) fn rope_qkv_append(
-        &mut self,
-        launch: &draftc_codegen::Launch,
-        heads: usize,
-        head_dim: usize,
-        theta_bits: u64,
-        caches: &mut CacheStore<R>,
-        target: Option<&mut CacheStore<R>>,
-    ) -> Result<(), ExecError> {
-        let (qb, kb, vb) = match launch.outputs[..] {
-            [q, k, v] => (q, k, v),
-            _ => {
-                return Err(ExecError::Internal(format!(
-                    "launch #{}: rope_qkv_append writes q, k and v",
-                    launch.id.0
-                )))
-            }
-        };
-        let qkv = self.tensor(launch.inputs[0])?;
-        let n = qkv.shape()[0];
-        let q = self.tensor(qb)?.reshape(&[n, heads, head_dim])?;
-        let (cache, _, store) = self.cache_store(kb, caches, target)?;
-        let rows = self.reserve(store, &cache, &RowSource::Step)?;
-        if rows.len() != n {
-            return Err(ExecError::Unsupported(format!(
-                "q/k/v of {n} rows but the pass has {} positions",
-                rows.len()
-            )));
-        }
-        let width = (qkv.shape()[1] - heads * head_dim) / 2;
-        let kc = store.half(&self.cache_name(kb).0, width)?;
-        let vc = store.half(&self.cache_name(vb).0, width)?;
-        // The attention this step feeds reads the same cache: its metadata
-        // rides in one upload with the positions and slots.
-        let consumer = self.plan.launches.iter().find_map(|l| match l.kernel {
-            Kernel::Attention { mask, .. } if l.inputs.get(1) == Some(&kb) => Some(mask),
-            _ => None,
-        });
-        if let Some(mask) = consumer {
-            let key = self.cache_meta_key(ops_mask(mask), store, &cache)?;
-            self.upload_step(&RowSource::Step, key, &rows)?;
-        }
-        let pos = self.positions_tensor(&RowSource::Step)?;
-        let dst = self.row_index(rows)?;
-        let freqs = self.rope_freqs(head_dim, theta_bits)?;
-        let slots = &self.row_indices[dst];
-        draftc_ops::rope::rope_qkv_append(self.client, &qkv, &pos, &freqs, slots, &q, &kc, &vc)?;
-        Ok(())
     }
 
     /// Appends the pending new rows of cache halves `k`, `v` (if any) and
@@ -187,7 +133,7 @@ impl<R: Runtime> Run<'_, R> {
     /// of `key`, the positions of `src`'s rows and the cache `slots`. Does
     /// nothing when any of them is on the device already (a later layer,
     /// or a pass whose layers differ).
-    fn upload_step(
+    pub(super) fn upload_step(
         &mut self,
         src: &RowSource,
         key: MetaKey,
@@ -218,7 +164,7 @@ impl<R: Runtime> Run<'_, R> {
 
     /// The position in `row_indices` of `idx` on the device, uploaded once
     /// per pass: the K and V appends of every layer write the same rows.
-    fn row_index(&mut self, idx: Vec<u32>) -> Result<usize, ExecError> {
+    pub(super) fn row_index(&mut self, idx: Vec<u32>) -> Result<usize, ExecError> {
         if let Some(i) = self.row_indices.iter().position(|r| r.as_slice() == idx) {
             return Ok(i);
         }
@@ -303,7 +249,7 @@ impl<R: Runtime> Run<'_, R> {
     /// What an attention over `store`'s `cache` with `mask` needs of its
     /// metadata this pass (after the pass's rows are reserved): each
     /// sequence's keys, positions and first key row, and the tree.
-    fn cache_meta_key(
+    pub(super) fn cache_meta_key(
         &self,
         mut mask: Mask,
         store: &CacheStore<R>,

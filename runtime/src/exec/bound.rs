@@ -127,3 +127,19 @@ pub(crate) fn stacked<'w, R: Runtime>(
         ))
     })
 }
+
+/// Weight `i` of `launch`, uploaded.
+pub(crate) fn weight<'w, R: Runtime>(
+    weights: &'w DeviceWeights<R>,
+    launch: &draftc_codegen::Launch,
+    i: usize,
+) -> Result<&'w DeviceTensor<R>, ExecError> {
+    let name = &launch
+        .weights
+        .get(i)
+        .ok_or_else(|| ExecError::Internal(format!("launch #{} lacks weight {i}", launch.id.0)))?
+        .name;
+    weights
+        .get(name)
+        .ok_or_else(|| ExecError::Internal(format!("weight `{name}` not uploaded")))
+}

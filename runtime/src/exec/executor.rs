@@ -30,6 +30,7 @@ use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
 
 use super::arena::Arena;
+use super::bound::weight;
 use super::cache::CacheStore;
 use super::step::Step;
 use super::timing::{HostTime, Profile};
@@ -446,6 +447,19 @@ impl<R: Runtime> Run<'_, R> {
                 parts,
                 ..
             } => {
+                if let Epilogue::RopeQkv {
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    theta,
+                } = epilogue
+                {
+                    let dims = (heads as usize, kv_heads as usize, head_dim as usize);
+                    let theta = theta.get().to_bits();
+                    return self.linear_rope_qkv(
+                        launch, k as usize, prologue, layout, dims, theta, caches, target,
+                    );
+                }
                 let (k, n) = (k as usize, n as usize);
                 let xb = launch.inputs[0];
                 let (x, src) = match self.memory_name(xb) {
@@ -518,6 +532,11 @@ impl<R: Runtime> Run<'_, R> {
                     Epilogue::SwiGlu => {
                         extra = weight(self.weights, launch, wi + 1)?.clone();
                         linear::Epilogue::SwiGlu { up: &extra }
+                    }
+                    Epilogue::RopeQkv { .. } => {
+                        return Err(ExecError::Internal(
+                            "rope_qkv reached a plain linear".into(),
+                        ))
                     }
                 };
                 match linear_launch(layout) {
@@ -819,22 +838,6 @@ impl<R: Runtime> Run<'_, R> {
             }
         }
     }
-}
-
-/// Weight `i` of `launch`, uploaded.
-fn weight<'w, R: Runtime>(
-    weights: &'w BTreeMap<String, DeviceTensor<R>>,
-    launch: &draftc_codegen::Launch,
-    i: usize,
-) -> Result<&'w DeviceTensor<R>, ExecError> {
-    let name = &launch
-        .weights
-        .get(i)
-        .ok_or_else(|| ExecError::Internal(format!("launch #{} lacks weight {i}", launch.id.0)))?
-        .name;
-    weights
-        .get(name)
-        .ok_or_else(|| ExecError::Internal(format!("weight `{name}` not uploaded")))
 }
 
 fn gcd(a: i64, b: i64) -> i64 {

@@ -16,6 +16,7 @@
 //! | `buffers.rs` | a pass's buffers: inputs bound, the tensor behind each plan buffer, per-pass uploads |
 //! | `arena.rs` | a pass's buffers (slots, pending K/V, outputs), kept across passes by size class |
 //! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
+//! | `qkv.rs` | a self-attention's fused q/k/v step: projection, RoPE and KV append in one launch |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
 //!
 //! Cache layout (written down here because every part relies on it):
@@ -32,6 +33,7 @@ mod cache;
 mod draft_vocab;
 mod executor;
 mod interpret;
+mod qkv;
 mod step;
 mod timing;
 mod weights;
