@@ -99,6 +99,31 @@ pub(crate) fn check_indices(
     Ok(())
 }
 
+/// Checks that `slots` holds `n` distinct rows below `rows` (where a
+/// launch writes its `n` new cache rows) and that both cache halves fit one
+/// binding.
+pub(crate) fn expect_slots<R: Runtime>(
+    op: &'static str,
+    slots: &RowIndex<R>,
+    n: usize,
+    rows: usize,
+    halves: [&DeviceTensor<R>; 2],
+) -> Result<()> {
+    if slots.as_slice().len() != n {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg: "slots",
+            expected: format!("[{n}]"),
+            found: vec![slots.as_slice().len()],
+        });
+    }
+    check_indices(op, "slots", slots.as_slice(), rows, true)?;
+    for (arg, t) in ["k_cache", "v_cache"].into_iter().zip(halves) {
+        crate::launch::expect_bindable(op, arg, t)?;
+    }
+    Ok(())
+}
+
 /// A list of row indices on the device, with its host copy (launches
 /// validate against it): uploaded once, then shared by every copy that
 /// uses the same rows (the K and V appends of every layer of a pass).

@@ -33,6 +33,7 @@ use crate::launch::{
 };
 use crate::linear::accumulate;
 use crate::linear_plane::{plane_rows_per_block, plane_vector_width, PlaneShape};
+use crate::rope::rotate_into;
 use crate::tensor::{DType, DeviceTensor};
 
 /// Units per cube of the lane layout (as [`crate::linear::BLOCK`]).
@@ -42,6 +43,78 @@ pub const BLOCK: usize = crate::linear::BLOCK;
 #[cube]
 fn pair_column(p: usize, half: usize, second: usize) -> usize {
     (p / half) * 2 * half + p % half + second * half
+}
+
+/// The weight row offsets of a unit's (plane's) `2 · pp` columns: pairs
+/// `p0 ..` (past the last pair clamped to it), first members then second.
+#[cube]
+fn pair_rows(
+    wbase: &mut Array<usize>,
+    p0: usize,
+    pairs: usize,
+    half: usize,
+    in_v: usize,
+    #[comptime] pp: usize,
+) {
+    #[unroll]
+    for c in 0..comptime!(2 * pp) {
+        let p = select(p0 + c % pp < pairs, p0 + c % pp, pairs - 1);
+        wbase[c] = pair_column(p, half, c / pp) * in_v;
+    }
+}
+
+/// Starts a block of `mb` rows at `row0`: their `x` offsets (rows past `m`
+/// clamped) and zeroed sums.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn start_rows(
+    xoff: &mut Array<usize>,
+    sq: &mut Array<f32>,
+    part: &mut Array<f32>,
+    unused: &mut Array<f32>,
+    row0: usize,
+    m: usize,
+    in_v: usize,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+) {
+    #[unroll]
+    for r in 0..mb {
+        xoff[r] = select(row0 + r < m, row0 + r, m - 1) * in_v;
+        sq[r] = 0.0;
+        #[unroll]
+        for c in 0..cols {
+            part[r * cols + c] = 0.0;
+            unused[r * cols + c] = 0.0;
+        }
+    }
+}
+
+/// `acc = 0 + part · 1/rms` per row (the plain linear's arithmetic, so its
+/// bits), `1/rms` from the sums of squares `sq` when `norm`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn scale_rows(
+    acc: &mut Array<f32>,
+    part: &Array<f32>,
+    sq: &Array<f32>,
+    d: usize,
+    eps: f32,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+    #[comptime] norm: bool,
+) {
+    #[unroll]
+    for r in 0..mb {
+        let mut inv = 1f32;
+        if norm {
+            inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
+        }
+        #[unroll]
+        for c in 0..cols {
+            acc[r * cols + c] = 0f32 + part[r * cols + c] * inv;
+        }
+    }
 }
 
 /// Stores the projections of pairs `p0 .. p0 + pp` of rows `row0 ..
@@ -81,20 +154,12 @@ fn store_pairs<F: Float + CubeElement>(
                 // Rounded to the storage dtype, as a projection stores it.
                 let x1 = f32::cast_from(F::cast_from(acc[r * comptime!(2 * pp) + c]));
                 let x2 = f32::cast_from(F::cast_from(acc[r * comptime!(2 * pp) + pp + c]));
-                if head < heads + kv_heads {
-                    let a = crate::rope::reduced_angle(pos[row], inv_freq[j]);
-                    let (co, si) = (f32::cos(a), f32::sin(a));
-                    let y1 = F::cast_from(x1 * co - x2 * si);
-                    let y2 = F::cast_from(x2 * co + x1 * si);
-                    if head < heads {
-                        let dst = (row * heads + head) * hd;
-                        q[dst + j] = y1;
-                        q[dst + j + half] = y2;
-                    } else {
-                        let dst = (slots[row] as usize * kv_heads + head - heads) * hd;
-                        k_cache[dst + j] = y1;
-                        k_cache[dst + j + half] = y2;
-                    }
+                if head < heads {
+                    let dst = (row * heads + head) * hd + j;
+                    rotate_into::<F>(x1, x2, pos[row], inv_freq[j], q, dst, half);
+                } else if head < heads + kv_heads {
+                    let dst = (slots[row] as usize * kv_heads + head - heads) * hd + j;
+                    rotate_into::<F>(x1, x2, pos[row], inv_freq[j], k_cache, dst, half);
                 } else {
                     let g = head - heads - kv_heads;
                     let dst = (slots[row] as usize * kv_heads + g) * hd;
@@ -135,27 +200,24 @@ pub fn linear_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
     let cols = comptime!(2 * pp);
     let p0 = (CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize) * pp;
     let mut wbase = Array::<usize>::new(cols);
-    #[unroll]
-    for c in 0..cols {
-        let p = select(p0 + c % pp < pairs, p0 + c % pp, pairs - 1);
-        wbase[c] = pair_column(p, half, c / pp) * in_v;
-    }
+    pair_rows(&mut wbase, p0, pairs, half, in_v, pp);
     let mut row0 = 0usize;
     while row0 < m {
         let mut xoff = Array::<usize>::new(mb);
         let mut sq = Array::<f32>::new(mb);
         let mut part = Array::<f32>::new(comptime!(mb * cols));
         let mut unused = Array::<f32>::new(comptime!(mb * cols));
-        #[unroll]
-        for r in 0..mb {
-            xoff[r] = select(row0 + r < m, row0 + r, m - 1) * in_v;
-            sq[r] = 0.0;
-            #[unroll]
-            for c in 0..cols {
-                part[r * cols + c] = 0.0;
-                unused[r * cols + c] = 0.0;
-            }
-        }
+        start_rows(
+            &mut xoff,
+            &mut sq,
+            &mut part,
+            &mut unused,
+            row0,
+            m,
+            in_v,
+            mb,
+            cols,
+        );
         for kv in 0..in_v {
             accumulate::<F, N>(
                 x,
@@ -174,19 +236,8 @@ pub fn linear_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
                 false,
             );
         }
-        // The plain linear's `acc = 0 + part · inv`, exactly.
         let mut acc = Array::<f32>::new(comptime!(mb * cols));
-        #[unroll]
-        for r in 0..mb {
-            let mut inv = 1f32;
-            if norm {
-                inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
-            }
-            #[unroll]
-            for c in 0..cols {
-                acc[r * cols + c] = 0f32 + part[r * cols + c] * inv;
-            }
-        }
+        scale_rows(&mut acc, &part, &sq, d, eps, mb, cols, norm);
         store_pairs::<F>(
             &acc, pos, inv_freq, slots, q, k_cache, v_cache, row0, p0, m, pairs, half, heads,
             kv_heads, mb, pp,
@@ -234,27 +285,24 @@ pub fn linear_plane_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
     let slot = comptime!(mb * cols + mb);
     let mut smem = SharedMemory::<f32>::new(comptime!(planes * slot));
     let mut wbase = Array::<usize>::new(cols);
-    #[unroll]
-    for c in 0..cols {
-        let p = select(p0 + c % pp < pairs, p0 + c % pp, pairs - 1);
-        wbase[c] = pair_column(p, half, c / pp) * in_v;
-    }
+    pair_rows(&mut wbase, p0, pairs, half, in_v, pp);
     let mut row0 = 0usize;
     while row0 < m {
         let mut xoff = Array::<usize>::new(mb);
         let mut sq = Array::<f32>::new(mb);
         let mut part = Array::<f32>::new(comptime!(mb * cols));
         let mut unused = Array::<f32>::new(comptime!(mb * cols));
-        #[unroll]
-        for r in 0..mb {
-            xoff[r] = select(row0 + r < m, row0 + r, m - 1) * in_v;
-            sq[r] = 0.0;
-            #[unroll]
-            for c in 0..cols {
-                part[r * cols + c] = 0.0;
-                unused[r * cols + c] = 0.0;
-            }
-        }
+        start_rows(
+            &mut xoff,
+            &mut sq,
+            &mut part,
+            &mut unused,
+            row0,
+            m,
+            in_v,
+            mb,
+            cols,
+        );
         let mut kv = split * pdim + lane;
         while kv < in_v {
             accumulate::<F, N>(
@@ -315,17 +363,7 @@ pub fn linear_plane_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
             sync_cube();
         }
         let mut acc = Array::<f32>::new(comptime!(mb * cols));
-        #[unroll]
-        for r in 0..mb {
-            let mut inv = 1f32;
-            if norm {
-                inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
-            }
-            #[unroll]
-            for c in 0..cols {
-                acc[r * cols + c] = 0f32 + part[r * cols + c] * inv;
-            }
-        }
+        scale_rows(&mut acc, &part, &sq, d, eps, mb, cols, norm);
         if split == 0 && lane == 0 {
             store_pairs::<F>(
                 &acc, pos, inv_freq, slots, q, k_cache, v_cache, row0, p0, m, pairs, half, heads,
@@ -408,18 +446,9 @@ pub fn linear_rope_qkv<R: Runtime>(
             reason: format!("q is {qs:?}: needs {m} rows and an even, positive head_dim"),
         });
     }
-    let rows = crate::launch::expect_rank(OP, "k_cache", out.k_cache, 2, "[rows, width]")?[0];
-    let width = out.k_cache.shape()[1];
-    if width == 0 || !width.is_multiple_of(hd) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("cache width {width} is not a positive multiple of head_dim {hd}"),
-        });
-    }
-    let kv_heads = width / hd;
+    let (rows, kv_heads) = crate::rope::cache_heads(OP, out.k_cache, out.v_cache, hd)?;
     let n = (heads + 2 * kv_heads) * hd;
     expect_shape(OP, "weight", weight, &[n, k])?;
-    expect_shape(OP, "v_cache", out.v_cache, &[rows, width])?;
     for (arg, t) in [
         ("weight", weight),
         ("q", out.q),
@@ -428,27 +457,13 @@ pub fn linear_rope_qkv<R: Runtime>(
     ] {
         expect_dtype(OP, arg, t, dtype)?;
     }
-    for (arg, t) in [
-        ("weight", weight),
-        ("k_cache", out.k_cache),
-        ("v_cache", out.v_cache),
-    ] {
-        expect_bindable(OP, arg, t)?;
-    }
+    expect_bindable(OP, "weight", weight)?;
     let half = hd / 2;
     expect_dtype(OP, "positions", out.positions, DType::U32)?;
     expect_shape(OP, "positions", out.positions, &[m])?;
     expect_dtype(OP, "freqs", out.freqs, DType::F32)?;
     expect_shape(OP, "freqs", out.freqs, &[half])?;
-    if out.slots.as_slice().len() != m {
-        return Err(OpsError::ShapeMismatch {
-            op: OP,
-            arg: "slots",
-            expected: format!("[{m}]"),
-            found: vec![out.slots.as_slice().len()],
-        });
-    }
-    crate::kv::check_indices(OP, "slots", out.slots.as_slice(), rows, true)?;
+    crate::kv::expect_slots(OP, out.slots, m, rows, [out.k_cache, out.v_cache])?;
     let (gamma, eps) = match norm {
         Some((g, eps)) => {
             expect_shape(OP, "gamma", g, &[k])?;

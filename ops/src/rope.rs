@@ -43,6 +43,25 @@ pub(crate) fn reduced_angle(pos: u32, f: f32) -> f32 {
     (a - k * TWO_PI_HI) - k * TWO_PI_LO
 }
 
+/// Rotates the pair `(x1, x2)` by the angle of position `pos` at
+/// frequency `f` and stores it, as `F`, at `out[at]` and `out[at + half]`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rotate_into<F: Float + CubeElement>(
+    x1: f32,
+    x2: f32,
+    pos: u32,
+    f: f32,
+    out: &mut Array<F>,
+    at: usize,
+    half: usize,
+) {
+    let r = reduced_angle(pos, f);
+    let (c, s) = (f32::cos(r), f32::sin(r));
+    out[at] = F::cast_from(x1 * c - x2 * s);
+    out[at + half] = F::cast_from(x2 * c + x1 * s);
+}
+
 /// One unit per (token, head, i < half) pair.
 #[cube(launch_unchecked)]
 pub fn rope_kernel<F: Float + CubeElement>(
@@ -59,13 +78,10 @@ pub fn rope_kernel<F: Float + CubeElement>(
         let i = p % half;
         let th = p / half; // token * heads + head
         let t = th / heads;
-        let r = reduced_angle(pos[t], inv_freq[i]);
-        let (c, s) = (f32::cos(r), f32::sin(r));
         let base = th * 2 * half;
         let x1 = f32::cast_from(x[base + i]);
         let x2 = f32::cast_from(x[base + i + half]);
-        out[base + i] = F::cast_from(x1 * c - x2 * s);
-        out[base + i + half] = F::cast_from(x2 * c + x1 * s);
+        rotate_into::<F>(x1, x2, pos[t], inv_freq[i], out, base + i, half);
     }
 }
 
@@ -91,14 +107,11 @@ pub fn rope_append_kernel<F: Float + CubeElement>(
         let th = p / half; // row * heads + head
         let t = th / heads;
         let head = th % heads;
-        let r = reduced_angle(pos[t], inv_freq[i]);
-        let (c, s) = (f32::cos(r), f32::sin(r));
         let src = th * 2 * half;
         let dst = (slots[t] as usize * heads + head) * 2 * half;
         let x1 = f32::cast_from(k[src + i]);
         let x2 = f32::cast_from(k[src + i + half]);
-        k_cache[dst + i] = F::cast_from(x1 * c - x2 * s);
-        k_cache[dst + i + half] = F::cast_from(x2 * c + x1 * s);
+        rotate_into::<F>(x1, x2, pos[t], inv_freq[i], k_cache, dst + i, half);
         v_cache[dst + i] = v[src + i];
         v_cache[dst + i + half] = v[src + i + half];
     }
@@ -133,22 +146,17 @@ pub fn rope_qkv_append_kernel<F: Float + CubeElement>(
         let head = rh % all;
         let hd = 2 * half;
         let row = t * (all + kv_heads) * hd;
-        let r = reduced_angle(pos[t], inv_freq[i]);
-        let (c, s) = (f32::cos(r), f32::sin(r));
         let src = row + head * hd;
         let x1 = f32::cast_from(qkv[src + i]);
         let x2 = f32::cast_from(qkv[src + i + half]);
-        let y1 = F::cast_from(x1 * c - x2 * s);
-        let y2 = F::cast_from(x2 * c + x1 * s);
+        let f = inv_freq[i];
         if head < heads {
             let dst = (t * heads + head) * hd;
-            q[dst + i] = y1;
-            q[dst + i + half] = y2;
+            rotate_into::<F>(x1, x2, pos[t], f, q, dst + i, half);
         } else {
             let g = head - heads;
             let dst = (slots[t] as usize * kv_heads + g) * hd;
-            k_cache[dst + i] = y1;
-            k_cache[dst + i + half] = y2;
+            rotate_into::<F>(x1, x2, pos[t], f, k_cache, dst + i, half);
             let vsrc = row + (all + g) * hd;
             v_cache[dst + i] = qkv[vsrc + i];
             v_cache[dst + i + half] = qkv[vsrc + i + half];
@@ -184,16 +192,7 @@ pub fn rope_qkv_append<R: Runtime>(
             reason: format!("head_dim must be even and positive, got {hd}"),
         });
     }
-    let rows = expect_rank(OP, "k_cache", k_cache, 2, "[rows, kv_heads * head_dim]")?[0];
-    let width = k_cache.shape()[1];
-    if width == 0 || !width.is_multiple_of(hd) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("cache width {width} is not a positive multiple of head_dim {hd}"),
-        });
-    }
-    let kv_heads = width / hd;
-    expect_shape(OP, "v_cache", v_cache, &[rows, width])?;
+    let (rows, kv_heads) = cache_heads(OP, k_cache, v_cache, hd)?;
     expect_shape(OP, "qkv", qkv, &[n, (heads + 2 * kv_heads) * hd])?;
     for (arg, t) in [("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)] {
         expect_dtype(OP, arg, t, q.dtype())?;
@@ -203,18 +202,7 @@ pub fn rope_qkv_append<R: Runtime>(
     let half = hd / 2;
     expect_dtype(OP, "freqs", freqs, DType::F32)?;
     expect_shape(OP, "freqs", freqs, &[half])?;
-    if slots.as_slice().len() != n {
-        return Err(OpsError::ShapeMismatch {
-            op: OP,
-            arg: "slots",
-            expected: format!("[{n}]"),
-            found: vec![slots.as_slice().len()],
-        });
-    }
-    crate::kv::check_indices(OP, "slots", slots.as_slice(), rows, true)?;
-    for (arg, t) in [("k_cache", k_cache), ("v_cache", v_cache)] {
-        crate::launch::expect_bindable(OP, arg, t)?;
-    }
+    crate::kv::expect_slots(OP, slots, n, rows, [k_cache, v_cache])?;
     let Some(slot_dev) = slots.device() else {
         return Ok(()); // no rows
     };
@@ -274,18 +262,7 @@ pub fn rope_append<R: Runtime>(
     expect_shape(OP, "v_cache", v_cache, &[rows, width])?;
     expect_dtype(OP, "k_cache", k_cache, k.dtype())?;
     expect_dtype(OP, "v_cache", v_cache, k.dtype())?;
-    if slots.as_slice().len() != n {
-        return Err(OpsError::ShapeMismatch {
-            op: OP,
-            arg: "slots",
-            expected: format!("[{n}]"),
-            found: vec![slots.as_slice().len()],
-        });
-    }
-    crate::kv::check_indices(OP, "slots", slots.as_slice(), rows, true)?;
-    for (arg, t) in [("k_cache", k_cache), ("v_cache", v_cache)] {
-        crate::launch::expect_bindable(OP, arg, t)?;
-    }
+    crate::kv::expect_slots(OP, slots, n, rows, [k_cache, v_cache])?;
     let Some(slot_dev) = slots.device() else {
         return Ok(()); // no rows
     };
@@ -304,6 +281,28 @@ pub fn rope_append<R: Runtime>(
         }
     })?;
     finish(client, OP)
+}
+
+/// The rows and KV heads of `head_dim` of the cache halves `k_cache` and
+/// `v_cache` (both `[rows, kv_heads · head_dim]`).
+pub(crate) fn cache_heads<R: Runtime>(
+    op: &'static str,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+    head_dim: usize,
+) -> Result<(usize, usize)> {
+    let rows = expect_rank(op, "k_cache", k_cache, 2, "[rows, kv_heads * head_dim]")?[0];
+    let width = k_cache.shape()[1];
+    if width == 0 || !width.is_multiple_of(head_dim) {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!(
+                "cache width {width} is not a positive multiple of head_dim {head_dim}"
+            ),
+        });
+    }
+    expect_shape(op, "v_cache", v_cache, &[rows, width])?;
+    Ok((rows, width / head_dim))
 }
 
 /// Applies RoPE to `x` (`[t, heads, head_dim]`) at `positions` (u32 `[t]`)

@@ -100,6 +100,21 @@ pub fn round_to(dtype: DType, data: &[f32]) -> Vec<f32> {
     }
 }
 
+/// `n` distinct row indices below `rows` (a seeded shuffle of `0..rows`,
+/// first `n`): where a test writes new cache rows.
+pub fn distinct_slots(seed: u64, rows: usize, n: usize) -> Vec<u32> {
+    let mut slots: Vec<u32> = (0..rows as u32).collect();
+    let mut x = seed | 1;
+    for i in (1..slots.len()).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        slots.swap(i, (x % (i as u64 + 1)) as usize);
+    }
+    slots.truncate(n);
+    slots
+}
+
 /// `n` deterministic pseudo-random values in `[lo, hi)` (splitmix64), rounded
 /// to `dtype`. Cheap for large `n`, unlike a proptest vector strategy.
 pub fn random_f32(seed: u64, n: usize, lo: f32, hi: f32, dtype: DType) -> Vec<f32> {

@@ -11,8 +11,8 @@ use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::linear_rope::{linear_rope_qkv, reference, RopeQkvLayout, RopeQkvOut};
 use draftc_ops::rope::{rope_freqs, rope_qkv_append};
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, random_u32, round_to, test_client,
-    TestRuntime,
+    assert_close, awkward_size, config, distinct_slots, float_dtype, random_f32, random_u32,
+    round_to, test_client, TestRuntime,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -21,20 +21,6 @@ type R = TestRuntime;
 
 fn plane() -> u32 {
     test_client().properties().hardware.plane_size_max
-}
-
-/// `n` distinct slots below `rows` (a seeded shuffle).
-fn distinct_slots(seed: u64, rows: usize, n: usize) -> Vec<u32> {
-    let mut slots: Vec<u32> = (0..rows as u32).collect();
-    let mut x = seed | 1;
-    for i in (1..slots.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        slots.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    slots.truncate(n);
-    slots
 }
 
 /// One random problem on the host and the device.
@@ -93,86 +79,71 @@ impl Case {
         (self.heads + 2 * self.kv_heads) * self.hd
     }
 
-    /// The fused launch's q, K cache and V cache.
-    fn fused(&self, norm: bool, layout: RopeQkvLayout) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    /// The case on the device: x, the stacked weight, the norm's scale, q,
+    /// the caches, the positions, the frequencies and the slots.
+    fn upload(&self) -> OnDevice {
         let c = test_client();
         let up = |d: &[f32], s: &[usize]| DeviceTensor::upload_f32(&c, d, s, self.dtype).unwrap();
         let kw = self.kv_heads * self.hd;
-        let (xt, wt, gt) = (
-            up(&self.x, &[self.m, self.k]),
-            up(&self.w, &[self.n(), self.k]),
-            up(&self.gamma, &[self.k]),
-        );
-        let q = DeviceTensor::<R>::zeros(&c, &[self.m, self.heads, self.hd], self.dtype);
-        let (kc, vc) = (
-            up(&self.k0, &[self.rows, kw]),
-            up(&self.v0, &[self.rows, kw]),
-        );
-        let pos = DeviceTensor::upload_u32(&c, &self.pos, &[self.m]).unwrap();
-        let freqs = rope_freqs(&c, self.hd, 1e5).unwrap();
-        let slots = RowIndex::upload(&c, &self.slots).unwrap();
+        OnDevice {
+            x: up(&self.x, &[self.m, self.k]),
+            w: up(&self.w, &[self.n(), self.k]),
+            gamma: up(&self.gamma, &[self.k]),
+            q: DeviceTensor::zeros(&c, &[self.m, self.heads, self.hd], self.dtype),
+            k_cache: up(&self.k0, &[self.rows, kw]),
+            v_cache: up(&self.v0, &[self.rows, kw]),
+            pos: DeviceTensor::upload_u32(&c, &self.pos, &[self.m]).unwrap(),
+            freqs: rope_freqs(&c, self.hd, 1e5).unwrap(),
+            slots: RowIndex::upload(&c, &self.slots).unwrap(),
+        }
+    }
+
+    /// The fused launch's q, K cache and V cache.
+    fn fused(&self, norm: bool, layout: RopeQkvLayout) -> Outputs {
+        let d = self.upload();
         let out = RopeQkvOut {
-            positions: &pos,
-            freqs: &freqs,
-            slots: &slots,
-            q: &q,
-            k_cache: &kc,
-            v_cache: &vc,
+            positions: &d.pos,
+            freqs: &d.freqs,
+            slots: &d.slots,
+            q: &d.q,
+            k_cache: &d.k_cache,
+            v_cache: &d.v_cache,
         };
-        linear_rope_qkv(&c, &xt, &wt, norm.then_some((&gt, 1e-5)), out, layout).unwrap();
-        (
-            q.download_f32(&c).unwrap(),
-            kc.download_f32(&c).unwrap(),
-            vc.download_f32(&c).unwrap(),
-        )
+        let gamma = norm.then_some((&d.gamma, 1e-5));
+        linear_rope_qkv(&test_client(), &d.x, &d.w, gamma, out, layout).unwrap();
+        d.outputs()
     }
 
     /// The two launches it replaces: the plain linear (same layout) into a
     /// `[m, n]` buffer, then `rope_qkv_append`.
-    fn two_launches(&self, norm: bool, layout: RopeQkvLayout) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn two_launches(&self, norm: bool, layout: RopeQkvLayout) -> Outputs {
         let c = test_client();
-        let up = |d: &[f32], s: &[usize]| DeviceTensor::upload_f32(&c, d, s, self.dtype).unwrap();
-        let kw = self.kv_heads * self.hd;
-        let (xt, wt, gt) = (
-            up(&self.x, &[self.m, self.k]),
-            up(&self.w, &[self.n(), self.k]),
-            up(&self.gamma, &[self.k]),
-        );
+        let d = self.upload();
         let qkv = DeviceTensor::<R>::zeros(&c, &[self.m, self.n()], self.dtype);
-        let pro = if norm {
-            Prologue::RmsNorm {
-                weight: &gt,
+        let pro = match norm {
+            true => Prologue::RmsNorm {
+                weight: &d.gamma,
                 eps: 1e-5,
-            }
-        } else {
-            Prologue::None
+            },
+            false => Prologue::None,
         };
         match layout {
             RopeQkvLayout::Lanes { cols } => {
-                linear_lanes(&c, &xt, &wt, pro, Epilogue::None, &qkv, cols).unwrap()
+                linear_lanes(&c, &d.x, &d.w, pro, Epilogue::None, &qkv, cols).unwrap()
             }
             RopeQkvLayout::Planes(s) => {
                 let shape = PlaneShape { cols: 1, ..s };
-                linear_planes(&c, &xt, &wt, pro, Epilogue::None, &qkv, shape).unwrap()
+                linear_planes(&c, &d.x, &d.w, pro, Epilogue::None, &qkv, shape).unwrap()
             }
         }
-        let q = DeviceTensor::<R>::zeros(&c, &[self.m, self.heads, self.hd], self.dtype);
-        let (kc, vc) = (
-            up(&self.k0, &[self.rows, kw]),
-            up(&self.v0, &[self.rows, kw]),
-        );
-        let pos = DeviceTensor::upload_u32(&c, &self.pos, &[self.m]).unwrap();
-        let freqs = rope_freqs(&c, self.hd, 1e5).unwrap();
-        let slots = RowIndex::upload(&c, &self.slots).unwrap();
-        rope_qkv_append(&c, &qkv, &pos, &freqs, &slots, &q, &kc, &vc).unwrap();
-        (
-            q.download_f32(&c).unwrap(),
-            kc.download_f32(&c).unwrap(),
-            vc.download_f32(&c).unwrap(),
+        rope_qkv_append(
+            &c, &qkv, &d.pos, &d.freqs, &d.slots, &d.q, &d.k_cache, &d.v_cache,
         )
+        .unwrap();
+        d.outputs()
     }
 
-    fn reference(&self, norm: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    fn reference(&self, norm: bool) -> Outputs {
         let (mut kc, mut vc) = (self.k0.clone(), self.v0.clone());
         let dtype = self.dtype;
         let q = reference::linear_rope_qkv(
@@ -191,6 +162,33 @@ impl Case {
             &mut vc,
         );
         (q, kc, vc)
+    }
+}
+
+/// q, K cache and V cache, downloaded.
+type Outputs = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// A [`Case`] on the device.
+struct OnDevice {
+    x: DeviceTensor<R>,
+    w: DeviceTensor<R>,
+    gamma: DeviceTensor<R>,
+    q: DeviceTensor<R>,
+    k_cache: DeviceTensor<R>,
+    v_cache: DeviceTensor<R>,
+    pos: DeviceTensor<R>,
+    freqs: DeviceTensor<R>,
+    slots: RowIndex<R>,
+}
+
+impl OnDevice {
+    fn outputs(&self) -> Outputs {
+        let c = test_client();
+        (
+            self.q.download_f32(&c).unwrap(),
+            self.k_cache.download_f32(&c).unwrap(),
+            self.v_cache.download_f32(&c).unwrap(),
+        )
     }
 }
 

@@ -6,8 +6,8 @@ use draftc_ops::rope::{
     reference, rope, rope_append, rope_freqs, rope_qkv_append, rope_with_freqs,
 };
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, random_u32, test_client,
-    TestRuntime,
+    assert_close, awkward_size, config, distinct_slots, float_dtype, random_f32, random_u32,
+    test_client, TestRuntime,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -148,20 +148,6 @@ fn rope_append_errors() {
         rope_append(&client, &k, &k, &p, &f, &ok, &narrow, &cache),
         Err(OpsError::ShapeMismatch { arg: "k_cache", .. })
     ));
-}
-
-/// `n` distinct slots below `rows`: a seeded shuffle of `0..rows`, first `n`.
-fn distinct_slots(seed: u64, rows: usize, n: usize) -> Vec<u32> {
-    let mut slots: Vec<u32> = (0..rows as u32).collect();
-    let mut x = seed | 1;
-    for i in (1..slots.len()).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        slots.swap(i, (x % (i as u64 + 1)) as usize);
-    }
-    slots.truncate(n);
-    slots
 }
 
 proptest! {
