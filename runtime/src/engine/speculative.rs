@@ -382,6 +382,10 @@ pub fn generate_with_policy<R: Runtime>(
     let mut drafted_last = false;
     let trace_rounds = std::env::var("DRAFTC_PLAN_DEBUG").is_ok_and(|v| v == "rounds");
     let mut selected = SelectOut::default();
+    // Whether the last round's greedy selection is this round's ids, in
+    // order (a round without draft whose sequences all go on): a round
+    // without draft then uploads no ids, like an autoregressive step.
+    let mut ids_selected = false;
     while !active.is_empty() {
         round += 1;
         let counts0 = draftc_ops::counters::snapshot();
@@ -500,7 +504,13 @@ pub fn generate_with_policy<R: Runtime>(
             drafter.verifying(&views, &trees)?;
         }
         drop(views);
-        let o = target.forward(&step, &ids)?;
+        let on_device = selected
+            .last(ids.len())
+            .filter(|_| ids_selected && rows == batch);
+        let o = match on_device {
+            Some(dev) => target.forward_on_device(&step, &ids, dev)?,
+            None => target.forward(&step, &ids)?,
+        };
         stats.target_passes += 1;
         let logits = o.get("logits")?;
         // 3. Accept.
@@ -602,6 +612,7 @@ pub fn generate_with_policy<R: Runtime>(
                 );
             }
         }
+        ids_selected = rows == batch && sampling.is_greedy() && still.len() == active.len();
         active = still;
         stats.rounds += 1;
         stats.round_counts = stats
