@@ -353,6 +353,10 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         // A cut chain needs its token's probability; a plain one only the
         // argmax.
         let greedy_chain = self.shape == TreeShape::Chain && self.confidence.is_none();
+        // A plain chain's last selection (target ids: no reduced
+        // vocabulary), still on the device: the next depth's ids when they
+        // are exactly these tokens, so that depth uploads none.
+        let mut last_selection: Option<Vec<u32>> = None;
         loop {
             let active: Vec<usize> = (0..seqs.len())
                 .filter(|&i| !builders[i].is_done())
@@ -437,10 +441,15 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 });
             }
             let mut inputs = BTreeMap::new();
-            inputs.insert(
-                "ids".to_string(),
-                DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
-            );
+            let selected = match &last_selection {
+                Some(s) if *s == ids => self.selected.last(ids.len()),
+                _ => None,
+            };
+            let ids_t = match selected {
+                Some(t) => t,
+                None => DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
+            };
+            inputs.insert("ids".to_string(), ids_t);
             for (k, s) in self.streams.iter().enumerate() {
                 let d = if width == 0 {
                     self.exec.graph().memories[k]
@@ -464,6 +473,8 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 );
             }
             let out = self.exec.run(&step, &inputs, &mut self.caches, None)?;
+            // The ids buffer is free again for this depth's selection.
+            drop(inputs);
             if first_level {
                 // The target states are in the caches now.
                 for &i in &active {
@@ -480,10 +491,10 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 .max()
                 .unwrap_or(1);
             let mut cands: Vec<Vec<(u32, f32)>> = if greedy_chain {
-                select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?
-                    .into_iter()
-                    .map(|t| vec![(t, 0.0)])
-                    .collect()
+                let sel =
+                    select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?;
+                last_selection = self.vocab.is_none().then(|| sel.clone());
+                sel.into_iter().map(|t| vec![(t, 0.0)]).collect()
             } else {
                 top_candidates_into(&client, logits, wants, &mut self.top)?
             };
