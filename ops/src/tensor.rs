@@ -270,6 +270,27 @@ impl<R: Runtime> DeviceTensor<R> {
         Ok(self.u32_of(&bytes[0]))
     }
 
+    /// Reads several u32 tensors back in one request: one wait for the
+    /// device instead of one each.
+    pub fn download_u32_all(
+        client: &ComputeClient<R>,
+        tensors: &[&DeviceTensor<R>],
+    ) -> Result<Vec<Vec<u32>>> {
+        const OP: &str = "download_u32_all";
+        for t in tensors {
+            t.expect_u32_data(OP)?;
+        }
+        if tensors.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bytes = read(client, tensors, OP)?;
+        Ok(tensors
+            .iter()
+            .zip(&bytes)
+            .map(|(t, b)| t.u32_of(b))
+            .collect())
+    }
+
     /// Reads `values` (a float tensor, widened to f32) and `ids` (u32) back
     /// in one request: one wait for the device instead of two.
     pub fn download_f32_and_u32(

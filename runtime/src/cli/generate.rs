@@ -432,7 +432,8 @@ pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> St
         String::new()
     };
     let warm = if baseline_tps.is_some() {
-        " (both warm: kernels compiled before either timing)"
+        " (both after an untimed warm-up on the same prompts; a kernel variant it did not meet \
+         compiles inside the timing)"
     } else {
         ""
     };

@@ -31,7 +31,9 @@ use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
 use super::drafters::{Committed, Drafter, SeqView};
-use super::select::{select_tokens_into, top_candidates_into, Sampling, SelectOut, TopOut};
+use super::select::{
+    argmax_on_device, select_tokens_into, top_candidates_into, Sampling, SelectOut, TopOut,
+};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
@@ -126,7 +128,13 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     /// and rounds.
     selected: SelectOut,
     top: TopOut,
+    /// A deferred chain's selections, one kept buffer per depth.
+    chain_out: Vec<SelectOut>,
 }
+
+/// One depth of a deferred chain: its selection on the device, and per
+/// sequence fed (in row order) how many of its rows it fed.
+type ChainDepth<R> = (DeviceTensor<R>, Vec<(usize, usize)>);
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
     /// `graph`: a compiled autoregressive drafter; `shape`: the round's tree.
@@ -218,6 +226,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             sources: 0,
             selected: SelectOut::default(),
             top: TopOut::default(),
+            chain_out: Vec::new(),
             streams,
             final_norm,
         })
@@ -353,10 +362,15 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         // A cut chain needs its token's probability; a plain one only the
         // argmax.
         let greedy_chain = self.shape == TreeShape::Chain && self.confidence.is_none();
-        // A plain chain's last selection (target ids: no reduced
-        // vocabulary), still on the device: the next depth's ids when they
-        // are exactly these tokens, so that depth uploads none.
-        let mut last_selection: Option<Vec<u32>> = None;
+        // A plain chain over the target's vocabulary drafts with its tokens
+        // left on the device: each depth's ids are the last depth's
+        // selection, and every depth's selection is read at once at the end
+        // (one wait for the device, not one a depth) and fed to the
+        // builders, which meanwhile grow the same chain over placeholders
+        // (a chain's shape does not depend on its tokens).
+        let deferred = greedy_chain && self.vocab.is_none();
+        // Per depth: its selection on the device and whom its rows fed.
+        let mut chain: Vec<ChainDepth<R>> = Vec::new();
         loop {
             let active: Vec<usize> = (0..seqs.len())
                 .filter(|&i| !builders[i].is_done())
@@ -441,12 +455,15 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 });
             }
             let mut inputs = BTreeMap::new();
-            let selected = match &last_selection {
-                Some(s) if *s == ids => self.selected.last(ids.len()),
-                _ => None,
-            };
-            let ids_t = match selected {
-                Some(t) => t,
+            let ids_t = match chain.last() {
+                Some((sel, _)) if sel.numel() == ids.len() => sel.clone(),
+                Some((sel, _)) => {
+                    return Err(EngineError::Invalid(format!(
+                        "a chain depth of {} rows after one of {}",
+                        ids.len(),
+                        sel.numel()
+                    )))
+                }
                 None => DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
             };
             inputs.insert("ids".to_string(), ids_t);
@@ -490,11 +507,21 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 .map(|&i| builders[i].wants())
                 .max()
                 .unwrap_or(1);
-            let mut cands: Vec<Vec<(u32, f32)>> = if greedy_chain {
-                let sel =
-                    select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?;
-                last_selection = self.vocab.is_none().then(|| sel.clone());
-                sel.into_iter().map(|t| vec![(t, 0.0)]).collect()
+            let depth = chain.len();
+            let mut cands: Vec<Vec<(u32, f32)>> = if deferred {
+                if self.chain_out.len() <= depth {
+                    self.chain_out.resize_with(depth + 1, SelectOut::default);
+                }
+                let sel = argmax_on_device(&client, logits, &mut self.chain_out[depth])?;
+                // Placeholders until the one read after the last depth.
+                let rows = sel.numel();
+                chain.push((sel, Vec::new()));
+                vec![vec![(0, 0.0)]; rows]
+            } else if greedy_chain {
+                select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?
+                    .into_iter()
+                    .map(|t| vec![(t, 0.0)])
+                    .collect()
             } else {
                 top_candidates_into(&client, logits, wants, &mut self.top)?
             };
@@ -518,10 +545,33 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 builders[i]
                     .feed(cands[row..row + n].to_vec())
                     .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                if let (true, Some((_, fed))) = (deferred, chain.last_mut()) {
+                    fed.push((i, n));
+                }
                 next.seqs.insert(i, (row, nodes, positions));
                 row += n;
             }
             predicted = Some(next);
+        }
+        if !deferred || chain.is_empty() {
+            return Ok(builders.into_iter().map(TreeBuilder::finish).collect());
+        }
+        // The chain's tokens, all depths in one read, fed as they were drafted.
+        let sels: Vec<&DeviceTensor<R>> = chain.iter().map(|(t, _)| t).collect();
+        let tokens = DeviceTensor::download_u32_all(&client, &sels)?;
+        let mut builders: Vec<TreeBuilder> = seqs
+            .iter()
+            .map(|_| TreeBuilder::new(&self.shape, budget))
+            .collect();
+        for ((_, fed), toks) in chain.iter().zip(&tokens) {
+            let mut row = 0;
+            for &(i, n) in fed {
+                let cands = toks[row..row + n].iter().map(|&t| vec![(t, 0.0)]);
+                builders[i]
+                    .feed(cands.collect())
+                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
+                row += n;
+            }
         }
         Ok(builders.into_iter().map(TreeBuilder::finish).collect())
     }

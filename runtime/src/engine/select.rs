@@ -125,6 +125,22 @@ impl SelectOut {
     }
 }
 
+/// The greedy tokens of every row of `logits`, left on the device in
+/// `out`'s kept buffer (no read: a caller that reads several selections at
+/// once waits for the device once).
+pub fn argmax_on_device<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    out: &mut SelectOut,
+) -> Result<DeviceTensor<R>, EngineError> {
+    let vocab = *logits.shape().last().unwrap_or(&1);
+    let rows = logits.numel() / vocab.max(1);
+    let logits = logits.reshape(&[rows, vocab])?;
+    let t = out.take(client, rows);
+    draftc_ops::argmax_topk::argmax(client, &logits, &t)?;
+    Ok(t)
+}
+
 /// [`select_tokens`] writing into `out`'s kept buffer.
 pub fn select_tokens_into<R: Runtime>(
     client: &ComputeClient<R>,
