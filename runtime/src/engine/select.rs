@@ -149,22 +149,21 @@ pub fn select_tokens_into<R: Runtime>(
     step: u32,
     out: &mut SelectOut,
 ) -> Result<Vec<u32>, EngineError> {
+    if sampling.is_greedy() {
+        return Ok(argmax_on_device(client, logits, out)?.download_u32(client)?);
+    }
     let vocab = *logits.shape().last().unwrap_or(&1);
     let rows = logits.numel() / vocab.max(1);
     let logits = logits.reshape(&[rows, vocab])?;
     let out = out.take(client, rows);
-    if sampling.is_greedy() {
-        draftc_ops::argmax_topk::argmax(client, &logits, &out)?;
-    } else {
-        let params = SamplingParams {
-            temperature: sampling.temperature,
-            top_k: sampling.top_k,
-            top_p: sampling.top_p,
-            seed: sampling.seed,
-            step,
-        };
-        draftc_ops::sampling::sample(client, &logits, params, &out)?;
-    }
+    let params = SamplingParams {
+        temperature: sampling.temperature,
+        top_k: sampling.top_k,
+        top_p: sampling.top_p,
+        seed: sampling.seed,
+        step,
+    };
+    draftc_ops::sampling::sample(client, &logits, params, &out)?;
     Ok(out.download_u32(client)?)
 }
 
