@@ -267,6 +267,23 @@ pub fn warm_up<R: Runtime>(
         None,
         &mut |_, _| {},
     )?;
+    // Rounds that draft one token every round: the drafter then meets the
+    // one or two new rows a round commits (the cycle's rounds without a
+    // draft leave it more), whose kernel variants (a lane linear's row
+    // block) would otherwise compile inside the timed run.
+    if policy.max_budget() > 0 {
+        let steady = 8.min(room);
+        generate_with_policy(
+            target,
+            drafter,
+            requests,
+            steady,
+            sampling,
+            &mut DraftPolicy::Fixed(1),
+            None,
+            &mut |_, _| {},
+        )?;
+    }
     super::generate(target, requests, 2, sampling, None, &mut |_, _| {})?;
     if let (DraftPolicy::Planned(p), DraftPolicy::Planned(w)) = (policy, &cycle) {
         p.adopt_costs(w);
