@@ -79,6 +79,80 @@ fn zero(a: &mut Array<f32>, #[comptime] n: usize) {
     }
 }
 
+/// Reduces a plane's partial sums over its lanes (`plane_sum`), then over
+/// the `ksplit` planes that share its column group through `smem` (`mb ·
+/// cols · 2 + mb` floats a plane): the group's sums end in its first plane
+/// (`split == 0`). `part_u` is SwiGLU's up projection (reduced only with
+/// `swiglu`), `sq` the rows' sums of squares (over lanes only with `norm`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reduce_group(
+    smem: &mut SharedMemory<f32>,
+    part: &mut Array<f32>,
+    part_u: &mut Array<f32>,
+    sq: &mut Array<f32>,
+    plane: usize,
+    split: usize,
+    lane: usize,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+    #[comptime] ksplit: usize,
+    #[comptime] norm: bool,
+    #[comptime] swiglu: bool,
+) {
+    let slot = comptime!(mb * cols * 2 + mb);
+    // Reduce over the plane's lanes.
+    #[unroll]
+    for i in 0..comptime!(mb * cols) {
+        part[i] = plane_sum(part[i]);
+        if swiglu {
+            part_u[i] = plane_sum(part_u[i]);
+        }
+    }
+    if norm {
+        #[unroll]
+        for r in 0..mb {
+            sq[r] = plane_sum(sq[r]);
+        }
+    }
+    // Combine the ksplit planes of this column group.
+    if comptime!(ksplit > 1) {
+        if lane == 0 {
+            let base = plane * slot;
+            #[unroll]
+            for i in 0..comptime!(mb * cols) {
+                smem[base + i] = part[i];
+                if swiglu {
+                    smem[base + comptime!(mb * cols) + i] = part_u[i];
+                }
+            }
+            #[unroll]
+            for r in 0..mb {
+                smem[base + comptime!(mb * cols * 2) + r] = sq[r];
+            }
+        }
+        sync_cube();
+        if split == 0 {
+            #[unroll]
+            for s in 1..ksplit {
+                let base = (plane + s) * slot;
+                #[unroll]
+                for i in 0..comptime!(mb * cols) {
+                    part[i] += smem[base + i];
+                    if swiglu {
+                        part_u[i] += smem[base + comptime!(mb * cols) + i];
+                    }
+                }
+                #[unroll]
+                for r in 0..mb {
+                    sq[r] += smem[base + comptime!(mb * cols * 2) + r];
+                }
+            }
+        }
+        sync_cube();
+    }
+}
+
 #[cube(launch_unchecked)]
 pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
@@ -161,52 +235,20 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
                 );
                 kv += step;
             }
-            // Reduce over the plane's lanes.
-            #[unroll]
-            for i in 0..comptime!(mb * cols) {
-                part[i] = plane_sum(part[i]);
-                if swiglu {
-                    part_u[i] = plane_sum(part_u[i]);
-                }
-            }
-            if norm {
-                #[unroll]
-                for r in 0..mb {
-                    sq[r] = plane_sum(sq[r]);
-                }
-            }
-            // Combine the ksplit planes of this column group.
-            if comptime!(ksplit > 1) {
-                if lane == 0 {
-                    let base = plane * slot;
-                    #[unroll]
-                    for i in 0..comptime!(mb * cols) {
-                        smem[base + i] = part[i];
-                        smem[base + comptime!(mb * cols) + i] = part_u[i];
-                    }
-                    #[unroll]
-                    for r in 0..mb {
-                        smem[base + comptime!(mb * cols * 2) + r] = sq[r];
-                    }
-                }
-                sync_cube();
-                if split == 0 {
-                    #[unroll]
-                    for s in 1..ksplit {
-                        let base = (plane + s) * slot;
-                        #[unroll]
-                        for i in 0..comptime!(mb * cols) {
-                            part[i] += smem[base + i];
-                            part_u[i] += smem[base + comptime!(mb * cols) + i];
-                        }
-                        #[unroll]
-                        for r in 0..mb {
-                            sq[r] += smem[base + comptime!(mb * cols * 2) + r];
-                        }
-                    }
-                }
-                sync_cube();
-            }
+            reduce_group(
+                &mut smem,
+                &mut part,
+                &mut part_u,
+                &mut sq,
+                plane,
+                split,
+                lane,
+                mb,
+                cols,
+                ksplit,
+                norm,
+                swiglu,
+            );
             #[unroll]
             for r in 0..mb {
                 let mut inv = 1f32;

@@ -32,7 +32,7 @@ use crate::launch::{
     cube_count, expect_bindable, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
 };
 use crate::linear::accumulate;
-use crate::linear_plane::{plane_rows_per_block, plane_vector_width, PlaneShape};
+use crate::linear_plane::{plane_rows_per_block, plane_vector_width, reduce_group, PlaneShape};
 use crate::rope::rotate_into;
 use crate::tensor::{DType, DeviceTensor};
 
@@ -282,8 +282,8 @@ pub fn linear_plane_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
     let p0 = (CUBE_POS * comptime!(planes / ksplit) + plane / ksplit) * pp;
     let pdim = PLANE_DIM as usize;
     let step = pdim * ksplit;
-    let slot = comptime!(mb * cols + mb);
-    let mut smem = SharedMemory::<f32>::new(comptime!(planes * slot));
+    // The plain plane linear's exchange layout (`reduce_group`).
+    let mut smem = SharedMemory::<f32>::new(comptime!(planes * (mb * cols * 2 + mb)));
     let mut wbase = Array::<usize>::new(cols);
     pair_rows(&mut wbase, p0, pairs, half, in_v, pp);
     let mut row0 = 0usize;
@@ -323,45 +323,20 @@ pub fn linear_plane_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
             );
             kv += step;
         }
-        #[unroll]
-        for i in 0..comptime!(mb * cols) {
-            part[i] = plane_sum(part[i]);
-        }
-        if norm {
-            #[unroll]
-            for r in 0..mb {
-                sq[r] = plane_sum(sq[r]);
-            }
-        }
-        if comptime!(ksplit > 1) {
-            if lane == 0 {
-                let base = plane * slot;
-                #[unroll]
-                for i in 0..comptime!(mb * cols) {
-                    smem[base + i] = part[i];
-                }
-                #[unroll]
-                for r in 0..mb {
-                    smem[base + comptime!(mb * cols) + r] = sq[r];
-                }
-            }
-            sync_cube();
-            if split == 0 {
-                #[unroll]
-                for s in 1..ksplit {
-                    let base = (plane + s) * slot;
-                    #[unroll]
-                    for i in 0..comptime!(mb * cols) {
-                        part[i] += smem[base + i];
-                    }
-                    #[unroll]
-                    for r in 0..mb {
-                        sq[r] += smem[base + comptime!(mb * cols) + r];
-                    }
-                }
-            }
-            sync_cube();
-        }
+        reduce_group(
+            &mut smem,
+            &mut part,
+            &mut unused,
+            &mut sq,
+            plane,
+            split,
+            lane,
+            mb,
+            cols,
+            ksplit,
+            norm,
+            false,
+        );
         let mut acc = Array::<f32>::new(comptime!(mb * cols));
         scale_rows(&mut acc, &part, &sq, d, eps, mb, cols, norm);
         if split == 0 && lane == 0 {

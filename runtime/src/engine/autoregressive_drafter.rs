@@ -365,9 +365,11 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         // A plain chain over the target's vocabulary drafts with its tokens
         // left on the device: each depth's ids are the last depth's
         // selection, and every depth's selection is read at once at the end
-        // (one wait for the device, not one a depth) and fed to the
-        // builders, which meanwhile grow the same chain over placeholders
-        // (a chain's shape does not depend on its tokens).
+        // (one wait for the device, not one a depth) and fed to fresh
+        // builders. The builders that drive the loop get token 0 for every
+        // node meanwhile: a chain's shape (one node a depth, up to the
+        // budget) does not depend on its tokens, and those trees are
+        // dropped.
         let deferred = greedy_chain && self.vocab.is_none();
         // Per depth: its selection on the device and whom its rows fed.
         let mut chain: Vec<ChainDepth<R>> = Vec::new();
@@ -513,7 +515,8 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                     self.chain_out.resize_with(depth + 1, SelectOut::default);
                 }
                 let sel = argmax_on_device(&client, logits, &mut self.chain_out[depth])?;
-                // Placeholders until the one read after the last depth.
+                // Token 0 for the driving builders; the real tokens come
+                // with the one read after the last depth.
                 let rows = sel.numel();
                 chain.push((sel, Vec::new()));
                 vec![vec![(0, 0.0)]; rows]

@@ -92,10 +92,13 @@ impl<R: Runtime> Run<'_, R> {
         if rows.is_empty() {
             return Ok((cache, in_target));
         }
-        // The attention that follows reads this cache: its metadata rides
-        // in one upload with the rows' positions and slots.
-        let key = self.cache_meta_key(mask, store, &cache)?;
-        self.upload_step(&src, key, &rows)?;
+        // The attention that follows reads this cache: on the pass's first
+        // append of these rows its metadata rides in one upload with the
+        // rows' positions and slots.
+        if !self.has_positions(&src) {
+            let key = self.cache_meta_key(mask, store, &cache)?;
+            self.upload_step(&src, key, &rows)?;
+        }
         let n = kt.shape()[0];
         if let Some((heads, hd, theta)) = self.rope_pending.remove(&k) {
             let pos = self.positions_tensor(&src)?;
@@ -139,7 +142,7 @@ impl<R: Runtime> Run<'_, R> {
         key: MetaKey,
         slots: &[u32],
     ) -> Result<(), ExecError> {
-        let known = self.positions.iter().any(|(s, _)| s == src)
+        let known = self.has_positions(src)
             || self.row_indices.iter().any(|r| r.as_slice() == slots)
             || self.attn_metas.iter().any(|(k, _)| *k == key);
         let Some((base, rows)) = key.key_base.as_ref() else {

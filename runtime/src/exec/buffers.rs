@@ -148,6 +148,11 @@ impl<R: Runtime> Run<'_, R> {
         }
     }
 
+    /// Whether this pass uploaded the positions of `src`'s rows already.
+    pub(super) fn has_positions(&self, src: &RowSource) -> bool {
+        self.positions.iter().any(|(s, _)| s == src)
+    }
+
     /// The positions of `src`'s rows on the device, uploaded once per pass
     /// (every RoPE of a pass rotates the same rows).
     pub(super) fn positions_tensor(

@@ -63,15 +63,18 @@ impl<R: Runtime> Run<'_, R> {
         }
         let k_cache = store.half(&self.cache_name(kb).0, width)?;
         let v_cache = store.half(&self.cache_name(vb).0, width)?;
-        // The attention this step feeds reads the same cache: its metadata
-        // rides in one upload with the positions and slots.
-        let consumer = self.plan.launches.iter().find_map(|l| match l.kernel {
-            Kernel::Attention { mask, .. } if l.inputs.get(1) == Some(&kb) => Some(mask),
-            _ => None,
-        });
-        if let Some(mask) = consumer {
-            let key = self.cache_meta_key(ops_mask(mask), store, &cache)?;
-            self.upload_step(&RowSource::Step, key, &rows)?;
+        // The attention this step feeds reads the same cache: on the pass's
+        // first such step its metadata rides in one upload with the
+        // positions and slots, which every later layer reuses.
+        if !self.has_positions(&RowSource::Step) {
+            let consumer = self.plan.launches.iter().find_map(|l| match l.kernel {
+                Kernel::Attention { mask, .. } if l.inputs.get(1) == Some(&kb) => Some(mask),
+                _ => None,
+            });
+            if let Some(mask) = consumer {
+                let key = self.cache_meta_key(ops_mask(mask), store, &cache)?;
+                self.upload_step(&RowSource::Step, key, &rows)?;
+            }
         }
         Ok(StepRows {
             k_cache,
