@@ -31,7 +31,8 @@ pub struct Counts {
     pub reads: u64,
     /// Host→device uploads.
     pub uploads: u64,
-    /// Device buffer allocations (uploads allocate too and count in both).
+    /// Device buffer allocations (an upload into a new buffer counts in
+    /// both; one written into a kept buffer, `kept.rs`, counts as an upload).
     pub allocations: u64,
     /// Wall seconds the host spent inside reads and flushes, waiting for
     /// the device or its runner thread.
@@ -99,6 +100,11 @@ pub(crate) fn upload() {
         c.uploads += 1;
         c.allocations += 1;
     });
+}
+
+/// An upload into a buffer that already exists (no allocation).
+pub(crate) fn write() {
+    bump(|c| c.uploads += 1);
 }
 
 /// Records a device allocation made outside [`DeviceTensor`](crate::DeviceTensor)

@@ -56,6 +56,7 @@ pub mod attention;
 pub mod block;
 pub mod counters;
 pub mod error;
+pub mod kept;
 pub mod kv;
 pub mod launch;
 pub mod tensor;

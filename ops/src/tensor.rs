@@ -119,6 +119,23 @@ fn read<R: Runtime>(
         .collect()
 }
 
+/// `bytes` on the device: written in place into a kept buffer (`kept.rs`;
+/// the patched cubecl's `ComputeClient::write`, third_party/README.md),
+/// queued after the work before it, or a new buffer when too large to keep.
+fn upload_bytes<R: Runtime>(client: &ComputeClient<R>, bytes: Vec<u8>) -> Handle {
+    match crate::kept::take(client, bytes.len()) {
+        Some(h) => {
+            crate::counters::write();
+            client.write(h.clone(), cubecl::bytes::Bytes::from_bytes_vec(bytes));
+            h
+        }
+        None => {
+            crate::counters::upload();
+            client.create_from_slice(&bytes)
+        }
+    }
+}
+
 /// The byte alignment of each array in a packed upload
 /// ([`DeviceTensor::upload_u32_packed`]): wgpu's storage-binding offset
 /// alignment on every adapter it supports (256), a multiple of CUDA's.
@@ -182,12 +199,11 @@ impl<R: Runtime> DeviceTensor<R> {
         check_len("upload_u32", data.len(), shape)?;
         let mut bytes = bytemuck::cast_slice::<u32, u8>(data).to_vec();
         bytes.resize(padded_bytes(data.len(), DType::U32), 0);
-        crate::counters::upload();
-        Self::from_handle(client.create_from_slice(&bytes), shape, DType::U32)
+        Self::from_handle(upload_bytes(client, bytes), shape, DType::U32)
     }
 
-    /// Uploads several u32 arrays (`(data, shape)` each) as ONE upload and
-    /// one allocation, returning a tensor per array: views of the one
+    /// Uploads several u32 arrays (`(data, shape)` each) as ONE upload
+    /// (into a kept buffer, `kept.rs`), returning a tensor per array: views of the one
     /// buffer at offsets aligned to [`PACK_ALIGN`] bytes (what storage
     /// bindings need on every backend). A pass's small per-step arrays
     /// (attention metadata, positions, cache slots) cost one host→device
@@ -209,9 +225,8 @@ impl<R: Runtime> DeviceTensor<R> {
         if words.is_empty() {
             return Ok(Vec::new());
         }
-        crate::counters::upload();
-        let handle = client.create_from_slice(bytemuck::cast_slice::<u32, u8>(&words));
         let total = (words.len() * 4) as u64;
+        let handle = upload_bytes(client, bytemuck::cast_slice::<u32, u8>(&words).to_vec());
         parts
             .iter()
             .zip(&offsets)
@@ -243,10 +258,13 @@ impl<R: Runtime> DeviceTensor<R> {
 
     /// An uninitialised tensor, for outputs that a launch overwrites entirely.
     pub fn empty(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
-        let numel = shape.iter().product::<usize>();
-        crate::counters::allocation();
+        let bytes = padded_bytes(shape.iter().product::<usize>(), dtype);
+        let handle = crate::kept::take(client, bytes).unwrap_or_else(|| {
+            crate::counters::allocation();
+            client.empty(bytes)
+        });
         Self {
-            handle: client.empty(padded_bytes(numel, dtype)),
+            handle,
             shape: shape.to_vec(),
             dtype,
             _runtime: PhantomData,

@@ -19,6 +19,9 @@ mod elementwise;
 #[path = "embedding.rs"]
 mod embedding;
 #[cfg(feature = "cuda-tests")]
+#[path = "kept.rs"]
+mod kept;
+#[cfg(feature = "cuda-tests")]
 #[path = "kv.rs"]
 mod kv;
 #[cfg(feature = "cuda-tests")]

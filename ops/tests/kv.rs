@@ -171,7 +171,8 @@ proptest! {
 
     /// A packed upload gives back every part unchanged, at its own offset
     /// (reads and kernels see the part, not the buffer's start), as one
-    /// upload and one allocation.
+    /// upload and at most one allocation (none once a kept buffer of its
+    /// size class is free, `draftc_ops::kept`).
     #[test]
     fn packed_upload_parts_are_independent_views(lens in proptest::collection::vec(0usize..300, 1..5),
                                                  seed in any::<u64>()) {
@@ -190,7 +191,8 @@ proptest! {
         let before = draftc_ops::counters::snapshot();
         let dev = DeviceTensor::<R>::upload_u32_packed(&client, &args).unwrap();
         let c = draftc_ops::counters::snapshot().since(&before);
-        prop_assert_eq!((c.uploads, c.allocations), (1, 1));
+        prop_assert_eq!(c.uploads, 1);
+        prop_assert!(c.allocations <= 1);
         for (t, p) in dev.iter().zip(&parts) {
             prop_assert_eq!(&t.download_u32(&client).unwrap(), p);
         }

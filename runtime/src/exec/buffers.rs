@@ -1,5 +1,5 @@
 //! The buffers of one pass ([`Run`]): binding the caller's inputs, the
-//! tensor behind each plan buffer (a temporary slot, an arena-kept output,
+//! tensor behind each plan buffer (a temporary slot, a kept output,
 //! or a fresh one), and what a pass uploads once and shares (positions per
 //! row source, RoPE frequencies).
 
@@ -132,7 +132,7 @@ impl<R: Runtime> Run<'_, R> {
                 // Kept across passes; reused only once the caller has
                 // dropped every tensor of it (`arena.rs`).
                 let bytes = draftc_ops::tensor::padded_bytes(shape.iter().product(), dtype);
-                let h = self.arena.take(self.client, self.step.rows(), bytes);
+                let h = super::arena::pass_buffer(self.client, self.step.rows(), bytes);
                 DeviceTensor::from_handle(h, &shape, dtype)?
             }
             _ => DeviceTensor::empty(self.client, &shape, dtype),

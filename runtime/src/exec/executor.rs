@@ -29,7 +29,7 @@ use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::{linear, DType, DeviceTensor, OpsError};
 
-use super::arena::Arena;
+use super::arena::pass_buffer;
 use super::bound::weight;
 use super::cache::CacheStore;
 use super::step::Step;
@@ -123,8 +123,6 @@ pub struct Executor<R: Runtime> {
     /// RoPE frequencies by (head_dim, theta bits): per-model constants,
     /// uploaded once.
     rope_freqs: HashMap<(usize, u64), DeviceTensor<R>>,
-    /// A pass's buffers kept across passes (`arena.rs`).
-    arena: Arena,
 }
 
 /// The ops dtype of a plan dtype.
@@ -223,7 +221,6 @@ impl<R: Runtime> Executor<R> {
             plans,
             flush: FlushPolicy::for_device(&device),
             rope_freqs: HashMap::new(),
-            arena: Arena::default(),
             device,
             host: HostTime::default(),
             profile: std::env::var_os("DRAFTC_PROFILE")
@@ -343,12 +340,11 @@ impl<R: Runtime> Executor<R> {
             positions: Vec::new(),
             row_indices: Vec::new(),
             rope_pending: BTreeMap::new(),
-            arena: &mut self.arena,
         };
         run.slot_handles = plan
             .slots
             .iter()
-            .map(|&b| run.arena.take(&self.client, rows, b.max(16) as usize))
+            .map(|&b| pass_buffer(&self.client, rows, b.max(16) as usize))
             .collect();
         let pass_start = std::time::Instant::now();
         let deferred = self.flush.defer();
@@ -425,8 +421,6 @@ pub(super) struct Run<'a, R: Runtime> {
     /// Pending cache rows whose RoPE runs fused with their append: (kv
     /// heads, head_dim, theta bits) by cache half buffer.
     pub(super) rope_pending: BTreeMap<BufferId, (usize, usize, u64)>,
-    /// The executor's kept buffers (slots, pending K/V rows, outputs).
-    pub(super) arena: &'a mut Arena,
 }
 
 impl<R: Runtime> Run<'_, R> {
@@ -504,7 +498,7 @@ impl<R: Runtime> Run<'_, R> {
                 let out = if self.is_cache(ob) {
                     // Consumed within the pass (RoPE, then the append).
                     let bytes = draftc_ops::tensor::padded_bytes(m * n, self.dtype);
-                    let h = self.arena.take(c, self.step.rows(), bytes);
+                    let h = pass_buffer(c, self.step.rows(), bytes);
                     let t = DeviceTensor::from_handle(h, &[m, n], self.dtype)?;
                     self.pending.insert(ob, (t.clone(), src));
                     t

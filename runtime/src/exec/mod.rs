@@ -14,7 +14,7 @@
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
 //! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch, flush policy |
 //! | `buffers.rs` | a pass's buffers: inputs bound, the tensor behind each plan buffer, per-pass uploads |
-//! | `arena.rs` | a pass's buffers (slots, pending K/V, outputs), kept across passes by size class |
+//! | `arena.rs` | a pass's buffers (slots, pending K/V, outputs), from the thread's kept buffers (`draftc_ops::kept`) |
 //! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
 //! | `qkv.rs` | a self-attention's fused q/k/v step: projection, RoPE and KV append in one launch |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |

@@ -1,0 +1,65 @@
+//! Kept device buffers (issue 31, item 3): the small buffers a thread asks
+//! for pass after pass (packed step parameters, index lists, selections,
+//! drafter outputs) are kept once made and handed out again, so a steady
+//! decode step or speculative round allocates nothing, and each buffer
+//! keeps its device address from step to step.
+//!
+//! A kept buffer is handed out only when nothing but the pool holds it
+//! (cubecl's `Handle::can_mut`: every tensor of it has been dropped), and
+//! only to the thread that made it. A thread's launches, writes and reads
+//! go to one in-order stream, so work queued by a new holder runs after
+//! the work that the last holder queued. No tensor of a pass crosses
+//! threads (a concurrent drafter works from token ids), which that order
+//! needs.
+//!
+//! Buffers are sized by class (the next power of two), keyed by runtime
+//! and device, and a class keeps as many as were ever in use at once:
+//! what is kept is bounded by twice the most bytes of each class held at
+//! once. Requests over [`MAX_KEPT_BYTES`] (prefill chunks, weights) are
+//! not kept; cubecl's own pool serves them.
+
+use std::any::TypeId;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+/// Largest request (bytes) served from kept buffers.
+pub const MAX_KEPT_BYTES: usize = 16 << 20;
+
+/// Smallest class: every kept buffer is at least this large.
+const MIN_CLASS: usize = 256;
+
+/// (runtime, device, class): a device is named by the address of its
+/// properties, which every client of that device shares and which live
+/// as long as the process (cubecl keeps a client per device).
+type Key = (TypeId, usize, usize);
+
+thread_local! {
+    static KEPT: RefCell<HashMap<Key, Vec<Handle>>> = RefCell::new(HashMap::new());
+}
+
+/// A buffer of exactly `bytes` (a view of a kept buffer of `bytes`' class
+/// that nothing else holds, or of a new one that is kept and counted as an
+/// allocation), or `None` when `bytes` is over [`MAX_KEPT_BYTES`].
+pub fn take<R: Runtime>(client: &ComputeClient<R>, bytes: usize) -> Option<Handle> {
+    if bytes > MAX_KEPT_BYTES {
+        return None;
+    }
+    let class = bytes.max(MIN_CLASS).next_power_of_two();
+    let device = client.properties() as *const _ as usize;
+    let key = (TypeId::of::<R>(), device, class);
+    let handle = KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let list = k.entry(key).or_default();
+        if let Some(h) = list.iter().find(|h| h.can_mut()) {
+            return h.clone();
+        }
+        crate::counters::allocation();
+        let h = client.empty(class);
+        list.push(h.clone());
+        h
+    });
+    Some(handle.offset_end((class - bytes) as u64))
+}
