@@ -78,6 +78,7 @@ pub mod softmax;
 pub mod source;
 #[doc(hidden)]
 pub mod testing;
+pub mod tree_frontier;
 
 pub use error::{OpsError, Result};
 pub use tensor::{DType, DeviceTensor};

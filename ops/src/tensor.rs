@@ -136,6 +136,10 @@ fn upload_bytes<R: Runtime>(client: &ComputeClient<R>, bytes: Vec<u8>) -> Handle
     }
 }
 
+/// What [`DeviceTensor::download_f32_u32_all`] reads: each float tensor's
+/// data as f32, each u32 tensor's data.
+pub type FloatsAndIds = (Vec<Vec<f32>>, Vec<Vec<u32>>);
+
 /// The byte alignment of each array in a packed upload
 /// ([`DeviceTensor::upload_u32_packed`]): wgpu's storage-binding offset
 /// alignment on every adapter it supports (256), a multiple of CUDA's.
@@ -243,6 +247,19 @@ impl<R: Runtime> DeviceTensor<R> {
             .collect()
     }
 
+    /// A zero-filled tensor in a kept buffer (`kept.rs`; a new one past
+    /// its size limit), written in place: for a pass's small constants.
+    /// Long-lived tensors (caches) take [`DeviceTensor::zeros`].
+    pub fn zeroed(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
+        let bytes = padded_bytes(shape.iter().product::<usize>(), dtype);
+        Self {
+            handle: upload_bytes(client, vec![0u8; bytes]),
+            shape: shape.to_vec(),
+            dtype,
+            _runtime: PhantomData,
+        }
+    }
+
     /// A zero-filled tensor.
     pub fn zeros(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> Self {
         let numel = shape.iter().product::<usize>();
@@ -316,11 +333,34 @@ impl<R: Runtime> DeviceTensor<R> {
         values: &DeviceTensor<R>,
         ids: &DeviceTensor<R>,
     ) -> Result<(Vec<f32>, Vec<u32>)> {
-        const OP: &str = "download_f32_and_u32";
-        values.expect_float_data(OP)?;
-        ids.expect_u32_data(OP)?;
-        let bytes = read(client, &[values, ids], OP)?;
-        Ok((values.f32_of(&bytes[0]), ids.u32_of(&bytes[1])))
+        let (mut f, mut u) = Self::download_f32_u32_all(client, &[values], &[ids])?;
+        Ok((f.remove(0), u.remove(0)))
+    }
+
+    /// Reads float tensors (widened to f32) and u32 tensors back in one
+    /// request: one wait for the device for all of them.
+    pub fn download_f32_u32_all(
+        client: &ComputeClient<R>,
+        floats: &[&DeviceTensor<R>],
+        ids: &[&DeviceTensor<R>],
+    ) -> Result<FloatsAndIds> {
+        const OP: &str = "download_f32_u32_all";
+        for t in floats {
+            t.expect_float_data(OP)?;
+        }
+        for t in ids {
+            t.expect_u32_data(OP)?;
+        }
+        let all: Vec<&DeviceTensor<R>> = floats.iter().chain(ids).copied().collect();
+        if all.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let bytes = read(client, &all, OP)?;
+        let (fb, ub) = bytes.split_at(floats.len());
+        Ok((
+            floats.iter().zip(fb).map(|(t, b)| t.f32_of(b)).collect(),
+            ids.iter().zip(ub).map(|(t, b)| t.u32_of(b)).collect(),
+        ))
     }
 
     fn expect_float_data(&self, op: &'static str) -> Result<()> {

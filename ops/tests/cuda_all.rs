@@ -51,6 +51,9 @@ mod softmax;
 #[cfg(feature = "cuda-tests")]
 #[path = "tree.rs"]
 mod tree;
+#[cfg(feature = "cuda-tests")]
+#[path = "tree_frontier.rs"]
+mod tree_frontier;
 
 /// A new kernel test file must join the list above, or the GPU run would
 /// silently skip it.

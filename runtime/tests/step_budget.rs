@@ -146,8 +146,9 @@ fn speculative_rounds_flush_once_a_pass() {
     // drafting pass reads its chain, Beagle's chain every depth's selection
     // in one read at the end (each depth's ids are the last depth's
     // selection on the device; it read one a depth before), its dynamic
-    // tree the candidates (ids and probabilities in one read) per depth;
-    // plus the acceptance.
+    // tree every level's candidates and the device's frontier picks in one
+    // read at the end (`draftc_ops::tree_frontier`; it read the candidates
+    // of every depth before); plus the acceptance.
     // Uploads and allocations a round at most (ceilings held at what the
     // round needs now, issue 31), and they do not grow with the batch: the
     // commit compacts every sequence's path in one gather and one scatter,
@@ -169,7 +170,7 @@ fn speculative_rounds_flush_once_a_pass() {
             "beagle",
             Some("dynamic(depth=3, topk=2, nodes=6)"),
             6,
-            2 * 3 + 1,
+            1 + 1,
             14.0,
             2.0,
         ),

@@ -105,6 +105,25 @@ impl<R: Runtime> AttnMeta<R> {
         })
     }
 
+    /// The same metadata with its tree bits replaced by `bits` (`[total_q,
+    /// words]` u32, the layout of [`super::TreeTail`]), already on the
+    /// device: a drafter that expands its tree on the device computes there
+    /// which draft states each query row sees (`crate::tree_frontier`).
+    /// Build the metadata from a batch with a tail of the same lengths and
+    /// words; its host bits are then unused.
+    pub fn with_tree_bits(mut self, bits: DeviceTensor<R>) -> Result<Self> {
+        if bits.dtype() != crate::DType::U32 || bits.numel() != self.total_q * self.words {
+            return Err(OpsError::ShapeMismatch {
+                op: "attention",
+                arg: "tree bits",
+                expected: format!("[{}, {}] u32", self.total_q, self.words),
+                found: bits.shape().to_vec(),
+            });
+        }
+        self.anc = bits;
+        Ok(self)
+    }
+
     /// Like [`AttnMeta::new`], but the keys of sequence `s` are the rows
     /// `key_base[s] .. key_base[s] + k_lens[s]` of a larger K/V buffer (a
     /// cache with a fixed capacity per sequence) instead of being packed.

@@ -32,13 +32,15 @@ use draftc_ops::{DType, DeviceTensor};
 
 use super::drafters::{Committed, Drafter, SeqView};
 use super::select::{
-    argmax_on_device, select_tokens_into, top_candidates_into, Sampling, SelectOut, TopOut,
+    argmax_on_device, select_tokens_into, top_candidates_into, top_candidates_on_device, Sampling,
+    SelectOut, TopOut,
 };
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
-    SeqStep, Step,
+    SeqStep, Step, MEMORY_TAIL_BITS,
 };
+use crate::spec::tree::Candidate;
 use crate::spec::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
 /// Rows of draft states a round may add per sequence beyond the target's
@@ -130,11 +132,26 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     top: TopOut,
     /// A deferred chain's selections, one kept buffer per depth.
     chain_out: Vec<SelectOut>,
+    /// A deferred tree's candidates, kept buffers per level.
+    tree_out: Vec<TopOut>,
 }
 
 /// One depth of a deferred chain: its selection on the device, and per
 /// sequence fed (in row order) how many of its rows it fed.
 type ChainDepth<R> = (DeviceTensor<R>, Vec<(usize, usize)>);
+
+/// One level of a deferred tree on the device: its rows' candidates
+/// (probabilities and ids, `[rows, w]`) and, when a level follows, the
+/// entries it picked (`draftc_ops::tree_frontier`).
+struct TreeLevel<R: Runtime> {
+    probs: DeviceTensor<R>,
+    ids: DeviceTensor<R>,
+    picks: Option<DeviceTensor<R>>,
+}
+
+/// A deferred tree's next level on the device: ids, path log-probabilities
+/// and memory-tail bits of its rows.
+type NextLevel<R> = (DeviceTensor<R>, DeviceTensor<R>, DeviceTensor<R>);
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
     /// `graph`: a compiled autoregressive drafter; `shape`: the round's tree.
@@ -227,6 +244,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             selected: SelectOut::default(),
             top: TopOut::default(),
             chain_out: Vec::new(),
+            tree_out: Vec::new(),
             streams,
             final_norm,
         })
@@ -270,6 +288,111 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             draftc_ops::kv::gather_rows(client, &t, src, &out, dst)?;
         }
         Ok(out)
+    }
+
+    /// A deferred tree's next frontier, picked on the device from the last
+    /// level's candidates (`None` once the driving builders are done).
+    /// Every sequence queries the same rows at every level (one budget, no
+    /// cut); `tail` is the memory tail the last level saw.
+    #[allow(clippy::too_many_arguments)]
+    fn expand_on_device(
+        &self,
+        client: &ComputeClient<R>,
+        builders: &[TreeBuilder],
+        active: &[usize],
+        n: usize,
+        tail: usize,
+        levels: &mut [TreeLevel<R>],
+        last: Option<NextLevel<R>>,
+    ) -> Result<Option<NextLevel<R>>, EngineError> {
+        let f = builders.first().map_or(0, |b| b.pending().len());
+        if f == 0 {
+            return Ok(None);
+        }
+        let level = levels
+            .last_mut()
+            .ok_or_else(|| EngineError::Invalid("a tree frontier before any level".into()))?;
+        let rows = level.probs.shape()[0];
+        if active.len() != n || rows % n != 0 || builders.iter().any(|b| b.pending().len() != f) {
+            return Err(EngineError::Invalid(format!(
+                "a deferred tree needs every sequence at the same level: {} of {n} active,                  {rows} rows",
+                active.len()
+            )));
+        }
+        // The roots: path log-probability 0, no tail bits.
+        let (cum, vis) = match last {
+            Some((_, cum, vis)) => (cum, vis),
+            None => (
+                DeviceTensor::zeroed(client, &[n], DType::F32),
+                DeviceTensor::zeroed(client, &[n, 1], DType::U32),
+            ),
+        };
+        let words = (tail + rows / n).div_ceil(32).max(1);
+        let next_ids = DeviceTensor::empty(client, &[n * f], DType::U32);
+        let next_cum = DeviceTensor::empty(client, &[n * f], DType::F32);
+        let next_vis = DeviceTensor::empty(client, &[n * f, words], DType::U32);
+        let picks = DeviceTensor::empty(client, &[n * f], DType::U32);
+        draftc_ops::tree_frontier::expand_frontier(
+            client,
+            &level.probs,
+            &level.ids,
+            &cum,
+            &vis,
+            n,
+            f,
+            tail as u32,
+            draftc_ops::tree_frontier::Frontier {
+                next_ids: &next_ids,
+                next_cum: &next_cum,
+                next_vis: &next_vis,
+                picks: &picks,
+            },
+        )?;
+        level.picks = Some(picks);
+        Ok(Some((next_ids, next_cum, next_vis)))
+    }
+
+    /// A deferred tree's levels, read in one request, rebuilt per sequence
+    /// from the device's picks.
+    fn read_tree(
+        &self,
+        client: &ComputeClient<R>,
+        levels: &[TreeLevel<R>],
+        n: usize,
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        let floats: Vec<&DeviceTensor<R>> = levels.iter().map(|l| &l.probs).collect();
+        let mut ints: Vec<&DeviceTensor<R>> = levels.iter().map(|l| &l.ids).collect();
+        ints.extend(levels.iter().filter_map(|l| l.picks.as_ref()));
+        let (probs, ints) = DeviceTensor::download_f32_u32_all(client, &floats, &ints)?;
+        let (ids, picks) = ints.split_at(levels.len());
+        (0..n)
+            .map(|s| {
+                let layers: Vec<Vec<Vec<Candidate>>> = levels
+                    .iter()
+                    .zip(probs.iter().zip(ids))
+                    .map(|(l, (p, id))| {
+                        let (rows, w) = (l.probs.shape()[0] / n, l.probs.shape()[1]);
+                        (s * rows..(s + 1) * rows)
+                            .map(|r| {
+                                (r * w..(r + 1) * w)
+                                    .map(|e| (id[e], p[e].max(0.0).ln()))
+                                    .collect()
+                            })
+                            .collect()
+                    })
+                    .collect();
+                let picks: Vec<Vec<u32>> = picks
+                    .iter()
+                    .map(|pk| {
+                        let f = pk.len() / n;
+                        pk[s * f..(s + 1) * f].to_vec()
+                    })
+                    .collect();
+                TreeBuilder::dynamic_from_picks(&self.shape, budget, &layers, &picks)
+                    .map_err(|e| EngineError::Invalid(e.to_string()))
+            })
+            .collect()
     }
 }
 
@@ -350,10 +473,28 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         for s in seqs {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
+        // A dynamic tree over the target's vocabulary without a confidence
+        // cut picks its frontiers on the device (`draftc_ops::tree_frontier`)
+        // and reads every level's candidates once, at the end. The builders
+        // that drive the loop expand every frontier node (no exact cut), so
+        // each level's rows are known ahead; they are fed placeholder
+        // candidates, and the real tree is rebuilt from the device's picks.
+        let deferred_tree = matches!(self.shape, TreeShape::Dynamic { .. })
+            && self.confidence.is_none()
+            && self.vocab.is_none();
         let mut builders: Vec<TreeBuilder> = seqs
             .iter()
-            .map(|_| TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence))
+            .map(|_| {
+                let b = TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence);
+                if deferred_tree {
+                    b.without_cut()
+                } else {
+                    b
+                }
+            })
             .collect();
+        let mut levels: Vec<TreeLevel<R>> = Vec::new();
+        let mut frontier: Option<NextLevel<R>> = None;
         // Per sequence: tail index of the predicted state of each queried
         // node (`None` = the root), and the tail length.
         let mut state_of: Vec<HashMap<Option<usize>, usize>> = vec![HashMap::new(); seqs.len()];
@@ -457,16 +598,29 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 });
             }
             let mut inputs = BTreeMap::new();
-            let ids_t = match chain.last() {
-                Some((sel, _)) if sel.numel() == ids.len() => sel.clone(),
-                Some((sel, _)) => {
-                    return Err(EngineError::Invalid(format!(
-                        "a chain depth of {} rows after one of {}",
-                        ids.len(),
-                        sel.numel()
-                    )))
+            let ids_t = match (chain.last(), &frontier) {
+                (None, Some((next, _, vis))) => {
+                    if next.numel() != ids.len() {
+                        return Err(EngineError::Invalid(format!(
+                            "a tree level of {} rows after a frontier of {}",
+                            ids.len(),
+                            next.numel()
+                        )));
+                    }
+                    inputs.insert(MEMORY_TAIL_BITS.to_string(), vis.clone());
+                    next.clone()
                 }
-                None => DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
+                (chain, _) => match chain {
+                    Some((sel, _)) if sel.numel() == ids.len() => sel.clone(),
+                    Some((sel, _)) => {
+                        return Err(EngineError::Invalid(format!(
+                            "a chain depth of {} rows after one of {}",
+                            ids.len(),
+                            sel.numel()
+                        )))
+                    }
+                    None => DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
+                },
             };
             inputs.insert("ids".to_string(), ids_t);
             for (k, s) in self.streams.iter().enumerate() {
@@ -520,6 +674,23 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 let rows = sel.numel();
                 chain.push((sel, Vec::new()));
                 vec![vec![(0, 0.0)]; rows]
+            } else if deferred_tree {
+                let level = levels.len();
+                if self.tree_out.len() <= level {
+                    self.tree_out.resize_with(level + 1, TopOut::default);
+                }
+                let (probs, ids) =
+                    top_candidates_on_device(&client, logits, wants, &mut self.tree_out[level])?;
+                let (rows, w) = (probs.shape()[0], probs.shape()[1]);
+                levels.push(TreeLevel {
+                    probs,
+                    ids,
+                    picks: None,
+                });
+                // Distinct placeholder tokens of equal score: the driving
+                // builders' frontier is then their first nodes, as many as
+                // the device picks.
+                vec![(0..w as u32).map(|t| (t, 0.0)).collect(); rows]
             } else if greedy_chain {
                 select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?
                     .into_iter()
@@ -555,6 +726,20 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 row += n;
             }
             predicted = Some(next);
+            if deferred_tree {
+                frontier = self.expand_on_device(
+                    &client,
+                    &builders,
+                    &active,
+                    seqs.len(),
+                    tail[active[0]],
+                    &mut levels,
+                    frontier.take(),
+                )?;
+            }
+        }
+        if deferred_tree && !levels.is_empty() {
+            return self.read_tree(&client, &levels, seqs.len(), budget);
         }
         if !deferred || chain.is_empty() {
             return Ok(builders.into_iter().map(TreeBuilder::finish).collect());

@@ -179,13 +179,15 @@ pub fn top_candidates<R: Runtime>(
     top_candidates_into(client, logits, k, &mut TopOut::default())
 }
 
-/// [`top_candidates`] in `out`'s kept buffers.
-pub fn top_candidates_into<R: Runtime>(
+/// The top `k` of every row's probabilities, left on the device in `out`'s
+/// kept buffers: (probabilities `[rows, k]` in the logits' dtype, ids
+/// `[rows, k]` u32), best first.
+pub fn top_candidates_on_device<R: Runtime>(
     client: &ComputeClient<R>,
     logits: &DeviceTensor<R>,
     k: usize,
     out: &mut TopOut,
-) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
+) -> Result<(DeviceTensor<R>, DeviceTensor<R>), EngineError> {
     let vocab = *logits.shape().last().unwrap_or(&1);
     let rows = logits.numel() / vocab.max(1);
     let k = k.clamp(1, vocab.max(1));
@@ -195,6 +197,18 @@ pub fn top_candidates_into<R: Runtime>(
     let values = out.values.take(client, &[rows, k], logits.dtype());
     let indices = out.indices.take(client, &[rows, k], DType::U32);
     draftc_ops::argmax_topk::topk(client, &probs, k, &values, &indices)?;
+    Ok((values, indices))
+}
+
+/// [`top_candidates`] in `out`'s kept buffers.
+pub fn top_candidates_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    k: usize,
+    out: &mut TopOut,
+) -> Result<Vec<Vec<(u32, f32)>>, EngineError> {
+    let (values, indices) = top_candidates_on_device(client, logits, k, out)?;
+    let (rows, k) = (values.shape()[0], values.shape()[1]);
     // One read for both: a tree drafter waits on this once per depth.
     let (p, ids) = DeviceTensor::download_f32_and_u32(client, &values, &indices)?;
     Ok((0..rows)

@@ -158,6 +158,7 @@ impl<R: Runtime> Run<'_, R> {
             AttnMeta::with_key_base_and(self.client, &key.batch, key.mask, base, *rows, &extra)?;
         let [pos, dev] = <[DeviceTensor<R>; 2]>::try_from(parts)
             .map_err(|_| ExecError::Internal("a packed upload lost a part".into()))?;
+        let meta = self.device_tail(&key, meta)?;
         self.positions.push((src.clone(), pos));
         self.row_indices
             .push(draftc_ops::kv::RowIndex::on_device(slots, dev)?);
@@ -321,11 +322,23 @@ impl<R: Runtime> Run<'_, R> {
                         AttnMeta::with_key_base(self.client, &key.batch, key.mask, base, *rows)?
                     }
                 };
+                let meta = self.device_tail(&key, meta)?;
                 self.attn_metas.push((key, meta));
                 self.attn_metas.len() - 1
             }
         };
         Ok(&self.attn_metas[at].1)
+    }
+}
+
+impl<R: Runtime> Run<'_, R> {
+    /// `meta` with the pass's memory-tail bits from the device, when the
+    /// caller gave them ([`super::MEMORY_TAIL_BITS`]) and `key` has a tail.
+    fn device_tail(&self, key: &MetaKey, meta: AttnMeta<R>) -> Result<AttnMeta<R>, ExecError> {
+        match (&self.tail_bits, &key.batch.tail) {
+            (Some(bits), Some(_)) => Ok(meta.with_tree_bits(bits.clone())?),
+            _ => Ok(meta),
+        }
     }
 }
 

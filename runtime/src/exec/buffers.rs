@@ -35,6 +35,7 @@ impl<R: Runtime> Run<'_, R> {
         &mut self,
         inputs: &BTreeMap<String, DeviceTensor<R>>,
     ) -> Result<(), ExecError> {
+        self.tail_bits = inputs.get(super::MEMORY_TAIL_BITS).cloned();
         for buf in &self.plan.buffers {
             if buf.class != BufferClass::Input {
                 continue;

@@ -340,6 +340,7 @@ impl<R: Runtime> Executor<R> {
             positions: Vec::new(),
             row_indices: Vec::new(),
             rope_pending: BTreeMap::new(),
+            tail_bits: None,
         };
         run.slot_handles = plan
             .slots
@@ -421,6 +422,10 @@ pub(super) struct Run<'a, R: Runtime> {
     /// Pending cache rows whose RoPE runs fused with their append: (kv
     /// heads, head_dim, theta bits) by cache half buffer.
     pub(super) rope_pending: BTreeMap<BufferId, (usize, usize, u64)>,
+    /// The memory tail's bits on the device, when the caller computed them
+    /// there (the input [`super::MEMORY_TAIL_BITS`]); they replace the
+    /// host bits of the step's `MemoryTail`.
+    pub(super) tail_bits: Option<DeviceTensor<R>>,
 }
 
 impl<R: Runtime> Run<'_, R> {

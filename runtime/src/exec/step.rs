@@ -21,6 +21,15 @@ pub struct SeqStep {
     pub memory_tail: Option<MemoryTail>,
 }
 
+/// An input of [`crate::exec::Executor::run`] that no plan names: the
+/// bits of this pass's [`MemoryTail`]s, `[rows, words]` u32 on the device
+/// (`draftc_ops::attention::TreeTail`'s layout, words as
+/// [`Step::memory_tree_tail`] gives them). When given, they replace the
+/// bits of the steps' `visible` lists, whose lengths still count: a
+/// drafter that expands its tree on the device (`draftc_ops::tree_frontier`)
+/// knows each row's ancestors only there.
+pub const MEMORY_TAIL_BITS: &str = "#memory tail bits";
+
 /// The last `len` rows of every memory cache of a sequence are states
 /// drafted this round; row `i` of the pass may see those listed in
 /// `visible[i]` (indices into the tail: its ancestors' states). The memory

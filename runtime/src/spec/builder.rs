@@ -130,6 +130,8 @@ pub struct TreeBuilder {
     seqs: Vec<Sequence>,
     /// [`Confidence`] in log space: (keep, expand); `None`: no cut.
     cut: Option<(f32, f32)>,
+    /// A dynamic shape expands its whole frontier (no exact cut).
+    full: bool,
 }
 
 impl TreeBuilder {
@@ -143,6 +145,7 @@ impl TreeBuilder {
             wants: 1,
             seqs: Vec::new(),
             cut: None,
+            full: false,
         };
         if budget == 0 {
             b.pending.clear();
@@ -185,6 +188,67 @@ impl TreeBuilder {
     pub fn with_confidence(mut self, confidence: Option<Confidence>) -> Self {
         self.cut = confidence.map(Confidence::log);
         self
+    }
+
+    /// A dynamic shape expands every frontier node, without the exact cut
+    /// of [`DraftTree::rank_floor`]: the rows each level queries then
+    /// depend on the shape and the budget alone, not on the candidates'
+    /// scores, which a drafter that picks its frontier on the device needs
+    /// to know ahead. The finished tree is the same (the cut is exact).
+    pub fn without_cut(mut self) -> Self {
+        self.full = true;
+        self
+    }
+
+    /// A dynamic tree whose frontiers were picked elsewhere (on the device,
+    /// `draftc_ops::tree_frontier`), built as [`TreeBuilder::without_cut`]
+    /// builds it. `layers[j]` holds the candidates (best first, `w` each)
+    /// of every node level `j` queried (level 0: the root); `picks[j]` the
+    /// entries (`row · w + candidate`) of level `j`'s candidates that level
+    /// `j + 1` queried, in its row order.
+    pub fn dynamic_from_picks(
+        shape: &TreeShape,
+        budget: usize,
+        layers: &[Vec<Vec<Candidate>>],
+        picks: &[Vec<u32>],
+    ) -> Result<DraftTree, SpecError> {
+        let TreeShape::Dynamic { nodes, .. } = shape else {
+            return Err(SpecError::InvalidConfig {
+                what: "dynamic_from_picks",
+                reason: format!("`{shape}` is not a dynamic tree"),
+            });
+        };
+        let mut work = DraftTree::new();
+        let mut queried: Vec<Option<usize>> = vec![None];
+        for (j, rows) in layers.iter().enumerate() {
+            if rows.len() != queried.len() {
+                return Err(SpecError::LengthMismatch {
+                    what: "dynamic_from_picks: candidate lists of a level",
+                    expected: queried.len(),
+                    found: rows.len(),
+                });
+            }
+            let w = rows.iter().map(Vec::len).max().unwrap_or(0);
+            let mut entry = vec![None; rows.len() * w];
+            for (r, (&parent, kids)) in queried.iter().zip(rows).enumerate() {
+                for (c, &(tok, lp)) in kids.iter().enumerate() {
+                    entry[r * w + c] = Some(work.push(parent, tok, lp)?);
+                }
+            }
+            let Some(next) = picks.get(j) else { break };
+            queried = next
+                .iter()
+                .map(|&e| {
+                    entry.get(e as usize).copied().flatten().map(Some).ok_or(
+                        SpecError::InvalidConfig {
+                            what: "dynamic_from_picks",
+                            reason: format!("level {j} picked entry {e} of {}", entry.len()),
+                        },
+                    )
+                })
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(work.prune_to_best((*nodes).min(budget)))
     }
 
     /// Path log-probability a child of `parent` with `logprob` would have
@@ -287,7 +351,11 @@ impl TreeBuilder {
                     // tree (see `DraftTree::rank_floor`), so it is not
                     // expanded; once none is left the tree is final. The
                     // kept tree is the one full expansion would prune to.
-                    if let Some(floor) = self.work.rank_floor(nodes.min(self.budget)) {
+                    if let Some(floor) = self
+                        .work
+                        .rank_floor(nodes.min(self.budget))
+                        .filter(|_| !self.full)
+                    {
                         layer.retain(|&n| self.work.score(n) > floor);
                     }
                     self.pending = layer.into_iter().map(Some).collect();

@@ -609,3 +609,75 @@ fn prune_to_depth_keeps_the_first_levels() {
     assert!(t.prune_to_depth(0).is_empty());
     assert_eq!(t.prune_to_depth(9), t);
 }
+
+/// Candidates for a node reached by `path`: `w` distinct tokens with
+/// probabilities (sorted, best first; ties now and then), what the
+/// drafter's top-k gives the device.
+fn device_candidates(seed: u64, path: &[u32], w: usize) -> Vec<(u32, f32)> {
+    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ seed;
+    for &t in path {
+        h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut next = move || {
+        h = h
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (h >> 33) as u32
+    };
+    let base = next() % 1000;
+    let mut probs: Vec<f32> = (0..w).map(|_| (1 + next() % 64) as f32 / 64.0).collect();
+    probs.sort_by(|a, b| b.total_cmp(a));
+    (0..w as u32)
+        .map(|c| (base + 7 * c, probs[c as usize]))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A dynamic tree rebuilt from frontier picks made as the device makes
+    /// them (`draftc_ops::tree_frontier`'s reference) is the tree the host
+    /// builder, exact cut and all, builds from the same candidates.
+    #[test]
+    fn dynamic_from_picks_is_the_builders_tree(depth in 1usize..5, topk in 1usize..5,
+                                               nodes in 1usize..16, budget in 1usize..16,
+                                               seed in any::<u64>()) {
+        use draftc_ops::tree_frontier::reference::expand;
+        let shape = TreeShape::Dynamic { depth, topk, nodes };
+        let builder = TreeBuilder::new(&shape, budget);
+        let w = builder.wants();
+        let host = builder.run(&mut |path| {
+            device_candidates(seed, path, w).into_iter().map(|(t, p)| (t, p.ln())).collect()
+        });
+        // The device: every level's rows (paths, scores), its candidates,
+        // and the picks that make the next level.
+        let mut rows: Vec<(Vec<u32>, f32)> = vec![(Vec::new(), 0.0)];
+        let (mut layers, mut picks) = (Vec::new(), Vec::new());
+        for level in 0..depth {
+            let cands: Vec<Vec<(u32, f32)>> =
+                rows.iter().map(|(path, _)| device_candidates(seed, path, w)).collect();
+            layers.push(
+                cands.iter().map(|c| c.iter().map(|&(t, p)| (t, p.ln())).collect()).collect(),
+            );
+            if level + 1 == depth {
+                break;
+            }
+            let probs: Vec<f32> = cands.iter().flatten().map(|c| c.1).collect();
+            let ids: Vec<u32> = cands.iter().flatten().map(|c| c.0).collect();
+            let cum: Vec<f32> = rows.iter().map(|r| r.1).collect();
+            let f = topk.min(rows.len() * w);
+            let picked = expand(&probs, &ids, &cum, &vec![0; rows.len()], w, f, 1, 0);
+            picks.push(picked.iter().map(|p| p.0).collect::<Vec<u32>>());
+            rows = picked
+                .iter()
+                .map(|&(e, tok, score, _)| {
+                    let mut path = rows[e as usize / w].0.clone();
+                    path.push(tok);
+                    (path, score)
+                })
+                .collect();
+        }
+        let device = TreeBuilder::dynamic_from_picks(&shape, budget, &layers, &picks).unwrap();
+        prop_assert_eq!(device, host);
+    }
+}
