@@ -5,6 +5,11 @@
 //! validated the ids before uploading them (a decode step must not wait on
 //! the device mid-pass). The kernel clamps ids to the last row either way,
 //! so memory stays safe whatever the ids hold.
+//!
+//! [`lookup_u32`] is the same gather over a one-wide u32 table: an id map
+//! applied on the device (a reduced draft vocabulary's ids to the
+//! target's, so a drafter's next pass reads them without a round trip),
+//! ids clamped to the last entry alike.
 
 use cubecl::prelude::*;
 
@@ -112,7 +117,73 @@ fn launch<R: Runtime>(
 }
 
 /// Plain-Rust oracle.
+/// One unit per id.
+#[cube(launch_unchecked)]
+pub fn lookup_kernel(
+    table: &Array<u32>,
+    ids: &Array<u32>,
+    out: &mut Array<u32>,
+    n: usize,
+    len: usize,
+) {
+    let t = ABSOLUTE_POS;
+    if t < n {
+        let id = ids[t] as usize;
+        out[t] = table[select(id < len, id, len - 1)];
+    }
+}
+
+/// `out[t] = table[min(ids[t], len - 1)]`: `table` u32 `[len]` (`len >= 1`),
+/// `ids` and `out` u32 of one size.
+pub fn lookup_u32<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "lookup_u32";
+    expect_dtype(OP, "table", table, DType::U32)?;
+    expect_nonempty(OP, "table", table)?;
+    expect_dtype(OP, "ids", ids, DType::U32)?;
+    expect_dtype(OP, "out", out, DType::U32)?;
+    let n = ids.numel();
+    if out.numel() != n {
+        return Err(OpsError::ShapeMismatch {
+            op: OP,
+            arg: "out",
+            expected: format!("{n} elements"),
+            found: out.shape().to_vec(),
+        });
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let count = cube_count(OP, n.div_ceil(BLOCK))?;
+    // SAFETY: a unit works only for `t < n` (the size of `ids` and `out`)
+    // and reads `table` at an index clamped below `len`, its size (>= 1).
+    unsafe {
+        lookup_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(BLOCK as u32),
+            table.array_arg(),
+            ids.array_arg(),
+            out.array_arg(),
+            n,
+            table.numel(),
+        )
+    };
+    finish(client, OP)
+}
+
 pub mod reference {
+    /// `table[min(id, len - 1)]` for every id.
+    pub fn lookup(table: &[u32], ids: &[u32]) -> Vec<u32> {
+        ids.iter()
+            .map(|&i| table[(i as usize).min(table.len() - 1)])
+            .collect()
+    }
+
     /// Rows of `table` (`[vocab, d]`) picked by `ids`.
     pub fn embedding(table: &[f32], d: usize, ids: &[u32]) -> Vec<f32> {
         ids.iter()

@@ -1,13 +1,27 @@
 //! Embedding gather against the reference; out-of-range ids are errors
 //! (`embedding`) or gather the last row (`embedding_clamped`).
 
-use draftc_ops::embedding::{embedding, embedding_clamped, reference};
+use draftc_ops::embedding::{embedding, embedding_clamped, lookup_u32, reference};
 use draftc_ops::testing::{awkward_size, config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
 
 proptest! {
     #![proptest_config(config(16))]
+
+    /// An id map on the device: every id, in range or past the end
+    /// (clamped to the last entry), maps as the reference maps it.
+    #[test]
+    fn lookup_matches_reference(len in awkward_size(300), n in awkward_size(200), seed in any::<u64>()) {
+        let client = test_client();
+        let table = random_u32(seed, len, u32::MAX);
+        let ids = random_u32(seed ^ 9, n, len as u32 + 5);
+        let tt = DeviceTensor::upload_u32(&client, &table, &[len]).unwrap();
+        let it = DeviceTensor::upload_u32(&client, &ids, &[n]).unwrap();
+        let out = DeviceTensor::empty(&client, &[n], DType::U32);
+        lookup_u32(&client, &tt, &it, &out).unwrap();
+        prop_assert_eq!(out.download_u32(&client).unwrap(), reference::lookup(&table, &ids));
+    }
 
     #[test]
     fn embedding_matches_reference(vocab in awkward_size(1000), d in awkward_size(800), t in awkward_size(64),

@@ -115,8 +115,11 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     shape: TreeShape,
     l: usize,
     streams: Vec<Stream>,
-    /// A reduced draft vocabulary: draft ids map back to target ids.
+    /// A reduced draft vocabulary: draft ids map back to target ids, on
+    /// the host and (`vocab_map`, its ids on the device) for the next
+    /// depth of a chain or tree drafted on the device.
     vocab: Option<DraftVocab>,
+    vocab_map: Option<DeviceTensor<R>>,
     /// The target's final norm (weight, eps) for streams seeded through it.
     final_norm: Option<(DeviceTensor<R>, f32)>,
     /// Per slot: target states already in the memory caches.
@@ -224,10 +227,15 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         } else {
             None
         };
+        let vocab_map = match &vocab {
+            Some(v) => Some(DeviceTensor::upload_u32(client, v.ids(), &[v.ids().len()])?),
+            None => None,
+        };
         let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
         let slots = target.caches.slots();
         Ok(AutoregressiveDrafter {
             vocab,
+            vocab_map,
             exec,
             caches: CacheStore::new(
                 client,
@@ -349,7 +357,23 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             },
         )?;
         level.picks = Some(picks);
+        let next_ids = self.to_target_on_device(client, next_ids)?;
         Ok(Some((next_ids, next_cum, next_vis)))
+    }
+
+    /// Draft ids on the device as target ids (a lookup through the reduced
+    /// vocabulary's map; the ids themselves without one).
+    fn to_target_on_device(
+        &self,
+        client: &ComputeClient<R>,
+        ids: DeviceTensor<R>,
+    ) -> Result<DeviceTensor<R>, EngineError> {
+        let Some(map) = &self.vocab_map else {
+            return Ok(ids);
+        };
+        let out = DeviceTensor::empty(client, ids.shape(), DType::U32);
+        draftc_ops::embedding::lookup_u32(client, map, &ids, &out)?;
+        Ok(out)
     }
 
     /// A deferred tree's levels, read in one request, rebuilt per sequence
@@ -373,13 +397,17 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                     .zip(probs.iter().zip(ids))
                     .map(|(l, (p, id))| {
                         let (rows, w) = (l.probs.shape()[0] / n, l.probs.shape()[1]);
-                        (s * rows..(s + 1) * rows)
+                        let mut cands: Vec<Vec<Candidate>> = (s * rows..(s + 1) * rows)
                             .map(|r| {
                                 (r * w..(r + 1) * w)
                                     .map(|e| (id[e], p[e].max(0.0).ln()))
                                     .collect()
                             })
-                            .collect()
+                            .collect();
+                        if let Some(v) = &self.vocab {
+                            v.map_candidates(&mut cands);
+                        }
+                        cands
                     })
                     .collect();
                 let picks: Vec<Vec<u32>> = picks
@@ -473,15 +501,14 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         for s in seqs {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
-        // A dynamic tree over the target's vocabulary without a confidence
-        // cut picks its frontiers on the device (`draftc_ops::tree_frontier`)
+        // A dynamic tree without a confidence cut picks its frontiers on
+        // the device (`draftc_ops::tree_frontier`)
         // and reads every level's candidates once, at the end. The builders
         // that drive the loop expand every frontier node (no exact cut), so
         // each level's rows are known ahead; they are fed placeholder
         // candidates, and the real tree is rebuilt from the device's picks.
-        let deferred_tree = matches!(self.shape, TreeShape::Dynamic { .. })
-            && self.confidence.is_none()
-            && self.vocab.is_none();
+        let deferred_tree =
+            matches!(self.shape, TreeShape::Dynamic { .. }) && self.confidence.is_none();
         let mut builders: Vec<TreeBuilder> = seqs
             .iter()
             .map(|_| {
@@ -503,15 +530,16 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         // A cut chain needs its token's probability; a plain one only the
         // argmax.
         let greedy_chain = self.shape == TreeShape::Chain && self.confidence.is_none();
-        // A plain chain over the target's vocabulary drafts with its tokens
-        // left on the device: each depth's ids are the last depth's
-        // selection, and every depth's selection is read at once at the end
+        // A plain chain drafts with its tokens left on the device: each
+        // depth's ids are the last depth's selection (mapped to target ids
+        // there for a reduced vocabulary), and every depth's ids are read
+        // at once at the end
         // (one wait for the device, not one a depth) and fed to fresh
         // builders. The builders that drive the loop get token 0 for every
         // node meanwhile: a chain's shape (one node a depth, up to the
         // budget) does not depend on its tokens, and those trees are
         // dropped.
-        let deferred = greedy_chain && self.vocab.is_none();
+        let deferred = greedy_chain;
         // Per depth: its selection on the device and whom its rows fed.
         let mut chain: Vec<ChainDepth<R>> = Vec::new();
         loop {
@@ -669,6 +697,7 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                     self.chain_out.resize_with(depth + 1, SelectOut::default);
                 }
                 let sel = argmax_on_device(&client, logits, &mut self.chain_out[depth])?;
+                let sel = self.to_target_on_device(&client, sel)?;
                 // Token 0 for the driving builders; the real tokens come
                 // with the one read after the last depth.
                 let rows = sel.numel();

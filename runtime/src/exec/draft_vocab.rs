@@ -72,6 +72,12 @@ impl DraftVocab {
         DraftVocab::new(ids, vocab).map(Some)
     }
 
+    /// The target ids, in draft-id order (the map a device lookup applies,
+    /// `draftc_ops::embedding::lookup_u32`).
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// The target id of draft id `draft`. An id past the subset (only a
     /// faulty selection could produce one) maps to the subset's first token:
     /// a valid id that verification may reject.
