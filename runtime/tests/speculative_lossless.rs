@@ -172,6 +172,20 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
             }
         }
     }
+    // A GPU picks a dynamic tree's frontiers on the device
+    // (`device::TreePicks`): the same trees, read once a round.
+    t.exec.set_device(gpu_layout_profile(t.client()));
+    for (name, shape) in [
+        ("beagle", None),
+        ("spire", Some("dynamic(depth=3, topk=2, nodes=6)")),
+    ] {
+        let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
+        for b in [1, 3] {
+            for budget in [2, 5] {
+                check(&mut t, d.as_mut(), b, budget);
+            }
+        }
+    }
 }
 
 /// `--confidence` cuts (one that keeps nothing, and thresholds among the
@@ -320,6 +334,23 @@ fn reduced_draft_vocabulary_is_lossless() {
             assert!(d.drafted > 0, "{name} {shape:?} drafted nothing");
         }
     }
+    // The tree's frontiers picked on the device (a GPU's choice): draft
+    // ids map to target ids there too.
+    t.exec.set_device(gpu_layout_profile(t.client()));
+    let g = compile_with("beagle", &tiny_config(), &[("draft_vocab", 40)]);
+    let w = drafter_weights(&t, &tw, &g, Some(&ids));
+    let inner = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, None).unwrap();
+    let mut d = OnlyFrom {
+        inner,
+        allowed: &ids,
+        drafted: 0,
+    };
+    for b in [1, 3] {
+        check(&mut t, &mut d, b, 4);
+    }
+    assert!(d.drafted > 0, "beagle's device-picked tree drafted nothing");
+    t.exec
+        .set_device(draftc_runtime::device::profile(t.client()));
     // Weights without the ids are an error naming the tensor.
     let g = compile_with("medusa", &tiny_config(), &[("draft_vocab", 40)]);
     let mut w = drafter_weights(&t, &tw, &g, Some(&ids));

@@ -36,6 +36,7 @@ use super::select::{
     SelectOut, TopOut,
 };
 use super::target::{EngineError, TargetModel};
+use crate::device::TreePicks;
 use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
     SeqStep, Step, MEMORY_TAIL_BITS,
@@ -502,13 +503,14 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
         // A dynamic tree without a confidence cut picks its frontiers on
-        // the device (`draftc_ops::tree_frontier`)
+        // the device where the run's device prefers it (`TreePicks`) (`draftc_ops::tree_frontier`)
         // and reads every level's candidates once, at the end. The builders
         // that drive the loop expand every frontier node (no exact cut), so
         // each level's rows are known ahead; they are fed placeholder
         // candidates, and the real tree is rebuilt from the device's picks.
-        let deferred_tree =
-            matches!(self.shape, TreeShape::Dynamic { .. }) && self.confidence.is_none();
+        let deferred_tree = matches!(self.shape, TreeShape::Dynamic { .. })
+            && self.confidence.is_none()
+            && TreePicks::for_device(target.exec.device()) == TreePicks::Device;
         let mut builders: Vec<TreeBuilder> = seqs
             .iter()
             .map(|_| {

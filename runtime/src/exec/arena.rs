@@ -13,8 +13,12 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-/// Largest pass (rows) whose buffers are kept.
-pub(super) const MAX_ROWS: usize = 64;
+/// Largest pass (rows) whose buffers are kept: a verification or drafter
+/// pass of a large batch (a tree drafted on the device queries up to
+/// `topk` rows a sequence, 128 at batch 16 for Beagle's file tree), not a
+/// prefill chunk (up to 512 rows). Buffers over `draftc_ops::kept`'s size
+/// limit (a large vocabulary's logits) are not kept whatever the rows.
+pub(super) const MAX_ROWS: usize = 256;
 
 /// A buffer of `bytes` for a pass of `rows` rows: kept (`draftc_ops::kept`)
 /// unless the pass has over [`MAX_ROWS`] rows.
