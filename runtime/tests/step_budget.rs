@@ -48,7 +48,7 @@ fn gpu_profile_flushes_once_and_reads_once_per_step() {
         eprintln!("skipped: {} overrides the policy", FlushPolicy::ENV);
         return;
     }
-    for b in [1, 3] {
+    for b in [1, 3, 16] {
         let (counts, _) = decode_counts(b, true);
         assert!(!counts.is_empty());
         for c in &counts {
@@ -87,7 +87,14 @@ fn deferred_flushing_changes_no_token() {
 /// + 3, 1 upload and no allocation).
 #[test]
 fn decode_step_stays_within_its_measured_ceilings() {
-    for (b, gpu) in [(1, false), (1, true), (3, false), (3, true)] {
+    for (b, gpu) in [
+        (1, false),
+        (1, true),
+        (3, false),
+        (3, true),
+        (16, false),
+        (16, true),
+    ] {
         let (counts, _) = decode_counts(b, gpu);
         let launches = max_of(&counts, |c| c.launches);
         let uploads = max_of(&counts, |c| c.uploads);
