@@ -11,16 +11,7 @@ use proptest::prelude::*;
 /// log-probs depend only on the path (FNV hash + LCG), vocabulary `vocab`.
 fn toy_drafter(seed: u64, vocab: u32, width: usize) -> impl FnMut(&[u32]) -> Vec<Candidate> {
     move |path: &[u32]| {
-        let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
-        for &t in path {
-            h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
-        }
-        let mut next = move || {
-            h = h
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (h >> 33) as u32
-        };
+        let mut next = path_rng(seed, path);
         (0..width)
             .map(|_| {
                 let tok = next() % vocab;
@@ -28,6 +19,20 @@ fn toy_drafter(seed: u64, vocab: u32, width: usize) -> impl FnMut(&[u32]) -> Vec
                 (tok, lp)
             })
             .collect()
+    }
+}
+
+/// Numbers that depend only on `seed` and `path` (FNV hash + LCG).
+fn path_rng(seed: u64, path: &[u32]) -> impl FnMut() -> u32 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ seed;
+    for &t in path {
+        h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
+    }
+    move || {
+        h = h
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (h >> 33) as u32
     }
 }
 
@@ -614,16 +619,7 @@ fn prune_to_depth_keeps_the_first_levels() {
 /// probabilities (sorted, best first; ties now and then), what the
 /// drafter's top-k gives the device.
 fn device_candidates(seed: u64, path: &[u32], w: usize) -> Vec<(u32, f32)> {
-    let mut h = 0x9e37_79b9_7f4a_7c15u64 ^ seed;
-    for &t in path {
-        h = (h ^ t as u64).wrapping_mul(0x0100_0000_01b3);
-    }
-    let mut next = move || {
-        h = h
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        (h >> 33) as u32
-    };
+    let mut next = path_rng(seed, path);
     let base = next() % 1000;
     let mut probs: Vec<f32> = (0..w).map(|_| (1 + next() % 64) as f32 / 64.0).collect();
     probs.sort_by(|a, b| b.total_cmp(a));
