@@ -173,21 +173,12 @@ impl FlushPolicy {
     /// The policy for `device`: its class's, unless `DRAFTC_FLUSH` says
     /// `launch` or `pass` (any other value is ignored with a warning).
     pub fn for_device(device: &DeviceProfile) -> FlushPolicy {
-        match std::env::var(Self::ENV).as_deref() {
-            Ok("launch") => FlushPolicy::PerLaunch,
-            Ok("pass") => FlushPolicy::PerPass,
-            Ok(other) => {
-                static WARNED: std::sync::Once = std::sync::Once::new();
-                WARNED.call_once(|| {
-                    eprintln!(
-                        "warning: {}={other:?} is neither `launch` nor `pass`; using the device's policy",
-                        Self::ENV
-                    )
-                });
-                Self::default_for(device)
-            }
-            Err(_) => Self::default_for(device),
-        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        let choices = [
+            ("launch", FlushPolicy::PerLaunch),
+            ("pass", FlushPolicy::PerPass),
+        ];
+        env_choice(Self::ENV, &choices, &WARNED).unwrap_or_else(|| Self::default_for(device))
     }
 
     /// The measured better policy of a device class.
@@ -226,17 +217,38 @@ impl TreePicks {
 
     /// The choice for `device`: on the device for a GPU (a read is a full
     /// synchronisation there), on the host for lavapipe, unless
-    /// `DRAFTC_TREE_PICKS` says `host` or `device`.
+    /// `DRAFTC_TREE_PICKS` says `host` or `device` (any other value is
+    /// ignored with a warning).
     pub fn for_device(device: &DeviceProfile) -> TreePicks {
-        match std::env::var(Self::ENV).as_deref() {
-            Ok("host") => TreePicks::Host,
-            Ok("device") => TreePicks::Device,
-            _ => match device.class {
-                DeviceClass::Emulator => TreePicks::Host,
-                DeviceClass::Gpu => TreePicks::Device,
-            },
-        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        let choices = [("host", TreePicks::Host), ("device", TreePicks::Device)];
+        env_choice(Self::ENV, &choices, &WARNED).unwrap_or(match device.class {
+            DeviceClass::Emulator => TreePicks::Host,
+            DeviceClass::Gpu => TreePicks::Device,
+        })
     }
+}
+
+/// The choice environment variable `var` names among `choices`, or `None`
+/// when it is unset; any other value is ignored, with one warning (`warned`)
+/// that names the accepted values.
+fn env_choice<T: Copy>(
+    var: &str,
+    choices: &[(&str, T)],
+    warned: &'static std::sync::Once,
+) -> Option<T> {
+    let value = std::env::var(var).ok()?;
+    let found = choices.iter().find(|(name, _)| *name == value).map(|c| c.1);
+    if found.is_none() {
+        warned.call_once(|| {
+            let names: Vec<String> = choices.iter().map(|c| format!("`{}`", c.0)).collect();
+            eprintln!(
+                "warning: {var}={value:?} is none of {}; using the device's choice",
+                names.join(", ")
+            )
+        });
+    }
+    found
 }
 
 /// The compute dtype `--dtype NAME` asks for on `client`: `f32`, `f16`, or
@@ -266,5 +278,27 @@ pub fn check_dtype(name: &str) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("--dtype must be auto, f32 or f16, got `{name}`"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::env_choice;
+
+    /// Unset is no choice, a listed value its choice, any other value no
+    /// choice (with a warning). A variable of its own: tests run in
+    /// parallel in one process.
+    #[test]
+    fn env_choice_takes_only_listed_values() {
+        const VAR: &str = "DRAFTC_TEST_ENV_CHOICE";
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        let choices = [("a", 1), ("b", 2)];
+        std::env::remove_var(VAR);
+        assert_eq!(env_choice(VAR, &choices, &WARNED), None);
+        std::env::set_var(VAR, "b");
+        assert_eq!(env_choice(VAR, &choices, &WARNED), Some(2));
+        std::env::set_var(VAR, "c");
+        assert_eq!(env_choice(VAR, &choices, &WARNED), None);
+        std::env::remove_var(VAR);
     }
 }
