@@ -503,11 +503,12 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
         // A dynamic tree without a confidence cut picks its frontiers on
-        // the device where the run's device prefers it (`TreePicks`) (`draftc_ops::tree_frontier`)
-        // and reads every level's candidates once, at the end. The builders
-        // that drive the loop expand every frontier node (no exact cut), so
-        // each level's rows are known ahead; they are fed placeholder
-        // candidates, and the real tree is rebuilt from the device's picks.
+        // the device (`draftc_ops::tree_frontier`) where the run's device
+        // prefers it (`TreePicks`), and reads every level's candidates once,
+        // at the end. The builders that drive the loop expand every frontier
+        // node (no exact cut), so each level's rows are known ahead; they
+        // only count rows (their candidates are token numbers 0..w of equal
+        // score), and the tree itself is rebuilt from the device's picks.
         let deferred_tree = matches!(self.shape, TreeShape::Dynamic { .. })
             && self.confidence.is_none()
             && TreePicks::for_device(target.exec.device()) == TreePicks::Device;
@@ -718,9 +719,9 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                     ids,
                     picks: None,
                 });
-                // Distinct placeholder tokens of equal score: the driving
-                // builders' frontier is then their first nodes, as many as
-                // the device picks.
+                // Token numbers 0..w of equal score: the driving builders'
+                // frontier is then their first nodes, as many rows as the
+                // device picks.
                 vec![(0..w as u32).map(|t| (t, 0.0)).collect(); rows]
             } else if greedy_chain {
                 select_tokens_into(&client, logits, &Sampling::GREEDY, 0, &mut self.selected)?

@@ -63,31 +63,22 @@ pub fn select_tokens<R: Runtime>(
     select_tokens_into(client, logits, sampling, step, &mut SelectOut::default())
 }
 
-/// A device buffer kept across a loop's steps: reused while it is large
-/// enough and nothing else holds it, replaced (and kept) otherwise, so a
-/// steady-state step allocates none (issue 31).
+/// The last output buffer of a loop's step, remembered so that the next
+/// step can read it on the device ([`SelectOut::last`]). Reuse needs no
+/// bookkeeping here: `DeviceTensor::empty` hands out the thread's kept
+/// buffers (`draftc_ops::kept`), so a steady-state step allocates none
+/// (issue 31).
 #[derive(Default)]
 pub struct Kept(Option<Handle>);
 
 impl Kept {
-    /// A tensor of `shape` over the kept buffer, or over a new kept one.
+    /// A tensor of `shape` over a kept buffer, remembered as the last.
     pub fn take<R: Runtime>(
         &mut self,
         client: &ComputeClient<R>,
         shape: &[usize],
         dtype: DType,
     ) -> DeviceTensor<R> {
-        let numel: usize = shape.iter().product();
-        let bytes = draftc_ops::tensor::padded_bytes(numel, dtype) as u64;
-        if let Some(h) = self
-            .0
-            .as_ref()
-            .filter(|h| h.can_mut() && h.size_in_used() >= bytes)
-        {
-            if let Ok(t) = DeviceTensor::from_handle(h.clone(), shape, dtype) {
-                return t;
-            }
-        }
         let t = DeviceTensor::<R>::empty(client, shape, dtype);
         self.0 = Some(t.handle.clone());
         t
@@ -100,8 +91,7 @@ impl Kept {
 pub struct SelectOut(Kept);
 
 impl SelectOut {
-    /// A `[rows]` u32 tensor over the kept buffer when it is large enough
-    /// and nothing else holds it, else over a new one that is kept.
+    /// A `[rows]` u32 tensor over a kept buffer, remembered as the last.
     fn take<R: Runtime>(&mut self, client: &ComputeClient<R>, rows: usize) -> DeviceTensor<R> {
         self.0.take(client, &[rows], DType::U32)
     }
