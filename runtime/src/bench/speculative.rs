@@ -6,9 +6,16 @@
 //! token ignored so every sequence produces `max_tokens`):
 //! one autoregressive run (the reference tokens and a baseline tokens/s),
 //! then for every drafter × budget a warm-up of budget + 2 tokens (kernel
-//! JIT for the drafter's shapes and the verification pass's) and a timed speculative run, then a second
-//! autoregressive run; speedups are over the mean of the two baselines
-//! (both are in the JSON: a noisy host shows as two different rates). Reported per
+//! JIT for the drafter's shapes and the verification pass's) and a timed
+//! speculative run. With `--repeat N` the timed runs of every configuration
+//! are repeated N times, an autoregressive run before each repeat, and one
+//! more after the last. Each run's speedup is paired: its rate over the
+//! autoregressive rate at the time it ran (interpolated between the runs
+//! before and after its repeat), so a host that slows down for a minute
+//! slows both sides of the ratio; the reported speedup is the median of a
+//! configuration's paired speedups (of an even count, the lower middle),
+//! its tokens/s the median of its rates, so single runs on a noisy host
+//! neither make nor break a speedup. Reported per
 //! configuration: τ (tokens per sequence-round), k (draft tokens per
 //! sequence-round), κ (sequence-rounds per target pass), decode tokens/s,
 //! speedup over the baseline, the share of time spent drafting and
@@ -47,6 +54,9 @@ pub struct SpecConfig {
     /// (`--speculate fixed,auto`).
     pub fixed: bool,
     pub auto: bool,
+    /// Runs of every configuration, alternated with autoregressive runs;
+    /// rates are medians over them (`--repeat`).
+    pub repeat: usize,
 }
 
 /// One drafter × batch × budget measurement.
@@ -85,12 +95,23 @@ pub struct SpecPoint {
     pub tau: f64,
     pub k: f64,
     pub kappa: f64,
+    /// The median of `runs` (of two, the slower).
     pub tokens_per_s: f64,
-    /// The mean of `autoregressive_runs`.
+    /// Tokens/s of each repeat (`--repeat`), in order.
+    pub runs: Vec<f64>,
+    /// The median of `autoregressive_runs` (of an even count, the faster
+    /// middle one).
     pub autoregressive_tokens_per_s: f64,
-    /// Autoregressive tokens/s measured before and after the drafters.
+    /// Autoregressive tokens/s: before the drafters, between repeats and
+    /// after the last.
     pub autoregressive_runs: Vec<f64>,
+    /// The median of `paired_speedups` (of two, the lower).
     pub speedup: f64,
+    /// Each run's tokens/s over the autoregressive rate at the time it
+    /// ran: interpolated in time between the autoregressive runs before
+    /// and after its repeat, so a host that slows down for a while slows
+    /// both sides of a ratio.
+    pub paired_speedups: Vec<f64>,
     /// Fractions of the decode time spent drafting and verifying.
     pub draft_share: f64,
     pub verify_share: f64,
@@ -157,6 +178,138 @@ fn baseline<R: Runtime>(
     Ok((tokens, generated as f64 / f64::max(secs, 1e-9)))
 }
 
+/// Another autoregressive run, which must give the reference tokens.
+fn again<R: Runtime>(
+    target: &mut TargetModel<R>,
+    groups: &[Vec<Request>],
+    max_tokens: usize,
+    reference: &[Vec<u32>],
+) -> Result<f64, String> {
+    let (tokens, tps) = baseline(target, groups, max_tokens)?;
+    if tokens != reference {
+        return Err("autoregressive decoding is not deterministic".into());
+    }
+    Ok(tps)
+}
+
+/// Which middle value of an even count [`median`] takes.
+#[derive(Clone, Copy)]
+pub enum Middle {
+    Lower,
+    Upper,
+}
+
+/// The median of `xs` (0 when empty); of an even count, the lower or
+/// upper middle value, so that a speedup over two runs each is never
+/// rounded in speculation's favour (its rate lower, the baseline upper).
+pub fn median(xs: &[f64], middle: Middle) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match (v.len(), middle) {
+        (0, _) => 0.0,
+        (n, Middle::Lower) => v[(n - 1) / 2],
+        (n, Middle::Upper) => v[n / 2],
+    }
+}
+
+/// Each run's speedup over the autoregressive rate at its time: `rates[i]`
+/// ended at `at[i]`; autoregressive runs gave `ar[j]`, ending at `ar_at[j]`
+/// (increasing). Between two autoregressive runs the rate is interpolated
+/// linearly; before the first or after the last, the nearest one.
+pub fn paired_speedups(rates: &[f64], at: &[f64], ar: &[f64], ar_at: &[f64]) -> Vec<f64> {
+    rates
+        .iter()
+        .zip(at)
+        .map(|(&rate, &t)| {
+            let j = ar_at.partition_point(|&x| x <= t);
+            let base = match (j.checked_sub(1), ar.get(j)) {
+                (Some(i), Some(&next)) => {
+                    let (t0, t1) = (ar_at[i], ar_at[j]);
+                    let w = if t1 > t0 { (t - t0) / (t1 - t0) } else { 0.5 };
+                    ar[i] + w * (next - ar[i])
+                }
+                (Some(i), None) => ar[i],
+                (None, Some(&next)) => next,
+                (None, None) => f64::NAN,
+            };
+            rate / base.max(1e-9)
+        })
+        .collect()
+}
+
+/// One configuration over the repeats: its drafter, its policy and what
+/// its runs measured.
+struct Measured<R: Runtime> {
+    label: String,
+    choice: DrafterChoice,
+    mode: &'static str,
+    drafter: Box<dyn crate::engine::Drafter<R>>,
+    weights: String,
+    policy: crate::engine::DraftPolicy,
+    /// Every run's counters, merged.
+    stats: SpecStats,
+    /// Tokens/s of each run, and when it ended (seconds).
+    rates: Vec<f64>,
+    at: Vec<f64>,
+    lossless: bool,
+}
+
+impl<R: Runtime> Measured<R> {
+    fn point(
+        self,
+        batch: usize,
+        prompts: usize,
+        base_tps: f64,
+        ar_runs: &[f64],
+        paired: Vec<f64>,
+    ) -> SpecPoint {
+        let s = &self.stats;
+        let decode = s.decode_s.max(1e-9);
+        let per_round = |n: u64| n as f64 / s.rounds.max(1) as f64;
+        let tokens_per_s = median(&self.rates, Middle::Lower);
+        SpecPoint {
+            drafter: match self.choice.confidence {
+                Some(c) => format!("{} confidence {c}", self.drafter.name()),
+                None => self.drafter.name(),
+            },
+            confidence: self.choice.confidence.map(|c| c.to_string()),
+            tree: self.choice.tree.as_ref().map(|t| t.to_string()),
+            weights: self.weights,
+            batch,
+            prompts,
+            budget: self.choice.budget,
+            speculate: self.mode.into(),
+            no_draft_share: s.no_draft_rounds as f64 / s.rounds.max(1) as f64,
+            budget_histogram: s.budget_histogram.clone(),
+            predicted_speedup: s.predicted_speedup,
+            drafter_off_at: s.drafter_off_at,
+            tau: s.tau(),
+            k: s.k(),
+            kappa: s.kappa(),
+            tokens_per_s,
+            runs: self.rates.clone(),
+            autoregressive_tokens_per_s: base_tps,
+            autoregressive_runs: ar_runs.to_vec(),
+            speedup: median(&paired, Middle::Lower),
+            paired_speedups: paired,
+            draft_share: s.draft_s / decode,
+            verify_share: s.verify_s / decode,
+            target_passes: s.target_passes,
+            seq_rounds: s.seq_rounds,
+            acceptance_by_depth: s.acceptance_by_depth(),
+            draft_errors: s.draft_errors,
+            lookup: self.choice.lookup,
+            lookup_rounds: s.lookup_rounds,
+            launches_per_round: per_round(s.round_counts.launches),
+            flushes_per_round: per_round(s.round_counts.flushes),
+            reads_per_round: per_round(s.round_counts.reads),
+            uploads_per_round: per_round(s.round_counts.uploads),
+            allocations_per_round: per_round(s.round_counts.allocations),
+            lossless: self.lossless,
+        }
+    }
+}
+
 /// Runs every configuration of `cfg`.
 pub fn run_spec<R: Runtime>(
     client: &ComputeClient<R>,
@@ -172,6 +325,9 @@ pub fn run_spec<R: Runtime>(
     }
     if cfg.drafters.is_empty() || cfg.budgets.is_empty() || cfg.budgets.contains(&0) {
         return Err("give at least one drafter and budgets >= 1".into());
+    }
+    if cfg.repeat == 0 {
+        return Err("--repeat must be at least 1".into());
     }
     if !cfg.fixed && !cfg.auto {
         return Err("measure fixed budgets, auto, or both".into());
@@ -209,7 +365,8 @@ pub fn run_spec<R: Runtime>(
         runs
     };
     let runs: usize = cfg.drafters.iter().map(|c| budgets_of(c).len()).sum();
-    let total = cfg.batches.len() * (1 + runs);
+    let repeat = cfg.repeat;
+    let total = cfg.batches.len() * (1 + runs) * repeat;
     let mut done = 0;
     let mut points = Vec::new();
     for &b in &cfg.batches {
@@ -228,45 +385,82 @@ pub fn run_spec<R: Runtime>(
             &mut |_, _| {},
         )
         .map_err(err)?;
-        let (base_tokens, before_tps) = baseline(&mut target, &groups, cfg.max_tokens)?;
-        let first = points.len();
+        let (base_tokens, first_tps) = baseline(&mut target, &groups, cfg.max_tokens)?;
+        let clock = std::time::Instant::now();
+        let mut ar_runs = vec![first_tps];
+        // When each autoregressive run ended (seconds on `clock`).
+        let mut ar_at = vec![0.0];
         done += 1;
+        // Every configuration keeps its drafter and policy over the
+        // repeats (a planner goes on learning, as in a server).
+        let mut configs: Vec<Measured<R>> = Vec::new();
         for choice in &cfg.drafters {
             for (budget, planned) in budgets_of(choice) {
-                let mode = if planned { "auto" } else { "fixed" };
-                progress.step(
-                    done,
-                    total,
-                    &format!("batch {b}: {} budget {budget} {mode}", choice.name),
-                );
                 let choice = DrafterChoice {
                     budget,
                     ..choice.clone()
                 };
+                let mode = if planned { "auto" } else { "fixed" };
                 let built = make_drafter(client, &choice, model, &target, cfg.dtype)?;
-                let (mut drafter, weights) = (built.drafter, built.weights);
-                let mut policy =
+                let policy =
                     crate::cli::generate::speculate_policy(mode, budget, choice.concurrent)?;
-                // Warm-up on the first group: every shape compiles here,
-                // and a planned run measures its start-up costs.
-                warm_up(
-                    &mut target,
-                    drafter.as_mut(),
-                    &groups[0],
-                    &Sampling::GREEDY,
-                    &mut policy,
-                )
-                .map_err(err)?;
+                configs.push(Measured {
+                    label: format!("{} budget {budget} {mode}", choice.name),
+                    choice,
+                    mode,
+                    drafter: built.drafter,
+                    weights: built.weights,
+                    policy,
+                    stats: SpecStats::default(),
+                    rates: Vec::new(),
+                    at: Vec::new(),
+                    lossless: true,
+                });
+            }
+        }
+        for rep in 0..repeat {
+            if rep > 0 {
+                // Autoregressive runs between the repeats: each
+                // configuration is timed beside the baseline, not minutes
+                // from it.
+                progress.step(
+                    done,
+                    total,
+                    &format!("batch {b}: autoregressive baseline ({})", rep + 1),
+                );
+                ar_runs.push(again(&mut target, &groups, cfg.max_tokens, &base_tokens)?);
+                ar_at.push(clock.elapsed().as_secs_f64());
+                done += 1;
+            }
+            for m in &mut configs {
+                let of = if repeat > 1 {
+                    format!(" (run {} of {repeat})", rep + 1)
+                } else {
+                    String::new()
+                };
+                progress.step(done, total, &format!("batch {b}: {}{of}", m.label));
+                if rep == 0 {
+                    // Warm-up on the first group: every shape compiles
+                    // here, and a planned run measures its start-up costs.
+                    warm_up(
+                        &mut target,
+                        m.drafter.as_mut(),
+                        &groups[0],
+                        &Sampling::GREEDY,
+                        &mut m.policy,
+                    )
+                    .map_err(err)?;
+                }
                 let mut s = SpecStats::default();
                 let mut tokens = Vec::new();
                 for requests in &groups {
                     let spec = generate_with_policy(
                         &mut target,
-                        drafter.as_mut(),
+                        m.drafter.as_mut(),
                         requests,
                         cfg.max_tokens,
                         &Sampling::GREEDY,
-                        &mut policy,
+                        &mut m.policy,
                         None,
                         &mut |_, _| {},
                     )
@@ -274,68 +468,25 @@ pub fn run_spec<R: Runtime>(
                     s.merge(&spec.stats);
                     tokens.extend(spec.tokens);
                 }
-                let decode = s.decode_s.max(1e-9);
-                let per_round = |n: u64| n as f64 / s.rounds.max(1) as f64;
-                points.push(SpecPoint {
-                    drafter: match choice.confidence {
-                        Some(c) => format!("{} confidence {c}", drafter.name()),
-                        None => drafter.name(),
-                    },
-                    confidence: choice.confidence.map(|c| c.to_string()),
-                    tree: choice.tree.as_ref().map(|t| t.to_string()),
-                    weights,
-                    batch: b,
-                    prompts: count(b),
-                    budget,
-                    speculate: mode.into(),
-                    no_draft_share: s.no_draft_rounds as f64 / s.rounds.max(1) as f64,
-                    budget_histogram: s.budget_histogram.clone(),
-                    predicted_speedup: s.predicted_speedup,
-                    drafter_off_at: s.drafter_off_at,
-                    tau: s.tau(),
-                    k: s.k(),
-                    kappa: s.kappa(),
-                    tokens_per_s: s.decode_tokens_per_s(),
-                    // Set below from the baselines before and after.
-                    autoregressive_tokens_per_s: before_tps,
-                    autoregressive_runs: Vec::new(),
-                    speedup: 0.0,
-                    draft_share: s.draft_s / decode,
-                    verify_share: s.verify_s / decode,
-                    target_passes: s.target_passes,
-                    seq_rounds: s.seq_rounds,
-                    acceptance_by_depth: s.acceptance_by_depth(),
-                    draft_errors: s.draft_errors,
-                    lookup: choice.lookup,
-                    lookup_rounds: s.lookup_rounds,
-                    launches_per_round: per_round(s.round_counts.launches),
-                    flushes_per_round: per_round(s.round_counts.flushes),
-                    reads_per_round: per_round(s.round_counts.reads),
-                    uploads_per_round: per_round(s.round_counts.uploads),
-                    allocations_per_round: per_round(s.round_counts.allocations),
-                    lossless: tokens == base_tokens,
-                });
+                m.rates.push(s.decode_tokens_per_s());
+                m.at.push(clock.elapsed().as_secs_f64());
+                m.lossless &= tokens == base_tokens;
+                m.stats.merge(&s);
                 done += 1;
             }
         }
-        // A second baseline after the drafters: a noisy host (lavapipe
-        // shares its cores) shows as two different rates; speedups are
-        // over their mean.
-        let after_tps = if points.len() > first {
+        // A last baseline after the drafters: a noisy host (lavapipe
+        // shares its cores) shows as different rates; speedups are over
+        // their median.
+        if !configs.is_empty() {
             progress.message(&format!("batch {b}: autoregressive baseline again"));
-            let (again, tps) = baseline(&mut target, &groups, cfg.max_tokens)?;
-            if again != base_tokens {
-                return Err("autoregressive decoding is not deterministic".into());
-            }
-            tps
-        } else {
-            before_tps
-        };
-        let base_tps = 0.5 * (before_tps + after_tps);
-        for p in &mut points[first..] {
-            p.autoregressive_tokens_per_s = base_tps;
-            p.autoregressive_runs = vec![before_tps, after_tps];
-            p.speedup = p.tokens_per_s / base_tps.max(1e-9);
+            ar_runs.push(again(&mut target, &groups, cfg.max_tokens, &base_tokens)?);
+            ar_at.push(clock.elapsed().as_secs_f64());
+        }
+        let base_tps = median(&ar_runs, Middle::Upper);
+        for m in configs {
+            let paired = paired_speedups(&m.rates, &m.at, &ar_runs, &ar_at);
+            points.push(m.point(b, count(b), base_tps, &ar_runs, paired));
         }
     }
     progress.finish();
@@ -537,6 +688,32 @@ impl SpecPoint {
         match &self.tree {
             Some(t) => format!("{k} {t}"),
             None => k,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_never_round_in_speculations_favour() {
+        assert_eq!(median(&[3.0, 1.0, 2.0], Middle::Lower), 2.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0], Middle::Upper), 2.0);
+        assert_eq!(median(&[4.0, 1.0], Middle::Lower), 1.0);
+        assert_eq!(median(&[4.0, 1.0], Middle::Upper), 4.0);
+        assert_eq!(median(&[], Middle::Lower), 0.0);
+    }
+
+    #[test]
+    fn a_run_is_paired_with_the_baseline_of_its_time() {
+        // Autoregressive 10 tokens/s at t = 0, 8 at t = 10 (the host slowed
+        // down), 8 at t = 20.
+        let (ar, ar_at) = ([10.0, 8.0, 8.0], [0.0, 10.0, 20.0]);
+        let got = paired_speedups(&[9.0, 8.0, 4.0, 8.0], &[5.0, 15.0, 25.0, 0.0], &ar, &ar_at);
+        let want = [1.0, 1.0, 0.5, 0.8];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-12, "{got:?}");
         }
     }
 }

@@ -133,6 +133,12 @@ pub struct SpecArgs {
     /// questions.
     #[arg(long)]
     pub prompt_count: Option<usize>,
+    /// Timed runs of every configuration, alternated with autoregressive
+    /// runs; each rate is the median of its runs, so one noisy run does not
+    /// decide a speedup (lavapipe on a shared 2-core host varies by about
+    /// ±6 % from run to run).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: usize,
 }
 
 /// The drafters `draftc bench spec` runs when none is named: those that
@@ -383,6 +389,7 @@ fn spec(
         dtype,
         prompts,
         prompt_count: args.prompt_count,
+        repeat: args.repeat,
         fixed: args.speculate.iter().any(|s| s == "fixed"),
         auto: args.speculate.iter().any(|s| s == "auto"),
     };

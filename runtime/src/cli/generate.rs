@@ -16,6 +16,7 @@ use clap::Args;
 use cubecl::prelude::*;
 
 use super::drafter::{make_drafter, parse_lookup, DrafterChoice};
+use crate::bench::speculative::{median, paired_speedups, Middle};
 use crate::device::{Backend, OnClient};
 use crate::engine::{
     generate, generate_with_policy, warm_up, DraftPolicy, Request, Sampling, SpecStats, TargetModel,
@@ -107,6 +108,12 @@ pub struct GenerateArgs {
     /// Skip the autoregressive baseline run (no speedup in the stats line).
     #[arg(long)]
     pub no_baseline: bool,
+    /// Timed runs of autoregressive and of speculative decoding for the
+    /// stats line's speedup, alternated (the first speculative run is the
+    /// one printed); each rate is the median of its runs, so one noisy run
+    /// on a shared host does not decide the speedup.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    pub timing_runs: u64,
     /// Feed the prompt as is, without the chat template.
     #[arg(long)]
     pub raw: bool,
@@ -369,31 +376,89 @@ fn generate_on<R: Runtime>(
     if let Some(p) = drafter.profile() {
         eprint!("drafter {p}");
     }
-    let baseline = if args.no_baseline {
+    let timing = if args.no_baseline {
         None
     } else {
         if !args.quiet {
-            eprintln!("measuring the autoregressive baseline on the same prompts …");
-        }
-        let base = generate(
-            &mut target,
-            &requests,
-            args.max_tokens,
-            &sampling,
-            stop,
-            &mut |_, _| {},
-        )
-        .map_err(|e| e.to_string())?;
-        if sampling.is_greedy() && base.tokens != spec.tokens {
-            return Err(
-                "internal error: speculative output differs from autoregressive greedy output"
-                    .into(),
+            eprintln!(
+                "measuring the autoregressive baseline on the same prompts ({} run{}, alternated \
+                 with {} more speculative) …",
+                args.timing_runs,
+                if args.timing_runs == 1 { "" } else { "s" },
+                args.timing_runs - 1
             );
         }
-        Some(base.stats.decode_tokens_per_s())
+        let clock = std::time::Instant::now();
+        let mut spec_rates = vec![spec.stats.decode_tokens_per_s()];
+        let (mut spec_at, mut ar_rates, mut ar_at) = (vec![0.0], Vec::new(), Vec::new());
+        for run in 0..args.timing_runs {
+            let base = generate(
+                &mut target,
+                &requests,
+                args.max_tokens,
+                &sampling,
+                stop,
+                &mut |_, _| {},
+            )
+            .map_err(|e| e.to_string())?;
+            if sampling.is_greedy() && base.tokens != spec.tokens {
+                return Err(
+                    "internal error: speculative output differs from autoregressive greedy output"
+                        .into(),
+                );
+            }
+            ar_rates.push(base.stats.decode_tokens_per_s());
+            ar_at.push(clock.elapsed().as_secs_f64());
+            if run + 1 < args.timing_runs {
+                let again = generate_with_policy(
+                    &mut target,
+                    drafter.as_mut(),
+                    &requests,
+                    args.max_tokens,
+                    &sampling,
+                    &mut policy,
+                    stop,
+                    &mut |_, _| {},
+                )
+                .map_err(|e| e.to_string())?;
+                if sampling.is_greedy() && again.tokens != spec.tokens {
+                    return Err(
+                        "internal error: a repeated speculative run gave other tokens".into(),
+                    );
+                }
+                spec_rates.push(again.stats.decode_tokens_per_s());
+                spec_at.push(clock.elapsed().as_secs_f64());
+            }
+        }
+        if let DraftPolicy::Planned(p) = &policy {
+            super::calibrate::store_costs(&cost_key, &p.costs());
+        }
+        let paired = paired_speedups(&spec_rates, &spec_at, &ar_rates, &ar_at);
+        Some(Timing {
+            spec_tps: median(&spec_rates, Middle::Lower),
+            ar_tps: median(&ar_rates, Middle::Upper),
+            speedup: median(&paired, Middle::Lower),
+            runs: args.timing_runs as usize,
+        })
     };
-    eprintln!("{}", stats_line(&drafter.name(), &spec.stats, baseline));
+    eprintln!("{}", stats_line(&drafter.name(), &spec.stats, timing));
     Ok(())
+}
+
+/// The rates the stats line compares: medians of alternated runs, all
+/// after the untimed warm-up.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Speculative tokens/s (of an even count of runs, the slower middle).
+    pub spec_tps: f64,
+    /// Autoregressive tokens/s (of an even count, the faster middle).
+    pub ar_tps: f64,
+    /// The median of each speculative run's rate over the autoregressive
+    /// runs beside it (`bench::speculative::paired_speedups`; of an even
+    /// count, the lower middle).
+    pub speedup: f64,
+    /// Runs of each.
+    pub runs: usize,
 }
 
 /// The draft policy `--speculate` names: `auto` plans each round's budget
@@ -417,28 +482,40 @@ pub fn speculate_policy(
 
 /// The stats line: rounds, τ, k, κ, tokens/s and the speedup over the
 /// autoregressive baseline measured in the same run.
-pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> String {
-    let speed = s.decode_tokens_per_s();
-    let speedup = match baseline_tps {
-        Some(b) => format!(
-            ", autoregressive {b:.1} tokens/s, speedup {:.2}x",
-            speed / b.max(1e-9)
-        ),
-        None => String::new(),
+pub fn stats_line(drafter: &str, s: &SpecStats, timing: Option<Timing>) -> String {
+    let (speed, speedup, warm) = match timing {
+        Some(t) => {
+            let of = if t.runs > 1 {
+                format!(
+                    ", medians of {} alternated runs each, the speedup of each run over the \
+                     autoregressive runs beside it",
+                    t.runs
+                )
+            } else {
+                String::new()
+            };
+            (
+                t.spec_tps,
+                format!(
+                    ", autoregressive {:.1} tokens/s, speedup {:.2}x",
+                    t.ar_tps, t.speedup
+                ),
+                format!(
+                    " (warm against warm{of}: every run after an untimed warm-up on the same \
+                     prompts that compiles the kernels both use; a kernel variant it did not \
+                     meet compiles inside the timing)"
+                ),
+            )
+        }
+        None => (s.decode_tokens_per_s(), String::new(), String::new()),
     };
     let lookup = if s.lookup_rounds > 0 {
         format!(" ({} by lookup)", s.lookup_rounds)
     } else {
         String::new()
     };
-    let warm = if baseline_tps.is_some() {
-        " (both after an untimed warm-up on the same prompts; a kernel variant it did not meet \
-         compiles inside the timing)"
-    } else {
-        ""
-    };
     format!(
-        "speculative ({drafter}): {} sequences, {} rounds{lookup}, tau {:.2}, k {:.2}, kappa {:.2}{}, {} generated in {:.2} s ({speed:.1} tokens/s){speedup}{warm}",
+        "speculative ({drafter}): {} sequences, {} rounds{lookup}, tau {:.2}, k {:.2}, kappa {:.2}{}, {} generated ({speed:.1} tokens/s){speedup}{warm}",
         s.sequences,
         s.seq_rounds,
         s.tau(),
@@ -446,7 +523,6 @@ pub fn stats_line(drafter: &str, s: &SpecStats, baseline_tps: Option<f64>) -> St
         s.kappa(),
         planned_summary(s),
         s.generated_tokens,
-        s.decode_s,
     )
 }
 

@@ -423,6 +423,7 @@ pub fn generate_with_policy<R: Runtime>(
                 let ctx = active.iter().map(|&i| seqs[i].len()).sum::<usize>() as f64
                     / active.len() as f64;
                 p.set_context(ctx);
+                p.set_rooms(active.iter().copied().zip(room.iter().copied()));
                 let plan = p.plan(&active);
                 if plan.drafter_off && !drafter_off {
                     // Off from now on: drop what the drafter holds.
