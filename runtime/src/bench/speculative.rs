@@ -552,6 +552,56 @@ impl SpecReport {
         s
     }
 
+    /// Per drafter and batch size with an `auto` run: auto's speedup
+    /// against the best of autoregressive decoding (1.0x) and every fixed
+    /// budget measured beside it, and whether it meets issue 34's bars
+    /// (at least 0.95 of that best, at least 0.97x of autoregressive).
+    /// Empty without auto runs.
+    pub fn auto_summary(&self) -> String {
+        let same = |a: &SpecPoint, b: &SpecPoint| {
+            a.drafter == b.drafter && a.batch == b.batch && a.tree == b.tree && a.lookup == b.lookup
+        };
+        let mut rows = Vec::new();
+        let (mut near, mut above) = (0, 0);
+        for auto in self.points.iter().filter(|p| p.speculate == "auto") {
+            let fixed: Vec<&SpecPoint> = self
+                .points
+                .iter()
+                .filter(|p| p.speculate == "fixed" && same(p, auto))
+                .collect();
+            let best = fixed.iter().map(|p| p.speedup).fold(1.0f64, f64::max);
+            let ratio = auto.speedup / best;
+            near += usize::from(ratio >= 0.95);
+            above += usize::from(auto.speedup >= 0.97);
+            let fixed: Vec<String> = fixed
+                .iter()
+                .map(|p| format!("{}: {:.2}x", p.budget, p.speedup))
+                .collect();
+            rows.push(format!(
+                "| {} | {} | {} | {:.2}x | {:.2}x | {:.2} | {} | {} |\n",
+                auto.drafter,
+                auto.batch,
+                fixed.join(", "),
+                auto.speedup,
+                best,
+                ratio,
+                if ratio >= 0.95 { "yes" } else { "NO" },
+                if auto.speedup >= 0.97 { "yes" } else { "NO" },
+            ));
+        }
+        if rows.is_empty() {
+            return String::new();
+        }
+        format!(
+            "\n## auto against the best of autoregressive and the fixed budgets\n\n\
+             | drafter | batch | fixed | auto | best | auto / best | ≥ 0.95 best | ≥ 0.97x AR |\n\
+             |---|---|---|---|---|---|---|---|\n{}\n\
+             auto ≥ 0.95 × best in {near} of {n}; auto ≥ 0.97x autoregressive in {above} of {n}\n",
+            rows.concat(),
+            n = rows.len()
+        )
+    }
+
     /// Whether every configuration reproduced the autoregressive output.
     pub fn all_lossless(&self) -> bool {
         self.points.iter().all(|p| p.lossless)

@@ -403,7 +403,7 @@ fn spec(
         ));
     }
     let report = client.spec(model, &cfg, progress)?;
-    print!("{}", report.table());
+    print!("{}{}", report.table(), report.auto_summary());
     save(&args.common.out, "spec", &report, |p| report.write_svg(p))?;
     if !report.all_lossless() {
         return Err("a speculative run did not reproduce the autoregressive output".into());
