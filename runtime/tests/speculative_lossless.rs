@@ -739,3 +739,33 @@ fn the_planner_switches_off_a_drafter_that_never_pays() {
     assert_eq!(runs[1].drafter_off_at, Some(0));
     assert_eq!(runs[1].budget_histogram[1..].iter().sum::<usize>(), 0);
 }
+
+/// After a warm-up that measured its costs, a drafter that would not pay
+/// even if every draft token were accepted starts off: the run is
+/// autoregressive decoding itself, from its first round.
+#[test]
+fn a_drafter_that_cannot_pay_even_accepting_everything_starts_off() {
+    let (mut t, _) = target(3);
+    let mut d = Slow(PromptLookupDrafter {
+        lookup: PromptLookup::new(1, 3, 3).unwrap(),
+        branches: 1,
+    });
+    let want = reference(&mut t, 3);
+    let mut policy = DraftPolicy::auto(3).unwrap();
+    warm_up(&mut t, &mut d, &prompts(3), &Sampling::GREEDY, &mut policy).unwrap();
+    let got = generate_with_policy(
+        &mut t,
+        &mut d,
+        &prompts(3),
+        MAX,
+        &Sampling::GREEDY,
+        &mut policy,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(got.tokens, want);
+    assert_eq!(got.stats.drafter_off_at, Some(0));
+    assert_eq!(got.stats.no_draft_rounds, got.stats.rounds);
+    assert_eq!(got.stats.budget_histogram[0], got.stats.seq_rounds);
+}

@@ -390,6 +390,7 @@ fn generate_on<R: Runtime>(
         }
         let clock = std::time::Instant::now();
         let mut spec_rates = vec![spec.stats.decode_tokens_per_s()];
+        let mut all_off = spec.stats.drafter_off_at == Some(0);
         let (mut spec_at, mut ar_rates, mut ar_at) = (vec![0.0], Vec::new(), Vec::new());
         for run in 0..args.timing_runs {
             let base = generate(
@@ -427,6 +428,7 @@ fn generate_on<R: Runtime>(
                     );
                 }
                 spec_rates.push(again.stats.decode_tokens_per_s());
+                all_off &= again.stats.drafter_off_at == Some(0);
                 spec_at.push(clock.elapsed().as_secs_f64());
             }
         }
@@ -438,6 +440,7 @@ fn generate_on<R: Runtime>(
             spec_tps: median(&spec_rates, Middle::Lower),
             ar_tps: median(&ar_rates, Middle::Upper),
             speedup: median(&paired, Middle::Lower),
+            all_off,
             runs: args.timing_runs as usize,
         })
     };
@@ -459,6 +462,9 @@ pub struct Timing {
     pub speedup: f64,
     /// Runs of each.
     pub runs: usize,
+    /// The planner kept the drafter off for every timed speculative run:
+    /// each was the autoregressive decoder itself.
+    pub all_off: bool,
 }
 
 /// The draft policy `--speculate` names: `auto` plans each round's budget
@@ -494,12 +500,24 @@ pub fn stats_line(drafter: &str, s: &SpecStats, timing: Option<Timing>) -> Strin
             } else {
                 String::new()
             };
-            (
-                t.spec_tps,
+            let speedup = if t.all_off {
+                // Both sides ran the same decoder; a ratio off 1.00 is the
+                // host's noise, shown, not reported as a speedup.
+                format!(
+                    ", autoregressive {:.1} tokens/s, speedup 1.00x (the drafter was off for \
+                     every timed run, so each ran the autoregressive decoder itself; their \
+                     paired timings read {:.2}x, the host's run-to-run noise)",
+                    t.ar_tps, t.speedup
+                )
+            } else {
                 format!(
                     ", autoregressive {:.1} tokens/s, speedup {:.2}x",
                     t.ar_tps, t.speedup
-                ),
+                )
+            };
+            (
+                t.spec_tps,
+                speedup,
                 format!(
                     " (warm against warm{of}: every run after an untimed warm-up on the same \
                      prompts that compiles the kernels both use; a kernel variant it did not \

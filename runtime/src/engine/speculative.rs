@@ -335,6 +335,16 @@ pub fn generate_with_policy<R: Runtime>(
             p.reset_seq(slot);
         }
     }
+    // A planner that switched the drafter off at this batch size keeps it
+    // off: the run is autoregressive decoding itself, the baseline's code,
+    // and the drafter does not even read the prompts.
+    if let DraftPolicy::Planned(p) = &mut *policy {
+        if p.start_run(b) {
+            let g = super::generate(target, requests, max_tokens, sampling, stop, on_token)?;
+            drafter.finished()?;
+            return Ok(off_run(g, p, stats));
+        }
+    }
     let (hist0, no_draft0) = match policy {
         DraftPolicy::Planned(p) => (p.histogram().to_vec(), p.no_draft_rounds()),
         DraftPolicy::Fixed(_) => (Vec::new(), 0),
@@ -351,15 +361,7 @@ pub fn generate_with_policy<R: Runtime>(
         .enumerate()
         .map(|(i, r)| (i, r.prompt.clone()))
         .collect();
-    // A planner that switched the drafter off at this batch size keeps it
-    // off: the drafter does not even read the prompts.
-    let mut drafter_off = match &mut *policy {
-        DraftPolicy::Planned(p) => p.start_run(b),
-        DraftPolicy::Fixed(_) => false,
-    };
-    if drafter_off {
-        stats.drafter_off_at = Some(0);
-    }
+    let mut drafter_off = false;
     let (last, passes) = target.prefill(&prompts, |o, step, _| {
         if drafter_off {
             return Ok(());
@@ -655,6 +657,36 @@ pub fn generate_with_policy<R: Runtime>(
         }
     }
     Ok(SpecGeneration { tokens: out, stats })
+}
+
+/// The statistics of a run the planner kept off from its start (`g`, an
+/// autoregressive run), told to the planner as rounds without a draft.
+fn off_run(g: super::Generation, p: &mut Planner, mut stats: SpecStats) -> SpecGeneration {
+    let steps = g.stats.decode_pass_s.len();
+    let seq_rounds: usize = g.tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
+    p.rounds_off(steps, seq_rounds);
+    let mut histogram = vec![0; p.config().max_budget + 1];
+    histogram[0] = seq_rounds;
+    stats.generated_tokens = g.stats.generated_tokens;
+    stats.seq_rounds = seq_rounds;
+    stats.target_passes = g.stats.target_passes;
+    stats.prefill_s = g.stats.prefill_s;
+    stats.decode_s = g.stats.decode_s;
+    stats.verify_s = g.stats.decode_s;
+    stats.rounds = steps;
+    stats.round_counts = g
+        .stats
+        .decode_pass_counts
+        .iter()
+        .fold(Default::default(), |a, c| a.plus(c));
+    stats.budget_histogram = histogram;
+    stats.no_draft_rounds = steps;
+    stats.predicted_speedup = p.predicted_speedup(stats.sequences);
+    stats.drafter_off_at = Some(0);
+    SpecGeneration {
+        tokens: g.tokens,
+        stats,
+    }
 }
 
 /// First token after the prompt, from the prefill's last logits.

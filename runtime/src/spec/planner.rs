@@ -343,6 +343,11 @@ impl Planner {
     /// rounds (doubling with each retry), when this run tries it again;
     /// never for a hopeless drafter (MagicDec on a 135M target: it
     /// accepts almost everything, and its draft steps still cost too much).
+    ///
+    /// A run also starts off when, at the measured costs, no draft would
+    /// pay even if every draft token were accepted (MagicDec on lavapipe:
+    /// a one-token draft costs a target pass): its acceptance cannot save
+    /// it, so its first rounds need not find that out.
     pub fn start_run(&mut self, seqs: usize) -> bool {
         if self.is_off(seqs) && !self.hopeless && self.off_rounds >= self.retry_after {
             self.off_at = None;
@@ -352,7 +357,28 @@ impl Planner {
             self.window = (0.0, 0.0, 0);
             self.short_window = false;
         }
+        if self.cfg.mode == PlanMode::Auto
+            && !self.is_off(seqs)
+            && !self.free_drafter(seqs)
+            && (1..=self.cfg.max_budget).any(|d| self.draft_time(seqs, d).is_some())
+            && self.beats_no_draft(&vec![vec![1.0; self.cfg.max_budget]; seqs], DRAFT_MARGIN)
+                == Some(false)
+        {
+            self.off_at = Some(seqs);
+            self.off_rounds = 0;
+        }
         self.is_off(seqs)
+    }
+
+    /// Counts `steps` rounds (`seq_rounds` over the sequences) that ran
+    /// without the drafter, as [`Planner::plan`] would have planned them
+    /// (a run that started off is autoregressive decoding).
+    pub fn rounds_off(&mut self, steps: usize, seq_rounds: usize) {
+        self.rounds += steps;
+        self.no_draft_rounds += steps;
+        self.since_draft += steps;
+        self.off_rounds += steps;
+        self.histogram[0] += seq_rounds;
     }
 
     pub fn config(&self) -> &PlannerConfig {
