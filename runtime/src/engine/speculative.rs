@@ -664,7 +664,7 @@ pub fn generate_with_policy<R: Runtime>(
 fn off_run(g: super::Generation, p: &mut Planner, mut stats: SpecStats) -> SpecGeneration {
     let steps = g.stats.decode_pass_s.len();
     let seq_rounds: usize = g.tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
-    p.rounds_off(steps, seq_rounds);
+    p.rounds_off(stats.sequences, steps, seq_rounds);
     let mut histogram = vec![0; p.config().max_budget + 1];
     histogram[0] = seq_rounds;
     stats.generated_tokens = g.stats.generated_tokens;

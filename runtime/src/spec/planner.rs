@@ -373,7 +373,13 @@ impl Planner {
     /// Counts `steps` rounds (`seq_rounds` over the sequences) that ran
     /// without the drafter, as [`Planner::plan`] would have planned them
     /// (a run that started off is autoregressive decoding).
-    pub fn rounds_off(&mut self, steps: usize, seq_rounds: usize) {
+    pub fn rounds_off(&mut self, seqs: usize, steps: usize, seq_rounds: usize) {
+        if let Some(v0) = self.verify_time(seqs) {
+            // Planned as an off planner plans: one token a sequence in `V`.
+            self.predicted.0 += steps as f64;
+            self.predicted.1 += steps as f64 * v0;
+            self.predicted_rounds += steps;
+        }
         self.rounds += steps;
         self.no_draft_rounds += steps;
         self.since_draft += steps;

@@ -27,7 +27,7 @@ impl Sim {
             return t
                 .get(rows)
                 .copied()
-                .unwrap_or(0.150 + 0.012 * (rows - 8) as f64);
+                .unwrap_or_else(|| 0.150 + 0.012 * (rows - 8) as f64);
         }
         self.verify_a + self.verify_c * rows as f64
     }
