@@ -9,8 +9,11 @@
 # default: down to no draft, and the drafter off where drafts do not pay, as
 # MagicDec's do not on a 135M target). The text goes to stdout; the stats
 # line (rounds, tau, k, kappa, the budgets the planner chose, tokens/s,
-# speedup over autoregressive measured in the same run, both timed after an
-# untimed warm-up that compiles every kernel) to stderr.
+# speedup over autoregressive measured in the same run: the median of three
+# speculative runs each paired with the autoregressive runs alternated with
+# them, all timed after an untimed warm-up that compiles the kernels both
+# use; 1.00x when the drafter was off for every timed run, which then ran
+# the autoregressive decoder itself) to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v cargo >/dev/null; then
