@@ -265,6 +265,9 @@ const SPIKE: f64 = 2.0;
 /// predicted at 0.94–1.0x of no draft from round to round, and was
 /// drafted in some runs and not in others).
 const DRAFT_MARGIN: f64 = 1.03;
+/// First-depth trials (decayed) after which a run may start off on the
+/// acceptance estimates ([`Planner::start_run`]).
+const START_TRIALS: f64 = 4.0;
 
 impl Planner {
     pub fn new(cfg: PlannerConfig) -> Result<Planner, SpecError> {
@@ -345,9 +348,11 @@ impl Planner {
     /// accepts almost everything, and its draft steps still cost too much).
     ///
     /// A run also starts off when, at the measured costs, no draft would
-    /// pay even if every draft token were accepted (MagicDec on lavapipe:
-    /// a one-token draft costs a target pass): its acceptance cannot save
-    /// it, so its first rounds need not find that out.
+    /// pay even if every draft token were accepted, or would not at the
+    /// batch's average acceptance as estimated so far (a warm-up's, at
+    /// least [`START_TRIALS`] first-depth trials): the off rule applied
+    /// before the first round instead of after four (MagicDec on
+    /// lavapipe: a one-token draft costs a target pass).
     pub fn start_run(&mut self, seqs: usize) -> bool {
         if self.is_off(seqs) && !self.hopeless && self.off_rounds >= self.retry_after {
             self.off_at = None;
@@ -357,12 +362,24 @@ impl Planner {
             self.window = (0.0, 0.0, 0);
             self.short_window = false;
         }
+        let costs_known = (1..=self.cfg.max_budget).any(|d| self.draft_time(seqs, d).is_some());
+        let never = || {
+            self.beats_no_draft(&vec![vec![1.0; self.cfg.max_budget]; seqs], DRAFT_MARGIN)
+                == Some(false)
+        };
+        // The off rule at round 0, on the warm-up's acceptance estimates.
+        let not_on_average = || {
+            self.global.at(0).1 >= START_TRIALS
+                && self.beats_no_draft(
+                    &vec![self.reach(usize::MAX, self.cfg.max_budget); seqs],
+                    DRAFT_MARGIN,
+                ) == Some(false)
+        };
         if self.cfg.mode == PlanMode::Auto
             && !self.is_off(seqs)
             && !self.free_drafter(seqs)
-            && (1..=self.cfg.max_budget).any(|d| self.draft_time(seqs, d).is_some())
-            && self.beats_no_draft(&vec![vec![1.0; self.cfg.max_budget]; seqs], DRAFT_MARGIN)
-                == Some(false)
+            && costs_known
+            && (never() || not_on_average())
         {
             self.off_at = Some(seqs);
             self.off_rounds = 0;
