@@ -707,28 +707,43 @@ impl<R: Runtime> Drafter<R> for Slow {
     }
 }
 
+impl Slow {
+    fn new() -> Slow {
+        Slow(PromptLookupDrafter {
+            lookup: PromptLookup::new(1, 3, 3).unwrap(),
+            branches: 1,
+        })
+    }
+}
+
+/// A greedy planned run of three prompts.
+fn planned_run(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut Slow,
+    policy: &mut DraftPolicy,
+) -> draftc_runtime::engine::SpecGeneration {
+    generate_with_policy(
+        t,
+        d,
+        &prompts(3),
+        MAX,
+        &Sampling::GREEDY,
+        policy,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap()
+}
+
 #[test]
 fn the_planner_switches_off_a_drafter_that_never_pays() {
     let (mut t, _) = target(3);
-    let mut d = Slow(PromptLookupDrafter {
-        lookup: PromptLookup::new(1, 3, 3).unwrap(),
-        branches: 1,
-    });
+    let mut d = Slow::new();
     let want = reference(&mut t, 3);
     let mut policy = DraftPolicy::auto(3).unwrap();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let got = generate_with_policy(
-            &mut t,
-            &mut d,
-            &prompts(3),
-            MAX,
-            &Sampling::GREEDY,
-            &mut policy,
-            None,
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let got = planned_run(&mut t, &mut d, &mut policy);
         assert_eq!(got.tokens, want);
         runs.push(got.stats);
     }
@@ -746,24 +761,11 @@ fn the_planner_switches_off_a_drafter_that_never_pays() {
 #[test]
 fn a_drafter_that_cannot_pay_even_accepting_everything_starts_off() {
     let (mut t, _) = target(3);
-    let mut d = Slow(PromptLookupDrafter {
-        lookup: PromptLookup::new(1, 3, 3).unwrap(),
-        branches: 1,
-    });
+    let mut d = Slow::new();
     let want = reference(&mut t, 3);
     let mut policy = DraftPolicy::auto(3).unwrap();
     warm_up(&mut t, &mut d, &prompts(3), &Sampling::GREEDY, &mut policy).unwrap();
-    let got = generate_with_policy(
-        &mut t,
-        &mut d,
-        &prompts(3),
-        MAX,
-        &Sampling::GREEDY,
-        &mut policy,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let got = planned_run(&mut t, &mut d, &mut policy);
     assert_eq!(got.tokens, want);
     assert_eq!(got.stats.drafter_off_at, Some(0));
     assert_eq!(got.stats.no_draft_rounds, got.stats.rounds);
