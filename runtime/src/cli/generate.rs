@@ -367,9 +367,6 @@ fn generate_on<R: Runtime>(
     )
     .map_err(|e| e.to_string())?;
     print_all(&spec.tokens)?;
-    if let DraftPolicy::Planned(p) = &policy {
-        super::calibrate::store_costs(&cost_key, &p.costs());
-    }
     if let Some(p) = target.exec.profile() {
         eprint!("target {p}");
     }
@@ -432,9 +429,6 @@ fn generate_on<R: Runtime>(
                 spec_at.push(clock.elapsed().as_secs_f64());
             }
         }
-        if let DraftPolicy::Planned(p) = &policy {
-            super::calibrate::store_costs(&cost_key, &p.costs());
-        }
         let paired = paired_speedups(&spec_rates, &spec_at, &ar_rates, &ar_at);
         Some(Timing {
             spec_tps: median(&spec_rates, Middle::Lower),
@@ -444,6 +438,10 @@ fn generate_on<R: Runtime>(
             runs: args.timing_runs as usize,
         })
     };
+    // What the runs measured, once, after the last of them.
+    if let DraftPolicy::Planned(p) = &policy {
+        super::calibrate::store_costs(&cost_key, &p.costs());
+    }
     eprintln!("{}", stats_line(&drafter.name(), &spec.stats, timing));
     Ok(())
 }
