@@ -23,6 +23,7 @@ use draftc_runtime::engine::{
     Drafter, EngineError, LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::{HostWeights, SeqStep, Step};
+use draftc_runtime::spec::planner::confidence::CONF_BINS;
 use draftc_runtime::spec::{
     Confidence, DraftTree, PlanMode, Planner, PlannerConfig, PromptLookup, TreeShape,
 };
@@ -645,6 +646,60 @@ fn random_planner_choices_are_lossless() {
             }
             // Both kinds of sequence-round happened.
             assert!(skipped > 0 && drafted > 0, "{} batch {b}", d.name());
+        }
+    }
+}
+
+/// Under a planner, model drafters draft with their probabilities (a
+/// softmax and top-1 where a fixed budget takes the argmax), the planner
+/// learns acceptance by them, and output is still autoregressive
+/// decoding's; prompt lookup has no probabilities to give.
+#[test]
+fn model_drafters_give_the_planner_their_confidences_losslessly() {
+    let (mut t, tw) = target(3);
+    let mut drafters: Vec<(Box<dyn Drafter<Wgpu>>, bool)> = vec![
+        (
+            Box::new(PromptLookupDrafter {
+                lookup: PromptLookup::new(1, 3, 4).unwrap(),
+                branches: 1,
+            }),
+            false,
+        ),
+        (drafter(&t, &tw, "magicdec", None, PlanDType::F32), true),
+        (drafter(&t, &tw, "specformer", None, PlanDType::F32), true),
+        (
+            drafter(&t, &tw, "beagle", Some("chain"), PlanDType::F32),
+            true,
+        ),
+        (drafter(&t, &tw, "beagle", None, PlanDType::F32), true),
+    ];
+    for (d, confident) in &mut drafters {
+        for b in [1, 3] {
+            let want = reference(&mut t, b);
+            let mut policy = DraftPolicy::Planned(Box::new(
+                Planner::new(PlannerConfig {
+                    mode: PlanMode::Random { seed: 5 },
+                    ..PlannerConfig::auto(3)
+                })
+                .unwrap(),
+            ));
+            let got = generate_with_policy(
+                &mut t,
+                d.as_mut(),
+                &prompts(b),
+                MAX,
+                &Sampling::GREEDY,
+                &mut policy,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            assert_eq!(got.tokens, want, "{} batch {b}", d.name());
+            let DraftPolicy::Planned(p) = &policy else {
+                unreachable!()
+            };
+            let trials: f64 = (0..CONF_BINS).map(|k| p.confidence_trials(k)).sum();
+            assert_eq!(trials > 0.0, *confident, "{} batch {b}: {trials}", d.name());
         }
     }
 }

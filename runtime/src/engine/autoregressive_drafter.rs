@@ -136,6 +136,12 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     top: TopOut,
     /// A deferred chain's selections, one kept buffer per depth.
     chain_out: Vec<SelectOut>,
+    /// A deferred chain's tokens with their probabilities, one kept set
+    /// of buffers per depth (when `probabilities`).
+    chain_top: Vec<TopOut>,
+    /// A chain's tokens carry their probabilities
+    /// (`Drafter::set_probabilities`); trees always do.
+    probabilities: bool,
     /// A deferred tree's candidates, kept buffers per level.
     tree_out: Vec<TopOut>,
 }
@@ -143,6 +149,12 @@ pub struct AutoregressiveDrafter<R: Runtime> {
 /// One depth of a deferred chain: its selection on the device, and per
 /// sequence fed (in row order) how many of its rows it fed.
 type ChainDepth<R> = (DeviceTensor<R>, Vec<(usize, usize)>);
+
+/// Candidates of one token and its log-probability from a probability
+/// read back (`None`: the drafter was not asked for probabilities).
+fn chain_candidate(token: u32, prob: Option<f32>) -> Vec<(u32, f32)> {
+    vec![(token, prob.map_or(0.0, |p| p.max(0.0).ln()))]
+}
 
 /// One level of a deferred tree on the device: its rows' candidates
 /// (probabilities and ids, `[rows, w]`) and, when a level follows, the
@@ -253,6 +265,8 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             selected: SelectOut::default(),
             top: TopOut::default(),
             chain_out: Vec::new(),
+            chain_top: Vec::new(),
+            probabilities: false,
             tree_out: Vec::new(),
             streams,
             final_norm,
@@ -545,6 +559,9 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         let deferred = greedy_chain;
         // Per depth: its selection on the device and whom its rows fed.
         let mut chain: Vec<ChainDepth<R>> = Vec::new();
+        // Per depth, its tokens' probabilities on the device `[rows, 1]`
+        // (when asked for them).
+        let mut chain_probs: Vec<DeviceTensor<R>> = Vec::new();
         loop {
             let active: Vec<usize> = (0..seqs.len())
                 .filter(|&i| !builders[i].is_done())
@@ -699,7 +716,18 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
                 if self.chain_out.len() <= depth {
                     self.chain_out.resize_with(depth + 1, SelectOut::default);
                 }
-                let sel = argmax_on_device(&client, logits, &mut self.chain_out[depth])?;
+                let sel = if self.probabilities {
+                    if self.chain_top.len() <= depth {
+                        self.chain_top.resize_with(depth + 1, TopOut::default);
+                    }
+                    let (probs, ids) =
+                        top_candidates_on_device(&client, logits, 1, &mut self.chain_top[depth])?;
+                    let rows = ids.numel();
+                    chain_probs.push(probs);
+                    ids.reshape(&[rows])?
+                } else {
+                    argmax_on_device(&client, logits, &mut self.chain_out[depth])?
+                };
                 let sel = self.to_target_on_device(&client, sel)?;
                 // Token 0 for the driving builders; the real tokens come
                 // with the one read after the last depth.
@@ -778,15 +806,18 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         }
         // The chain's tokens, all depths in one read, fed as they were drafted.
         let sels: Vec<&DeviceTensor<R>> = chain.iter().map(|(t, _)| t).collect();
-        let tokens = DeviceTensor::download_u32_all(&client, &sels)?;
+        let probs: Vec<&DeviceTensor<R>> = chain_probs.iter().collect();
+        let (probs, tokens) = DeviceTensor::download_f32_u32_all(&client, &probs, &sels)?;
         let mut builders: Vec<TreeBuilder> = seqs
             .iter()
             .map(|_| TreeBuilder::new(&self.shape, budget))
             .collect();
-        for ((_, fed), toks) in chain.iter().zip(&tokens) {
+        for (d, ((_, fed), toks)) in chain.iter().zip(&tokens).enumerate() {
             let mut row = 0;
             for &(i, n) in fed {
-                let cands = toks[row..row + n].iter().map(|&t| vec![(t, 0.0)]);
+                let cands = (row..row + n).map(|r| {
+                    chain_candidate(toks[r], probs.get(d).and_then(|p| p.get(r).copied()))
+                });
                 builders[i]
                     .feed(cands.collect())
                     .map_err(|e| EngineError::Invalid(e.to_string()))?;
@@ -794,6 +825,11 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             }
         }
         Ok(builders.into_iter().map(TreeBuilder::finish).collect())
+    }
+
+    fn set_probabilities(&mut self, on: bool) -> bool {
+        self.probabilities = on;
+        true
     }
 
     fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {

@@ -28,9 +28,10 @@ use draftc_ops::{DType, DeviceTensor};
 
 use super::autoregressive_drafter::AutoregressiveDrafter;
 use super::parallel_drafter::ParallelDrafter;
-use super::select::{select_tokens, Sampling};
+use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::spec::tree::Candidate;
 use crate::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
 
 /// A sequence as the drafter sees it at the start of a round.
@@ -113,6 +114,14 @@ pub trait Drafter<R: Runtime> {
         None
     }
 
+    /// Whether its trees should carry its own probability of each token
+    /// (`on`: a planner cuts drafts by them; off: the cheapest selection,
+    /// an argmax, will do). Returns whether they will: a drafter without
+    /// probabilities of its own (prompt lookup) returns false.
+    fn set_probabilities(&mut self, _on: bool) -> bool {
+        false
+    }
+
     /// Cut its draft trees by the drafter's confidence (`--confidence`);
     /// only drafters that build trees from their own probabilities can.
     fn set_confidence(&mut self, _confidence: Confidence) -> Result<(), EngineError> {
@@ -178,6 +187,9 @@ pub struct SelfSpecDrafter<R: Runtime> {
     exec: Executor<R>,
     own: CacheStore<R>,
     l: usize,
+    /// Its chains carry the probability of each token
+    /// (`Drafter::set_probabilities`).
+    probabilities: bool,
 }
 
 impl<R: Runtime> SelfSpecDrafter<R> {
@@ -196,6 +208,7 @@ impl<R: Runtime> SelfSpecDrafter<R> {
             exec,
             own: CacheStore::new(client, 1, 1, DType::F32),
             l,
+            probabilities: false,
         })
     }
 }
@@ -227,22 +240,31 @@ impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
         }
         chains?
             .iter()
-            .map(|c| DraftTree::chain(c, &vec![0.0; c.len()]).map_err(spec_err))
+            .map(|c| {
+                let (tokens, logprobs): (Vec<u32>, Vec<f32>) = c.iter().copied().unzip();
+                DraftTree::chain(&tokens, &logprobs).map_err(spec_err)
+            })
             .collect()
+    }
+
+    fn set_probabilities(&mut self, on: bool) -> bool {
+        self.probabilities = on;
+        true
     }
 }
 
 impl<R: Runtime> SelfSpecDrafter<R> {
     /// The greedy chains, step by step, writing tentative rows into the
-    /// target's caches (the caller drops them).
+    /// target's caches (the caller drops them): each token with its
+    /// log-probability (0 unless asked for probabilities).
     fn draft_chains(
         &mut self,
         target: &mut TargetModel<R>,
         seqs: &[SeqView<'_>],
         budget: usize,
-    ) -> Result<Vec<Vec<u32>>, EngineError> {
+    ) -> Result<Vec<Vec<Candidate>>, EngineError> {
         let steps = self.l.min(budget);
-        let mut chains: Vec<Vec<u32>> = vec![Vec::new(); seqs.len()];
+        let mut chains: Vec<Vec<Candidate>> = vec![Vec::new(); seqs.len()];
         let mut last: Vec<u32> = seqs
             .iter()
             .map(|s| *s.tokens.last().unwrap_or(&0))
@@ -260,10 +282,22 @@ impl<R: Runtime> SelfSpecDrafter<R> {
             let out = self
                 .exec
                 .run(&step, &inputs, &mut self.own, Some(&mut target.caches))?;
-            let next = select_tokens(target.client(), out.get("logits")?, &Sampling::GREEDY, 0)?;
+            let logits = out.get("logits")?;
+            let next: Vec<Candidate> = if self.probabilities {
+                top_candidates(target.client(), logits, 1)?
+                    .into_iter()
+                    .map(|c| c.first().copied().unwrap_or((u32::MAX, f32::NEG_INFINITY)))
+                    .collect()
+            } else {
+                select_tokens(target.client(), logits, &Sampling::GREEDY, 0)?
+                    .into_iter()
+                    .map(|t| (t, 0.0))
+                    .collect()
+            };
             for (c, &t) in chains.iter_mut().zip(&next) {
                 c.push(t);
             }
+            let next: Vec<u32> = next.into_iter().map(|c| c.0).collect();
             if next.iter().any(|&t| t as usize >= target.vocab) {
                 // Non-finite logits: nothing sensible to feed back.
                 break;

@@ -56,6 +56,9 @@ pub struct ParallelDrafter<R: Runtime> {
     /// `--confidence`: cut the chain or static tree by the product of the
     /// positions' probabilities along a path.
     confidence: Option<Confidence>,
+    /// A plain chain's tokens carry their probabilities (a planner cuts by
+    /// them; `Drafter::set_probabilities`).
+    probabilities: bool,
     /// Committed rows not yet run through the drafter, oldest first.
     pending: Vec<Pending<R>>,
     /// The picked logit rows, the selection's and the candidates'
@@ -116,6 +119,7 @@ impl<R: Runtime> ParallelDrafter<R> {
             proposals: BTreeMap::new(),
             vocab,
             confidence: None,
+            probabilities: false,
             pending: Vec::new(),
             picked: Kept::default(),
             selected: SelectOut::default(),
@@ -189,13 +193,13 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
                     (_, Some(cut)) => TreeBuilder::new(&TreeShape::Chain, budget)
                         .with_confidence(Some(cut))
                         .run(&mut |path| cands.get(path.len()).cloned().unwrap_or_default()),
+                    // Probability 1 unless set_probabilities asked for them.
                     _ => {
-                        let mut p: Vec<u32> = cands
-                            .iter()
-                            .filter_map(|c| c.first().map(|x| x.0))
-                            .collect();
+                        let mut p: Vec<Candidate> =
+                            cands.iter().filter_map(|c| c.first().copied()).collect();
                         p.truncate(budget);
-                        DraftTree::chain(&p, &vec![0.0; p.len()]).map_err(spec_err)?
+                        let (tokens, logprobs): (Vec<u32>, Vec<f32>) = p.into_iter().unzip();
+                        DraftTree::chain(&tokens, &logprobs).map_err(spec_err)?
                     }
                 })
             })
@@ -217,6 +221,11 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
         self.confidence = Some(confidence);
         Ok(())
+    }
+
+    fn set_probabilities(&mut self, on: bool) -> bool {
+        self.probabilities = on;
+        true
     }
 }
 
@@ -421,7 +430,9 @@ impl<R: Runtime> ParallelDrafter<R> {
                 top_candidates_into(c, &picked, b.iter().copied().max().unwrap_or(1), top)?
             }
             // A cut chain needs each token's probability.
-            _ if self.confidence.is_some() => top_candidates_into(c, &picked, 1, top)?,
+            _ if self.confidence.is_some() || self.probabilities => {
+                top_candidates_into(c, &picked, 1, top)?
+            }
             _ => select_tokens_into(c, &picked, &Sampling::GREEDY, 0, &mut self.selected)?
                 .into_iter()
                 .map(|t| vec![(t, 0.0)])

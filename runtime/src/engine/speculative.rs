@@ -328,6 +328,9 @@ pub fn generate_with_policy<R: Runtime>(
     if b == 0 || max_tokens == 0 {
         return Ok(SpecGeneration { tokens: out, stats });
     }
+    // A planner cuts drafts by the drafter's own confidences where it
+    // reports them (a fixed budget verifies everything and needs none).
+    let confident = drafter.set_probabilities(matches!(policy, DraftPolicy::Planned(_)));
     for slot in 0..b {
         target.caches.reset(slot);
         drafter.reset(slot);
@@ -475,7 +478,9 @@ pub fn generate_with_policy<R: Runtime>(
                     p.observe_depth(budget, depths.iter().copied().max().unwrap_or(0));
                 }
                 let spent = td.elapsed().as_secs_f64();
-                match p.verify_counts(&active, &depths, spent) {
+                let conf: Option<Vec<Vec<f64>>> =
+                    confident.then(|| trees.iter().map(DraftTree::path_confidences).collect());
+                match p.verify_counts(&active, &depths, spent, conf.as_deref()) {
                     Some(keep) => trees
                         .into_iter()
                         .zip(keep)
@@ -614,6 +619,9 @@ pub fn generate_with_policy<R: Runtime>(
             p.observe_verify(rows, tv.elapsed().as_secs_f64());
             for (&i, (tree, (nodes, _))) in active.iter().zip(trees.iter().zip(&accepted)) {
                 p.observe_seq(i, tree.levels(), nodes.len());
+                if confident {
+                    p.observe_confidence(&tree.path_confidences(), nodes.len());
+                }
             }
             let emitted = accepted.iter().map(|(n, _)| n.len() + 1).sum();
             let round_s = td.elapsed().as_secs_f64();

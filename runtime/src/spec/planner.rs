@@ -173,6 +173,9 @@ pub struct Planner {
     seqs: HashMap<usize, DepthCounts>,
     rounds: usize,
     since_draft: usize,
+    /// [`Planner::verify_counts`] calls since it last let a draft token
+    /// be verified.
+    since_verified: usize,
     rng: u64,
     /// Sequence-rounds per chosen budget (`0..=max`).
     histogram: Vec<usize>,
@@ -211,6 +214,8 @@ pub struct Planner {
     attn: (f64, f64, f64),
     /// Tokens each active sequence may still emit ([`Planner::set_rooms`]).
     rooms: HashMap<usize, usize>,
+    /// Acceptance by the drafter's confidence ([`confidence`]).
+    conf: confidence::ConfidenceBins,
 }
 
 /// Decay of the global acceptance counts per update, and of a sequence's.
@@ -285,6 +290,7 @@ impl Planner {
             seqs: HashMap::new(),
             rounds: 0,
             since_draft: 0,
+            since_verified: 0,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             no_draft_rounds: 0,
             predicted: (0.0, 0.0),
@@ -300,6 +306,7 @@ impl Planner {
             ctx: 0.0,
             attn: (0.0, 0.0, 0.0),
             rooms: HashMap::new(),
+            conf: Default::default(),
         })
     }
 
@@ -787,10 +794,11 @@ impl Planner {
             .map(|j| format!("{:.2}", self.alpha(usize::MAX, j)))
             .collect();
         format!(
-            "planner: verify rows [{}], draft [{}], global acceptance by depth [{}], attention {:.3} µs a row per key at context {:.0}, predicted speedup {:?} at {seqs} sequences",
+            "planner: verify rows [{}], draft [{}], global acceptance by depth [{}], by confidence [{}], attention {:.3} µs a row per key at context {:.0}, predicted speedup {:?} at {seqs} sequences",
             v.join(" "),
             d.join(" "),
             a.join(" "),
+            self.describe_confidence(),
             self.attention_cost() * 1e6,
             self.ctx,
             self.predicted_speedup(seqs)
@@ -841,13 +849,16 @@ impl Planner {
     /// (`depths[i]`: sequence `i`'s tree depth), given the `spent` drafter
     /// seconds (a cost already paid). A drafter that drafts for free and
     /// only sometimes (prompt lookup) is planned here, on what it actually
-    /// proposed; so is a tree deeper than it is worth verifying. `None`:
-    /// verify everything (fixed or random modes, or no costs yet).
+    /// proposed; so is a tree deeper than it is worth verifying. `conf`:
+    /// the drafter's probability of each sequence's tokens, depth by depth
+    /// along the path to cut by, where it reports them ([`confidence`]).
+    /// `None`: verify everything (fixed or random modes, or no costs yet).
     pub fn verify_counts(
-        &self,
+        &mut self,
         slots: &[usize],
         depths: &[usize],
         spent: f64,
+        conf: Option<&[Vec<f64>]>,
     ) -> Option<Vec<usize>> {
         if self.cfg.mode != PlanMode::Auto || slots.len() != depths.len() {
             return None;
@@ -857,18 +868,38 @@ impl Planner {
         let reach: Vec<Vec<f64>> = slots
             .iter()
             .zip(depths)
-            .map(|(&s, &d)| self.reach(s, d))
+            .enumerate()
+            .map(|(i, (&s, &d))| match conf.and_then(|c| c.get(i)) {
+                Some(c) if c.len() >= d => self.reach_by_confidence(s, &c[..d]),
+                _ => self.reach(s, d),
+            })
             .collect();
         let none_rate = b as f64 / (spent + v0);
-        match self.best_prefix(&reach, depths, spent) {
+        let keep = match self.best_prefix(&reach, depths, spent) {
             Some((rate, counts, _))
                 if rate > DRAFT_MARGIN * none_rate
                     && self.finishes_sooner(slots, &reach, &counts, DrafterCall::Spent(spent)) =>
             {
-                Some(counts)
+                counts
             }
-            _ => Some(vec![0; b]),
+            // Verified anyway now and then, as `plan` probes: estimates
+            // that only a verified draft can raise would otherwise stay
+            // where one unlucky stretch left them.
+            Some((_, counts, (tokens, time)))
+                if self.since_verified + 1 >= self.cfg.probe_every
+                    && time - tokens / none_rate
+                        <= PROBE_SHARE * self.since_verified as f64 * (spent + v0) =>
+            {
+                counts
+            }
+            _ => vec![0; b],
+        };
+        if keep.iter().any(|&k| k > 0) {
+            self.since_verified = 0;
+        } else {
+            self.since_verified += 1;
         }
+        Some(keep)
     }
 
     /// A whole round (drafter call, target pass, acceptance, commit) emitted
@@ -914,6 +945,8 @@ impl Planner {
     }
 }
 
+#[path = "planner_confidence.rs"]
+pub mod confidence;
 #[path = "planner_costs.rs"]
 mod costs;
 #[path = "planner_horizon.rs"]

@@ -246,6 +246,34 @@ impl DraftTree {
             .collect()
     }
 
+    /// The drafter's confidence depth by depth along the tree's most likely
+    /// path: at each depth, the probability mass of the children of the
+    /// path's node (a chain's token probability; a tree level covers what
+    /// its siblings cover), then on to the most likely child (the first of
+    /// equals). One value per level of that path.
+    pub fn path_confidences(&self) -> Vec<f64> {
+        let mut out = Vec::new();
+        let mut at = None;
+        loop {
+            let kids = self.children(at);
+            let Some(&best) = kids.iter().reduce(|a, b| {
+                if self.nodes[*b].logprob > self.nodes[*a].logprob {
+                    b
+                } else {
+                    a
+                }
+            }) else {
+                return out;
+            };
+            let mass: f64 = kids
+                .iter()
+                .map(|&k| f64::from(self.nodes[k].logprob).exp())
+                .sum();
+            out.push(mass.min(1.0));
+            at = Some(best);
+        }
+    }
+
     /// Nodes without children, in index order.
     pub fn leaves(&self) -> Vec<usize> {
         let mut has_child = vec![false; self.nodes.len()];

@@ -677,3 +677,26 @@ proptest! {
         prop_assert_eq!(device, host);
     }
 }
+
+#[test]
+fn path_confidences_follow_the_most_likely_path_and_sum_its_siblings() {
+    let ln = |p: f32| p.ln();
+    // Root children 0.6 and 0.3; the 0.6 node's children 0.5 and 0.2; the
+    // 0.3 node's child 0.9 is off the most likely path.
+    let mut t = DraftTree::new();
+    let a = t.push(None, 1, ln(0.6)).unwrap();
+    let b = t.push(None, 2, ln(0.3)).unwrap();
+    t.push(Some(a), 3, ln(0.5)).unwrap();
+    t.push(Some(a), 4, ln(0.2)).unwrap();
+    t.push(Some(b), 5, ln(0.9)).unwrap();
+    let c = t.path_confidences();
+    assert_eq!(c.len(), 2);
+    assert!(
+        (c[0] - 0.9).abs() < 1e-6 && (c[1] - 0.7).abs() < 1e-6,
+        "{c:?}"
+    );
+    let chain = DraftTree::chain(&[7, 8], &[ln(0.4), 0.0]).unwrap();
+    let c = chain.path_confidences();
+    assert!((c[0] - 0.4).abs() < 1e-6 && c[1] == 1.0, "{c:?}");
+    assert!(DraftTree::new().path_confidences().is_empty());
+}
