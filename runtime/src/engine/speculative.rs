@@ -329,8 +329,12 @@ pub fn generate_with_policy<R: Runtime>(
         return Ok(SpecGeneration { tokens: out, stats });
     }
     // A planner cuts drafts by the drafter's own confidences where it
-    // reports them (a fixed budget verifies everything and needs none).
-    let confident = drafter.set_probabilities(matches!(policy, DraftPolicy::Planned(_)));
+    // reports them (a fixed budget verifies everything and needs none;
+    // `DRAFTC_PLAN_CONFIDENCE=off` plans by depth alone, to measure what
+    // they change).
+    let by_confidence = std::env::var("DRAFTC_PLAN_CONFIDENCE").map_or(true, |v| v != "off");
+    let confident = drafter
+        .set_probabilities(by_confidence && matches!(policy, DraftPolicy::Planned(_)));
     for slot in 0..b {
         target.caches.reset(slot);
         drafter.reset(slot);
