@@ -102,7 +102,8 @@ impl fmt::Display for Shape<'_> {
 pub fn weight_table(plan: &Plan) -> Result<Vec<WeightSpec>, Vec<BindError>> {
     let mut out: Vec<WeightSpec> = Vec::new();
     let mut errors = Vec::new();
-    for w in plan.launches.iter().flat_map(|l| l.weights.iter()) {
+    let launched = plan.launches.iter().flat_map(|l| l.weights.iter());
+    for w in launched.chain(&plan.seed_weights) {
         match out.iter().find(|s| s.name == w.name) {
             Some(s) if s.shape != w.shape => errors.push(BindError::Conflict {
                 tensor: w.name.clone(),

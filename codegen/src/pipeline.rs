@@ -17,7 +17,7 @@ use crate::canonicalize::{canonicalize, views};
 use crate::error::CodegenError;
 use crate::fuse::{fuse, FusedGroup};
 use crate::lower::{lower, TargetWeights};
-use crate::plan::{Plan, PlanConfig, Totals};
+use crate::plan::{Plan, PlanConfig, Totals, WeightRef};
 use crate::schedule::schedule;
 
 /// Every pass's output.
@@ -49,6 +49,7 @@ pub fn trace(
         slots: Vec::new(),
         totals: Totals::default(),
         unfused: None,
+        seed_weights: seed_weights(graph, cfg)?,
     };
     plan.slots = schedule(&mut plan.launches, &mut plan.buffers);
     plan.compute_totals();
@@ -58,6 +59,28 @@ pub fn trace(
         groups,
         plan,
     })
+}
+
+/// The fusion weights of `graph`'s memory streams (`Plan::seed_weights`).
+fn seed_weights(graph: &Graph, cfg: &PlanConfig) -> Result<Vec<WeightRef>, CodegenError> {
+    let mut out = Vec::new();
+    for m in &graph.memories {
+        let Some(f) = &m.fuse else { continue };
+        let eval = |d: &draftc_ir::dim::Dim| {
+            d.eval(&graph.symbol_values).ok_or_else(|| {
+                CodegenError::Internal(format!(
+                    "memory `{}`: width `{d}` is not a constant",
+                    m.name
+                ))
+            })
+        };
+        out.push(WeightRef {
+            name: format!("{}.weight", f.prefix),
+            shape: vec![eval(&m.width)?, f.taps.len() as i64 * eval(&f.tap_width)?],
+            dtype: cfg.dtype,
+        });
+    }
+    Ok(out)
 }
 
 /// The plan of `graph`; a fused plan also carries the unfused totals.

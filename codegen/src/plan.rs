@@ -198,6 +198,10 @@ pub struct Plan {
     pub totals: Totals,
     /// Totals of the same graph planned with `fuse = false`.
     pub unfused: Option<Totals>,
+    /// Weights the runtime applies outside the launches: a memory stream's
+    /// learned fusion of target taps (EAGLE-3's `fc`), run on the rows the
+    /// target commits.
+    pub seed_weights: Vec<WeightRef>,
 }
 
 impl Plan {
@@ -301,6 +305,13 @@ impl fmt::Display for Plan {
                 nodes.join(", "),
                 outs.join(", "),
                 if l.in_place { " (in place)" } else { "" }
+            )?;
+        }
+        for w in &self.seed_weights {
+            writeln!(
+                f,
+                "      memory seed: {}{:?}, applied by the runtime to the rows the target commits",
+                w.name, w.shape
             )?;
         }
         writeln!(f)?;

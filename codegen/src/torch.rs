@@ -223,6 +223,9 @@ impl<'a> Emitter<'a> {
                     let idx: Vec<String> = indices.iter().map(|i| i.to_string()).collect();
                     format!("(\"hidden\", [{}])", idx.join(", "))
                 }
+                Op::Input(InputSource::MemoryPrev(m)) => {
+                    format!("(\"prev\", {})", py_str(&m.to_string()))
+                }
                 _ => continue,
             };
             inputs.push(format!("{}: {src}", py_str(&n.name)));
@@ -253,9 +256,9 @@ impl<'a> Emitter<'a> {
         self.out.push_str("PARAMS = [\n");
         for p in g.params() {
             let shape: Vec<String> = p.shape.iter().map(|d| self.dim(d)).collect();
-            let init = match &g.node(p.node).op {
-                Op::RmsNorm { .. } | Op::GroupRmsNorm { .. } => "ones",
-                Op::LayerSum => "zeros",
+            let init = match p.node.map(|n| &g.node(n).op) {
+                Some(Op::RmsNorm { .. } | Op::GroupRmsNorm { .. }) => "ones",
+                Some(Op::LayerSum) => "zeros",
                 _ if p.name.ends_with(".bias") => "zeros",
                 _ => "normal",
             };
@@ -345,6 +348,31 @@ impl<'a> Emitter<'a> {
         Ok(match &node.op {
             Op::Input(InputSource::External) => {
                 format!("inputs[{}]", py_str(&node.name))
+            }
+            Op::Input(InputSource::MemoryPrev(m)) => {
+                let decl = g
+                    .memories
+                    .iter()
+                    .find(|d| &d.name == m)
+                    .ok_or_else(|| format!("memory `{m}` is not declared"))?;
+                let seed = match &decl.fuse {
+                    Some(f) => {
+                        let taps: Vec<String> =
+                            f.taps.iter().map(|i| format!("ctx.tap({i})")).collect();
+                        format!(
+                            "fuse=lambda: F.linear(torch.cat([{}], dim=-1), P({}))",
+                            taps.join(", "),
+                            py_str(&format!("{}.weight", f.prefix))
+                        )
+                    }
+                    None if decl.normed => "norm=target".to_string(),
+                    None => "norm=None".to_string(),
+                };
+                format!(
+                    "memory_prev(ctx, {}, {}, {seed})",
+                    py_str(&m.to_string()),
+                    decl.seed
+                )
             }
             Op::Input(InputSource::TargetHidden { indices, stacked }) => {
                 if *stacked {

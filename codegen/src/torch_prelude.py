@@ -227,6 +227,28 @@ def default_memory(ctx, name, seed, norm=None):
     return Memory(rows, pos, ctx.valid, vis=pos[:, None, :] < pos[:, :, None])
 
 
+def memory_prev(ctx, name, seed, norm=None, fuse=None):
+    """`prev(name)`: for every query, the stream's row one position before
+    it (zeros where there is none): `ctx.memory[name]` as given (the
+    drafter's own rows in simulated steps), else the stream's seed at every
+    position (teacher forcing): target state `seed`, through the target's
+    final norm when `norm` is the `Target`, or `fuse()`, the learned fusion
+    of several taps."""
+    m = ctx.memory.get(name)
+    if m is None:
+        if fuse is not None:
+            rows = fuse()
+        else:
+            rows = ctx.tap(seed)
+            if norm is not None:
+                rows = rms_norm(rows, norm.final_norm, norm.eps)
+        m = Memory(rows, ctx.positions, ctx.valid)
+    hit = m.positions[:, None, :] == ctx.positions[:, :, None] - 1
+    if m.valid is not None:
+        hit = hit & m.valid[:, None, :].bool()
+    return torch.bmm(hit.to(m.rows.dtype), m.rows)
+
+
 class Params(nn.Module):
     """Registers parameters under their dotted binder names, so
     `state_dict()` keys are exactly the safetensors names draftc binds."""

@@ -126,13 +126,39 @@ impl Meta {
 /// A memory stream (`memory mem[0] = target.hidden[28]`): rows of width
 /// `width` per position; committed positions hold target hidden state `seed`,
 /// or with `normed` its image under the target's final RMS norm
-/// (`memory m = target.norm(target.hidden[n])`).
+/// (`memory m = target.norm(target.hidden[n])`), or with `fuse` a learned
+/// projection of several taps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MemoryDecl {
     pub name: StateName,
     pub width: Dim,
+    /// The tap of a plain or normed seed; the first of `fuse`'s taps.
     pub seed: i64,
     pub normed: bool,
+    /// `memory f = linear(concat(target.hidden[a], target.hidden[b], …), d) @p`:
+    /// the taps concatenated and projected by the drafter's weight
+    /// `p.weight` (`[width, k·d]`, no bias; EAGLE-3's `fc`).
+    pub fuse: Option<Fuse>,
+}
+
+/// The learned fusion of several target taps into a memory stream's seed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fuse {
+    pub taps: Vec<i64>,
+    /// Weight prefix: the weight is `{prefix}.weight`.
+    pub prefix: String,
+    /// Width of one tap (the target's `d`).
+    pub tap_width: Dim,
+}
+
+impl MemoryDecl {
+    /// Every tap the seed reads.
+    pub fn taps(&self) -> Vec<i64> {
+        match &self.fuse {
+            Some(f) => f.taps.clone(),
+            None => vec![self.seed],
+        }
+    }
 }
 
 /// Source spans of nodes, parallel to `Graph::nodes`. Provenance, not
@@ -172,8 +198,9 @@ pub struct Param {
     /// Full tensor name, e.g. `model.layers.3.self_attn.q_proj.weight`.
     pub name: String,
     pub shape: Vec<Dim>,
-    /// First node that uses it.
-    pub node: ValueId,
+    /// First node that uses it (`None`: a memory stream's fusion weight,
+    /// which no node reads; see [`MemoryDecl::fuse`]).
+    pub node: Option<ValueId>,
 }
 
 impl Graph {
@@ -205,7 +232,23 @@ impl Graph {
                     out.push(Param {
                         name,
                         shape,
-                        node: id,
+                        node: Some(id),
+                    });
+                }
+            }
+        }
+        for m in &self.memories {
+            if let Some(f) = &m.fuse {
+                let name = format!("{}.weight", f.prefix);
+                if !out.iter().any(|p| p.name == name) {
+                    let taps = Dim::constant(f.taps.len() as i64);
+                    out.push(Param {
+                        name,
+                        shape: vec![
+                            m.width.clone(),
+                            taps.checked_mul(&f.tap_width).unwrap_or_default(),
+                        ],
+                        node: None,
                     });
                 }
             }

@@ -125,6 +125,10 @@ pub struct AttentionAttrs {
     /// Keys/values come from a memory stream (SPIRe feedback memory, Beagle
     /// states); queries see only memory rows of earlier positions.
     pub memory: Option<StateName>,
+    /// Output width (`out=`; `o_proj` is `[out, heads·head_dim]`): the
+    /// input's width unless given (EAGLE-3 attends from a `2d`-wide input
+    /// to a `d`-wide residual).
+    pub out: Option<i64>,
     /// `train_mask=M`: the mask this attention uses when the drafter is
     /// trained (Beagle's inverse-block mask, paper 002 §4.2). Inference and
     /// every draftc plan use `mask`; only the PyTorch module emitted for
@@ -139,6 +143,12 @@ pub enum InputSource {
     External,
     /// Target hidden-state taps `target.hidden[i, j, …]`: `[t, k, d]`, or `[t, d]` for one index.
     TargetHidden { indices: Vec<i64>, stacked: bool },
+    /// `prev(NAME)`: for every query row, the row of memory stream `NAME`
+    /// one position before it on its path, `[t, width]`: the target's
+    /// (seed) row where that position is committed, the drafter's own
+    /// appended row where it was drafted (its parent in a draft tree).
+    /// EAGLE pairs token `t_n` with feature `f_{n-1}` this way.
+    MemoryPrev(StateName),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -59,7 +59,21 @@ pub fn body(g: &Graph) -> String {
     let mut out = String::new();
     for mem in &g.memories {
         let seed = format!("target.hidden[{}]", mem.seed);
-        if mem.normed {
+        if let Some(f) = &mem.fuse {
+            let taps: Vec<String> = f
+                .taps
+                .iter()
+                .map(|t| format!("target.hidden[{t}]"))
+                .collect();
+            let _ = writeln!(
+                out,
+                "memory {} = linear(concat({}), {}) @{}",
+                mem.name,
+                taps.join(", "),
+                mem.width,
+                f.prefix
+            );
+        } else if mem.normed {
             let _ = writeln!(out, "memory {} = target.norm({seed})", mem.name);
         } else {
             let _ = writeln!(out, "memory {} = {seed}", mem.name);
@@ -84,6 +98,9 @@ pub fn body(g: &Graph) -> String {
                             .join(", ")
                     };
                     let _ = writeln!(out, "input {} = target.hidden[{idx}] : {ty}", node.name);
+                }
+                InputSource::MemoryPrev(stream) => {
+                    let _ = writeln!(out, "input {} = prev({stream}) : {ty}", node.name);
                 }
             }
             continue;
@@ -151,6 +168,9 @@ pub fn call(g: &Graph, node: &Node) -> String {
             }
             if let Some(m) = &a.memory {
                 let _ = write!(s, ", memory={m}");
+            }
+            if let Some(o) = a.out {
+                let _ = write!(s, ", out={o}");
             }
             s.push(')');
             s

@@ -189,6 +189,31 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
     }
 }
 
+/// EAGLE and EAGLE-3 (their own KV cache, `prev` reads, EAGLE-3's fused
+/// taps) as a chain, a static and a dynamic tree: committed rows computed
+/// from target states once, drafted rows in the cache's tail seen only by
+/// their descendants, and output equal to autoregressive decoding's.
+#[test]
+fn eagle_drafters_are_lossless_for_every_tree_shape() {
+    // Four layers: EAGLE-3 taps HS[2], HS[n/2] and HS[n - 3].
+    let (mut t, tw) = target_layers(3, 4);
+    let cfg = t.target_config.clone();
+    for name in ["eagle", "eagle3"] {
+        for shape in [None, Some("chain"), Some("static(2, 2)")] {
+            let g = compile(name, &cfg);
+            let w = drafter_weights(&t, &tw, &g, None);
+            let tree = shape.map(|s| s.parse::<TreeShape>().unwrap());
+            let mut d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, tree)
+                .unwrap_or_else(|e| panic!("{name} {shape:?}: {e}"));
+            for b in [1, 3] {
+                for budget in [2, 5] {
+                    check(&mut t, d.as_mut(), b, budget);
+                }
+            }
+        }
+    }
+}
+
 /// `--confidence` cuts (one that keeps nothing, and thresholds among the
 /// random drafter's probabilities, so rounds vary between empty trees and
 /// deeper ones) stay lossless for an autoregressive drafter's chain and

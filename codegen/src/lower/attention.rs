@@ -71,7 +71,9 @@ impl Lowerer<'_> {
         let wq = self.weight(main, "q_proj.weight", vec![qw, dm])?;
         let wk = self.weight(main, "k_proj.weight", vec![kvw, dkv])?;
         let wv = self.weight(main, "v_proj.weight", vec![kvw, dkv])?;
-        let wo = self.weight(main, "o_proj.weight", vec![dm, qw])?;
+        // `out=`: the output's width (EAGLE-3 attends from 2d to d).
+        let dout = a.out.unwrap_or(dm);
+        let wo = self.weight(main, "o_proj.weight", vec![dout, qw])?;
         let q = self.temp(format!("{name}.q"), vec![rows, qw]);
         let kv_nodes = if kv_pro.is_some() {
             pro_nodes.clone()
@@ -325,7 +327,7 @@ impl Lowerer<'_> {
             x: o,
             m: rows,
             k: qw,
-            n: dm,
+            n: dout,
             pro: None,
             weight: wo,
             epi,

@@ -215,6 +215,19 @@ impl Lowerer<'_> {
             );
             return None;
         }
+        let out_width = match a.get("out", None) {
+            Some(e) if axis == Axis::Draft || memory.is_some() || kv.is_some() => {
+                self.error(
+                    Diagnostic::error(e.span, "`out` applies to self-attention along the sequence")
+                        .with_label(
+                            "cross, memory and draft-axis attention keep the query's width",
+                        ),
+                );
+                return None;
+            }
+            Some(e) => Some(self.positive_attr(e, "out")?),
+            None => None,
+        };
         let attrs = AttentionAttrs {
             heads,
             kv_heads,
@@ -227,6 +240,7 @@ impl Lowerer<'_> {
             cross: kv.is_some(),
             memory,
             train_mask,
+            out: out_width.filter(|&o| dm.as_const() != Some(o)),
         };
         let mut inputs = vec![x];
         if let Some(k) = kv {
@@ -262,12 +276,12 @@ impl Lowerer<'_> {
             }
         }
         let mut out = ty;
-        out.dims[want_rank - 1] = dm;
+        out.dims[want_rank - 1] = attrs.out.map_or(dm, crate::dim::Dim::constant);
         Some(self.push(Op::Attention(attrs), inputs, out, span))
     }
 
     /// `name`, `name[i]`, `target.kv[i]`: inside `repeat`, a bare name gets the loop indices.
-    fn state_ref(&mut self, e: &Expr, what: &str) -> Option<StateName> {
+    pub(crate) fn state_ref(&mut self, e: &Expr, what: &str) -> Option<StateName> {
         let (base, explicit) = match &e.kind {
             ExprKind::Index { base, indices } => {
                 let mut idx = Vec::new();

@@ -2,10 +2,10 @@
 //! references, and the statements that read target state (`input … =
 //! target.hidden[…]`, `emit`, `memory`, `append`).
 
-use crate::ast::{BinOp, Expr, ExprKind, Ident};
+use crate::ast::{Arg, BinOp, Expr, ExprKind, Ident, WeightPath};
 use crate::diagnostic::Diagnostic;
 use crate::dim::{fmt_shape, Dim};
-use crate::graph::{MemoryDecl, ValueId};
+use crate::graph::{Fuse, MemoryDecl, ValueId};
 use crate::op::{InputSource, Op, StateName};
 use crate::span::Span;
 use crate::types::{DType, TensorType};
@@ -500,11 +500,28 @@ impl Lowerer<'_> {
                 span,
             ));
         };
+        if let ExprKind::Call {
+            callee,
+            args,
+            weights: None,
+        } = &src.kind
+        {
+            if matches!(&callee.kind, ExprKind::Name(n) if n == "prev")
+                && args.len() == 1
+                && args[0].name.is_none()
+            {
+                let id = self.memory_prev(&args[0].value, span)?;
+                if let Some(ann) = ty {
+                    self.check_annotation(id, ann);
+                }
+                return Some(id);
+            }
+        }
         let ExprKind::Index { base, indices } = &src.kind else {
             self.error(
                 Diagnostic::error(
                     src.span,
-                    "expected an input source such as `target.hidden[n]`",
+                    "expected an input source such as `target.hidden[n]` or `prev(states)`",
                 )
                 .with_label("not an input source"),
             );
@@ -551,6 +568,38 @@ impl Lowerer<'_> {
             self.check_annotation(id, ann);
         }
         Some(id)
+    }
+
+    /// `prev(STREAM)`: every query row's predecessor row of a memory
+    /// stream, an input the runtime supplies (`InputSource::MemoryPrev`).
+    pub(crate) fn memory_prev(&mut self, stream: &Expr, span: Span) -> Option<ValueId> {
+        if self.graph.kind != ItemKind::Drafter {
+            self.error(
+                Diagnostic::error(span, "`prev` is only valid in drafter files")
+                    .with_label("it reads a memory stream"),
+            );
+            return None;
+        }
+        let state = self.state_ref(stream, "prev")?;
+        let Some(width) = self
+            .graph
+            .memories
+            .iter()
+            .find(|m| m.name == state)
+            .map(|m| m.width.clone())
+        else {
+            self.error(
+                Diagnostic::error(stream.span, format!("undefined memory `{state}`"))
+                    .with_label("declare it with `memory NAME = target.hidden[…]` before `prev`"),
+            );
+            return None;
+        };
+        Some(self.push(
+            Op::Input(InputSource::MemoryPrev(state)),
+            vec![],
+            TensorType::new(vec![Dim::symbol("t"), width], DType::Float),
+            span,
+        ))
     }
 
     /// Indices into the target's hidden states `0..=n`.
@@ -664,6 +713,22 @@ impl Lowerer<'_> {
         let Some(state) = self.state_name(name, index) else {
             return;
         };
+        // `linear(concat(target.hidden[a], …), W) @p`: several taps fused.
+        if let ExprKind::Call {
+            callee,
+            args,
+            weights,
+        } = &init.kind
+        {
+            if matches!(&callee.kind, ExprKind::Name(n) if n == "linear") {
+                if let Some(decl) =
+                    self.fused_seed(state.clone(), args, weights.as_ref(), init.span)
+                {
+                    self.declare_memory(name, decl);
+                }
+                return;
+            }
+        }
         // `target.norm(target.hidden[i])`: the seed through the final norm.
         let (init, normed) = match &init.kind {
             ExprKind::Call {
@@ -709,22 +774,111 @@ impl Lowerer<'_> {
                 return;
             }
         };
-        if self.graph.memories.iter().any(|m| m.name == state) {
-            self.error(
-                Diagnostic::error(name.span, format!("memory `{state}` is declared twice"))
-                    .with_label("already declared"),
-            );
-            return;
-        }
         let Some(width) = self.config_dim("d", span) else {
             return;
         };
-        self.graph.memories.push(MemoryDecl {
+        self.declare_memory(
+            name,
+            MemoryDecl {
+                name: state,
+                width,
+                seed,
+                normed,
+                fuse: None,
+            },
+        );
+    }
+
+    fn declare_memory(&mut self, name: &Ident, decl: MemoryDecl) {
+        if self.graph.memories.iter().any(|m| m.name == decl.name) {
+            self.error(
+                Diagnostic::error(
+                    name.span,
+                    format!("memory `{}` is declared twice", decl.name),
+                )
+                .with_label("already declared"),
+            );
+            return;
+        }
+        self.graph.memories.push(decl);
+    }
+
+    /// The seed `linear(concat(target.hidden[a], target.hidden[b], …), W) @p`
+    /// (EAGLE-3's fusion of low, middle and high taps).
+    fn fused_seed(
+        &mut self,
+        state: StateName,
+        args: &[Arg],
+        weights: Option<&WeightPath>,
+        span: Span,
+    ) -> Option<MemoryDecl> {
+        let form = "linear(concat(target.hidden[a], target.hidden[b], …), d) @fc";
+        let bad = |s: &mut Self, at: Span, label: &str| {
+            s.error(
+                Diagnostic::error(at, format!("a fused memory seed is `{form}`"))
+                    .with_label(label.to_string()),
+            );
+            None
+        };
+        let Some(w) = weights else {
+            return bad(self, span, "the fusion's weights need a name: add `@fc`");
+        };
+        if args.len() != 2 || args.iter().any(|a| a.name.is_some()) {
+            return bad(
+                self,
+                span,
+                "expected the taps and the width, no other arguments",
+            );
+        }
+        let ExprKind::Call {
+            callee,
+            args: parts,
+            weights: None,
+        } = &args[0].value.kind
+        else {
+            return bad(
+                self,
+                args[0].value.span,
+                "expected `concat(…)` of target taps",
+            );
+        };
+        if !matches!(&callee.kind, ExprKind::Name(n) if n == "concat") || parts.len() < 2 {
+            return bad(
+                self,
+                args[0].value.span,
+                "expected `concat(…)` of two or more target taps",
+            );
+        }
+        let mut taps = Vec::new();
+        for p in parts {
+            match &p.value.kind {
+                ExprKind::Index { base, indices }
+                    if p.name.is_none()
+                        && matches!(&base.kind, ExprKind::Field(b, f) if is_target(b) && f.name == "hidden")
+                        && indices.len() == 1 =>
+                {
+                    match self.tap_indices(indices, p.value.span)?.as_slice() {
+                        [t] => taps.push(*t),
+                        _ => return bad(self, p.value.span, "one hidden state per tap"),
+                    }
+                }
+                _ => return bad(self, p.value.span, "expected `target.hidden[INDEX]`"),
+            }
+        }
+        let width = self.positive_attr(&args[1].value, "width")?;
+        let prefix = self.weight_prefix(w)?;
+        let tap_width = self.config_dim("d", span)?;
+        Some(MemoryDecl {
             name: state,
-            width,
-            seed,
-            normed,
-        });
+            width: Dim::constant(width),
+            seed: taps[0],
+            normed: false,
+            fuse: Some(Fuse {
+                taps,
+                prefix,
+                tap_width,
+            }),
+        })
     }
 
     pub(crate) fn append(&mut self, name: &Ident, index: Option<&Expr>, value: &Expr) {

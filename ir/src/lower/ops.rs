@@ -35,9 +35,11 @@ const OPS: &[(&str, &[&str], bool)] = &[
             "rope",
             "memory",
             "train_mask",
+            "out",
         ],
         true,
     ),
+    ("prev", &["stream"], false),
     ("swiglu", &["x", "hidden"], true),
     ("embedding", &["ids", "vocab", "dim"], true),
     ("reshape", &["x", "shape"], false),
@@ -81,10 +83,10 @@ pub fn param_shapes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Vec<(S
             };
             let (qd, kvd) = (c(a.heads * a.head_dim), c(a.kv_heads * a.head_dim));
             vec![
-                ("q_proj.weight".into(), vec![qd.clone(), dm.clone()]),
+                ("q_proj.weight".into(), vec![qd.clone(), dm]),
                 ("k_proj.weight".into(), vec![kvd.clone(), dkv.clone()]),
                 ("v_proj.weight".into(), vec![kvd, dkv]),
-                ("o_proj.weight".into(), vec![dm, qd]),
+                ("o_proj.weight".into(), vec![last(out), qd]),
             ]
         }
         Op::SwiGlu { hidden } => {
@@ -182,8 +184,9 @@ impl Lowerer<'_> {
         let mut a = CallArgs::new(&name, e.span, args, sig);
         let errors_before = self.diags.len();
         let result = self.op(&name, &mut a, e.span);
-        // After a failed argument the rest went unread: reporting them as extra would mislead.
-        if self.diags.len() == errors_before {
+        // After a failed argument (or an input poisoned by an earlier
+        // error) the rest went unread: reporting them as extra would mislead.
+        if result.is_some() && self.diags.len() == errors_before {
             a.finish(&mut self.diags);
         }
         let Some(id) = result else { return Val::Error };
@@ -197,7 +200,7 @@ impl Lowerer<'_> {
     }
 
     /// Expand `{expr}` segments of a weight path.
-    fn weight_prefix(&mut self, w: &WeightPath) -> Option<String> {
+    pub(crate) fn weight_prefix(&mut self, w: &WeightPath) -> Option<String> {
         let mut out = String::new();
         let text = &w.text;
         let base = w.span.start as usize + 1; // after '@'
@@ -630,6 +633,17 @@ impl Lowerer<'_> {
                 let x = self.tensor_arg(a, "x", Some(0), true, "silu(x)")?;
                 let ty = self.ty(x).clone();
                 Some(self.push(Op::Silu, vec![x], ty, span))
+            }
+            "prev" => {
+                let Some(stream) = a.get("stream", Some(0)) else {
+                    let d = a.missing("stream", "prev(states)");
+                    self.error(d);
+                    return None;
+                };
+                let id = self.memory_prev(stream, span)?;
+                // An input of the graph, as `input g = prev(…)` declares it.
+                self.graph.inputs.push(id);
+                Some(id)
             }
             "layer_sum" => {
                 let x = self.tensor_arg(a, "x", Some(0), true, "layer_sum(x)")?;

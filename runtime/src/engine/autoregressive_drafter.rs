@@ -69,10 +69,10 @@ struct Pending<R: Runtime> {
 /// with the same `source` are rows of one tensor: a pass's memory input
 /// gathers each source once, for every sequence at once (one launch and
 /// two index uploads a source instead of a sequence; issue 31).
-struct Part<R: Runtime> {
-    source: u64,
-    tensor: DeviceTensor<R>,
-    rows: Vec<u32>,
+pub(super) struct Part<R: Runtime> {
+    pub(super) source: u64,
+    pub(super) tensor: DeviceTensor<R>,
+    pub(super) rows: Vec<u32>,
 }
 
 impl<R: Runtime> Clone for Part<R> {
@@ -276,7 +276,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
     /// Packs the rows of `parts` into one `[Σ rows, d]` tensor, in order:
     /// one gather per source (destinations need not be contiguous), and no
     /// copy at all when the parts are one tensor's rows in order.
-    fn pack(
+    pub(super) fn pack(
         client: &ComputeClient<R>,
         parts: &[Part<R>],
         d: usize,

@@ -27,6 +27,7 @@ use draftc_ir::graph::Graph;
 use draftc_ops::{DType, DeviceTensor};
 
 use super::autoregressive_drafter::AutoregressiveDrafter;
+use super::eagle_drafter::EagleDrafter;
 use super::parallel_drafter::ParallelDrafter;
 use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
@@ -308,6 +309,17 @@ impl<R: Runtime> SelfSpecDrafter<R> {
     }
 }
 
+/// Whether an autoregressive drafter keeps a KV cache of its own or reads
+/// `prev(…)` (EAGLE, EAGLE-3): [`EagleDrafter`] drafts it.
+fn eagle_like(graph: &Graph) -> bool {
+    use draftc_ir::op::{Cache, InputSource, Op};
+    graph.nodes.iter().any(|n| match &n.op {
+        Op::Attention(a) => matches!(a.cache, Cache::Own(_)),
+        Op::Input(InputSource::MemoryPrev(_)) => true,
+        _ => false,
+    })
+}
+
 /// Builds the drafter a `models/*.draft` file describes. `tree` overrides
 /// the file's `tree` setting (autoregressive drafters; parallel drafters
 /// take a static shape, drawing each depth's candidates from their `l`
@@ -340,6 +352,10 @@ pub fn model_drafter<R: Runtime>(
             )?))
         }
         Some(DrafterKind::Parallel) => Ok(Box::new(ParallelDrafter::new(
+            client, graph, target, weights, dtype, shape,
+        )?)),
+        // A cache of its own or `prev` reads: the EAGLE family.
+        Some(DrafterKind::Autoregressive) if eagle_like(graph) => Ok(Box::new(EagleDrafter::new(
             client, graph, target, weights, dtype, shape,
         )?)),
         Some(DrafterKind::Autoregressive) => Ok(Box::new(AutoregressiveDrafter::new(

@@ -19,6 +19,7 @@ mod autoregressive;
 mod autoregressive_drafter;
 mod concurrent;
 mod drafters;
+mod eagle_drafter;
 mod lookup_first;
 mod parallel_drafter;
 mod select;
@@ -34,6 +35,7 @@ pub use concurrent::{
 pub use drafters::{
     model_drafter, Committed, Drafter, PromptLookupDrafter, SelfSpecDrafter, SeqView,
 };
+pub use eagle_drafter::EagleDrafter;
 pub use lookup_first::{
     LookupFirst, LookupRounds, MAX_NGRAM as LOOKUP_MAX_NGRAM, MIN_NGRAMS as LOOKUP_MIN_NGRAMS,
 };

@@ -333,8 +333,8 @@ pub fn generate_with_policy<R: Runtime>(
     // `DRAFTC_PLAN_CONFIDENCE=off` plans by depth alone, to measure what
     // they change).
     let by_confidence = std::env::var("DRAFTC_PLAN_CONFIDENCE").map_or(true, |v| v != "off");
-    let confident = drafter
-        .set_probabilities(by_confidence && matches!(policy, DraftPolicy::Planned(_)));
+    let confident =
+        drafter.set_probabilities(by_confidence && matches!(policy, DraftPolicy::Planned(_)));
     for slot in 0..b {
         target.caches.reset(slot);
         drafter.reset(slot);

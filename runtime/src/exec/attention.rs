@@ -267,6 +267,10 @@ impl<R: Runtime> Run<'_, R> {
         let mut parents = Vec::new();
         let is_memory =
             cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
+        // A drafter with a cache of its own and no memory streams to attend
+        // (EAGLE) drafts its tree into that cache's tail.
+        let own_tail =
+            self.step.memory.is_empty() && self.step.seqs.iter().any(|s| s.memory_tail.is_some());
         for seq in &self.step.seqs {
             k_lens.push(store.len(cache, seq.slot));
             k_pos.extend_from_slice(store.positions(cache, seq.slot));
@@ -295,7 +299,7 @@ impl<R: Runtime> Run<'_, R> {
             } else {
                 Vec::new()
             },
-            tail: if is_memory {
+            tail: if is_memory || own_tail {
                 self.step.memory_tree_tail()?
             } else {
                 None

@@ -78,6 +78,8 @@ pub(crate) fn upload<R: Runtime>(
             stacks.insert(stack_name(&s), s);
         }
     }
+    // Applied by the runtime outside the launches (memory fusion).
+    alone.extend(plan.seed_weights.iter().map(|w| w.name.as_str()));
     let mut dev = BTreeMap::new();
     for spec in table.iter().filter(|s| alone.contains(s.name.as_str())) {
         let (shape, data) = get(&spec.name)?;

@@ -140,6 +140,9 @@ impl Interp<'_> {
                             InputSource::TargetHidden { .. } => {
                                 format!("target hidden-state taps, shape {shape:?}")
                             }
+                            InputSource::MemoryPrev(m) => {
+                                format!("the previous rows of memory `{m}`, shape {shape:?}")
+                            }
                         },
                     })?;
                 if t.numel() != shape.iter().product::<usize>() {
@@ -454,7 +457,12 @@ impl Interp<'_> {
                     } else {
                         Vec::new()
                     },
-                    tail: if a.memory.is_some() {
+                    // Memory attention, or a drafter's own cache (EAGLE:
+                    // no memory rows) drafting a tree into its tail.
+                    tail: if a.memory.is_some()
+                        || (self.step.memory.is_empty()
+                            && self.step.seqs.iter().any(|s| s.memory_tail.is_some()))
+                    {
                         self.step.memory_tree_tail()?
                     } else {
                         None

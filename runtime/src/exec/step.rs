@@ -33,7 +33,9 @@ pub const MEMORY_TAIL_BITS: &str = "#memory tail bits";
 /// The last `len` rows of every memory cache of a sequence are states
 /// drafted this round; row `i` of the pass may see those listed in
 /// `visible[i]` (indices into the tail: its ancestors' states). The memory
-/// mask still applies; committed rows are not restricted.
+/// mask still applies; committed rows are not restricted. In a pass with no
+/// memory rows at all, the tail is the drafter's own cache instead (EAGLE:
+/// `len` counts this pass's rows too, and a row sees its own).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemoryTail {
     pub len: usize,

@@ -129,7 +129,24 @@ pub fn target_sized(
     seed: u64,
     capacity: usize,
 ) -> (TargetModel<Wgpu>, HostWeights) {
-    let cfg = tiny_config();
+    target_from(tiny_config(), slots, dtype, seed, capacity)
+}
+
+/// The tiny target with `n` layers (EAGLE-3 taps layers up to `n − 3`).
+#[allow(dead_code)]
+pub fn target_layers(slots: usize, n: i64) -> (TargetModel<Wgpu>, HostWeights) {
+    let mut cfg = tiny_config();
+    cfg.ints.insert("n".into(), n);
+    target_from(cfg, slots, PlanDType::F32, 7, 96)
+}
+
+fn target_from(
+    cfg: TargetConfig,
+    slots: usize,
+    dtype: PlanDType,
+    seed: u64,
+    capacity: usize,
+) -> (TargetModel<Wgpu>, HostWeights) {
     let g = compile("llama", &cfg);
     let tw = TargetWeights::new(&cfg, &g.meta.exports);
     let w = weights_seeded(&weight_specs(&g, &tw).unwrap(), seed);

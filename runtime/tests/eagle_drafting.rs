@@ -1,0 +1,156 @@
+//! EAGLE-family drafting (`engine::EagleDrafter`) is what its description
+//! computes, not only lossless: a round's draft does not depend on what the
+//! drafter cached in earlier rounds (committed rows come from target states
+//! and the tokens alone), and a draft tree's branch sees only its own
+//! ancestors (its first-child path is the chain the drafter would draft).
+//! Tiny random target with four layers (EAGLE-3 taps HS[2], HS[n/2] and
+//! HS[n − 3]), random drafter weights.
+
+mod tiny;
+
+use tiny::*;
+
+use cubecl::prelude::*;
+use draftc_codegen::PlanDType;
+use draftc_ops::testing::wgpu_client;
+use draftc_runtime::engine::{
+    generate_speculative, model_drafter, Committed, Drafter, EngineError, Request, Sampling,
+    SeqView, TargetModel,
+};
+use draftc_runtime::exec::{HostWeights, Outputs};
+use draftc_runtime::spec::{DraftTree, TreeShape};
+
+/// Records sequence 0's tokens and draft every round.
+struct Recording {
+    inner: Box<dyn Drafter<Wgpu>>,
+    rounds: Vec<(Vec<u32>, DraftTree)>,
+}
+
+impl Drafter<Wgpu> for Recording {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn length(&self) -> usize {
+        self.inner.length()
+    }
+    fn observe(
+        &mut self,
+        c: &ComputeClient<Wgpu>,
+        out: &Outputs<Wgpu>,
+        committed: &[Committed],
+    ) -> Result<(), EngineError> {
+        self.inner.observe(c, out, committed)
+    }
+    fn draft(
+        &mut self,
+        t: &mut TargetModel<Wgpu>,
+        seqs: &[SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<DraftTree>, EngineError> {
+        let trees = self.inner.draft(t, seqs, budget)?;
+        for (s, tree) in seqs.iter().zip(&trees) {
+            if s.slot == 0 {
+                self.rounds.push((s.tokens.to_vec(), tree.clone()));
+            }
+        }
+        Ok(trees)
+    }
+    fn reset(&mut self, slot: usize) {
+        self.inner.reset(slot)
+    }
+}
+
+fn recording(t: &TargetModel<Wgpu>, tw: &HostWeights, name: &str, shape: &str) -> Recording {
+    let g = compile(name, &t.target_config);
+    let w = drafter_weights(t, tw, &g, None);
+    let shape = shape.parse::<TreeShape>().unwrap();
+    Recording {
+        inner: model_drafter(&wgpu_client(), &g, t, &w, PlanDType::F32, Some(shape)).unwrap(),
+        rounds: Vec::new(),
+    }
+}
+
+/// The tokens along the first child of every node from the root, with
+/// the drafter's log-probabilities of them.
+fn first_path(tree: &DraftTree) -> Vec<(u32, f32)> {
+    let mut out = Vec::new();
+    let mut at = None;
+    while let Some(&c) = tree.children(at).first() {
+        out.push((tree.node(c).token, tree.node(c).logprob));
+        at = Some(c);
+    }
+    out
+}
+
+/// A fresh chain drafter's first draft after a prefill of `tokens` but the
+/// last (which the target then picks, greedy, as the root).
+fn fresh_chain(
+    t: &mut TargetModel<Wgpu>,
+    tw: &HostWeights,
+    name: &str,
+    tokens: &[u32],
+    budget: usize,
+) -> Vec<(u32, f32)> {
+    let mut d = recording(t, tw, name, "chain");
+    let prompt = tokens[..tokens.len() - 1].to_vec();
+    generate_speculative(
+        t,
+        &mut d,
+        &[Request { prompt }],
+        2,
+        &Sampling::GREEDY,
+        budget,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let (seen, tree) = d.rounds.first().expect("one round drafted").clone();
+    assert_eq!(seen, tokens, "the fresh run reached the same tokens");
+    first_path(&tree)
+}
+
+#[test]
+fn a_draft_depends_only_on_the_tokens_and_a_branch_only_on_its_ancestors() {
+    let (mut t, tw) = target_layers(3, 4);
+    for name in ["eagle", "eagle3"] {
+        // Trees wide enough that a first-path node is drafted with a
+        // cousin's row already in the cache's tail.
+        for (shape, budget) in [
+            ("chain", 3),
+            ("static(2, 2, 2)", 8),
+            ("dynamic(depth=3, topk=2, nodes=8)", 8),
+        ] {
+            let mut d = recording(&t, &tw, name, shape);
+            generate_speculative(
+                &mut t,
+                &mut d,
+                &prompts(3),
+                MAX,
+                &Sampling::GREEDY,
+                budget,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            assert!(
+                d.rounds.len() > 3,
+                "{name} {shape}: {} rounds",
+                d.rounds.len()
+            );
+            // Every round after the first (whose cache was empty anyway).
+            for (tokens, tree) in d.rounds.iter().skip(1) {
+                let path = first_path(tree);
+                let chain = fresh_chain(&mut t, &tw, name, tokens, path.len().max(1));
+                assert_eq!(path.len(), chain.len(), "{name} {shape} after {tokens:?}");
+                // Equal tokens, and probabilities equal up to f32 rounding:
+                // a cousin's row or a stale cached row moves them.
+                for (a, b) in path.iter().zip(&chain) {
+                    assert!(
+                        a.0 == b.0 && (a.1 - b.1).abs() < 1e-4,
+                        "{name} {shape}: the draft after {tokens:?}: {path:?} against {chain:?}"
+                    );
+                }
+            }
+        }
+    }
+}
