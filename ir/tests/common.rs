@@ -27,6 +27,8 @@ pub const MODELS: &[(&str, &str)] = &[
     ("beagle", include_str!("../../models/beagle.draft")),
     ("spire", include_str!("../../models/spire.draft")),
     ("magicdec", include_str!("../../models/magicdec.draft")),
+    ("eagle", include_str!("../../models/eagle.draft")),
+    ("eagle3", include_str!("../../models/eagle3.draft")),
 ];
 
 pub struct Models;

@@ -345,3 +345,69 @@ fn memory_seed_through_the_final_norm() {
         "{got:?}"
     );
 }
+
+/// EAGLE's forms: a fused seed, `prev`, and `out=`.
+const AR: &str = "drafter t\nkind autoregressive\nl 2\n";
+
+#[track_caller]
+fn check_ar(body: &str, expected: &[&str]) {
+    let src = format!("{AR}{body}");
+    let got = errors(&src);
+    assert_eq!(
+        got.len(),
+        expected.len(),
+        "diagnostics for:\n{src}\ngot: {got:#?}"
+    );
+    for (g, e) in got.iter().zip(expected) {
+        let (loc, frag) = e.split_once(' ').unwrap();
+        assert!(
+            g.starts_with(&format!("{loc} ")) && g.contains(frag),
+            "expected `{e}`, got `{g}`\nsource:\n{src}"
+        );
+    }
+}
+
+#[test]
+fn fused_memory_seeds_need_their_form() {
+    let tail = "input ids : [t] u32\ng = prev(f)\nappend f = g\noutput o = g\n";
+    // No weight name.
+    check_ar(
+        &format!("memory f = linear(concat(target.hidden[1], target.hidden[2]), d)\n{tail}"),
+        &["4:12 a fused memory seed"],
+    );
+    // One tap is not a fusion; a tap out of range.
+    check_ar(
+        &format!("memory f = linear(concat(target.hidden[1]), d) @fc\n{tail}"),
+        &["4:19 a fused memory seed"],
+    );
+    check_ar(
+        &format!("memory f = linear(concat(target.hidden[1], target.hidden[99]), d) @fc\n{tail}"),
+        &["4:58 tap index 99 is out of range"],
+    );
+    // Not a tap.
+    check_ar(
+        &format!("memory f = linear(concat(target.hidden[1], ids), d) @fc\n{tail}"),
+        &["4:44 a fused memory seed"],
+    );
+}
+
+#[test]
+fn prev_reads_a_declared_memory_and_out_only_widens_self_attention() {
+    check_ar(
+        "input ids : [t] u32\ng = prev(nothing)\noutput o = g\n",
+        &["5:10 undefined memory `nothing`"],
+    );
+    check_ar(
+        "memory m = target.hidden[n]\ninput ids : [t] u32\ne = target.embed(ids)\n\
+         y = attention(e, heads=h, memory=m, out=d) @a\nappend m = y\noutput o = y\n",
+        &["7:41 `out` applies to self-attention along the sequence"],
+    );
+    // Fine: prev as an input statement and an expression, out on self-attention.
+    check_ar(
+        "memory m = linear(concat(target.hidden[1], target.hidden[2]), d) @fc\n\
+         input ids : [t] u32\ninput g = prev(m) : [t, d]\nq = prev(m)\n\
+         u = concat(g, q)\ny = attention(u, heads=h, head_dim=d/h, cache=kv, out=d) @a\n\
+         append m = y\noutput o = y\n",
+        &[],
+    );
+}

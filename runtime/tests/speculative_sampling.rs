@@ -280,6 +280,35 @@ fn lookup_first_drafter_samples_the_target_distribution() {
     );
 }
 
+/// EAGLE and EAGLE-3 (a KV cache of their own, `prev` rows, EAGLE-3's
+/// fused taps) with a reduced draft vocabulary of the most likely second
+/// tokens and random weights, drafting a static tree on a four-layer target: the
+/// second token follows the target's distribution.
+#[test]
+fn eagle_drafters_sample_the_target_distribution() {
+    let (mut t, tw) = target_layers(SLOTS, 4);
+    let (p2, likely) = second_token_marginal(&mut t);
+    let client = draftc_ops::testing::wgpu_client();
+    // EAGLE-3's random drafts over the two or three likeliest tokens are
+    // accepted in 5–6 % of rounds, too few to see both outcomes: it drafts
+    // the likeliest token only (its rounds then accept as often as the
+    // target picks it).
+    for (name, n) in [("eagle", 3), ("eagle3", 1)] {
+        let g = compile_with(name, &t.target_config, &[("draft_vocab", n as i64)]);
+        let w = drafter_weights(&t, &tw, &g, Some(&likely[..n]));
+        let mut d = draftc_runtime::engine::model_drafter(
+            &client,
+            &g,
+            &t,
+            &w,
+            draftc_codegen::PlanDType::F32,
+            Some("static(3, 2)".parse().unwrap()),
+        )
+        .unwrap();
+        assert_second_token_follows(&mut t, d.as_mut(), &p2);
+    }
+}
+
 /// Beagle with `draft_vocab 3` (the three most likely second tokens) and
 /// random weights, drafting a chain.
 fn reduced_vocabulary_beagle(

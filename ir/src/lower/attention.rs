@@ -97,6 +97,9 @@ impl Lowerer<'_> {
         };
         if let Some(m) = &memory {
             if !self.graph.memories.iter().any(|d| &d.name == m) {
+                if self.poisoned.contains(&super::expr::memory_key(m)) {
+                    return None;
+                }
                 self.error(
                     Diagnostic::error(span, format!("undefined memory `{m}`"))
                         .with_label("declare it with `memory NAME = target.hidden[…]`"),

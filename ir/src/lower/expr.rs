@@ -588,10 +588,14 @@ impl Lowerer<'_> {
             .find(|m| m.name == state)
             .map(|m| m.width.clone())
         else {
-            self.error(
-                Diagnostic::error(stream.span, format!("undefined memory `{state}`"))
-                    .with_label("declare it with `memory NAME = target.hidden[…]` before `prev`"),
-            );
+            if !self.poisoned.contains(&memory_key(&state)) {
+                self.error(
+                    Diagnostic::error(stream.span, format!("undefined memory `{state}`"))
+                        .with_label(
+                            "declare it with `memory NAME = target.hidden[…]` before `prev`",
+                        ),
+                );
+            }
             return None;
         };
         Some(self.push(
@@ -713,6 +717,9 @@ impl Lowerer<'_> {
         let Some(state) = self.state_name(name, index) else {
             return;
         };
+        // Until it is declared, uses of a stream whose declaration failed
+        // report nothing more.
+        self.poisoned.insert(memory_key(&state));
         // `linear(concat(target.hidden[a], …), W) @p`: several taps fused.
         if let ExprKind::Call {
             callee,
@@ -790,6 +797,7 @@ impl Lowerer<'_> {
     }
 
     fn declare_memory(&mut self, name: &Ident, decl: MemoryDecl) {
+        self.poisoned.remove(&memory_key(&decl.name));
         if self.graph.memories.iter().any(|m| m.name == decl.name) {
             self.error(
                 Diagnostic::error(
@@ -892,10 +900,12 @@ impl Lowerer<'_> {
             .find(|m| m.name == state)
             .map(|m| m.width.clone())
         else {
-            self.error(
-                Diagnostic::error(name.span, format!("undefined memory `{state}`"))
-                    .with_label("declare it with `memory NAME = target.hidden[…]`"),
-            );
+            if !self.poisoned.contains(&memory_key(&state)) {
+                self.error(
+                    Diagnostic::error(name.span, format!("undefined memory `{state}`"))
+                        .with_label("declare it with `memory NAME = target.hidden[…]`"),
+                );
+            }
             return;
         };
         let v = self.expr(value);
@@ -1000,4 +1010,10 @@ pub(crate) fn broadcast(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
         });
     }
     Some(out)
+}
+
+/// The key of a memory stream in `Lowerer::poisoned` (binding names never
+/// contain a `:`).
+pub(crate) fn memory_key(state: &StateName) -> String {
+    format!("memory:{state}")
 }
