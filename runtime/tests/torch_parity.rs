@@ -1,6 +1,6 @@
 //! The PyTorch module `draftc emit --backend torch` generates computes what
 //! the executor computes: for every learned drafter in `models/` (SpecFormer,
-//! Beagle, SPIRe, Medusa), on a tiny random target, the executor runs one
+//! Beagle, SPIRe, Medusa, EAGLE, EAGLE-3), on a tiny random target, the executor runs one
 //! pass over a sequence with random weights and inputs, and
 //! `tools/train/draftc_train/parity.py` runs the emitted module on the same
 //! weights and inputs (written to one safetensors file) and compares every
@@ -38,6 +38,8 @@ use tiny::Rng;
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
 const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa"];
+/// Drafters without shipped weights, checked on random weights only.
+const UNSHIPPED: &[&str] = &["eagle", "eagle3"];
 
 /// The training virtualenv's python; `None` (the test says it skips) without one.
 fn python() -> Option<PathBuf> {
@@ -188,6 +190,8 @@ fn dump_case_with(
                     dump.push((format!("hidden:{idx}"), vec![1, t as u64, d as u64], tap));
                 }
             }
+            // Filled below, from the stream's rows.
+            (Op::Input(InputSource::MemoryPrev(_)), _) => {}
             _ => panic!("{name}: unexpected input `{}`", node.name),
         }
     }
@@ -198,14 +202,33 @@ fn dump_case_with(
             vec![1, t as u64, d as u64],
             data.clone(),
         ));
-        step.memory.insert(
-            m.name.to_string(),
-            MemoryRows {
-                data,
-                lens: vec![t],
-                positions: (0..t as u32).collect(),
-            },
-        );
+        // `prev(m)`: the row before each position (zeros at position 0),
+        // what the module computes from the same rows.
+        for &i in &g.inputs {
+            let node = g.node(i);
+            if matches!(&node.op, Op::Input(InputSource::MemoryPrev(s)) if *s == m.name) {
+                let mut prev = vec![0.0f32; d];
+                prev.extend_from_slice(&data[..(t - 1) * d]);
+                dev.insert(
+                    node.name.clone(),
+                    DeviceTensor::upload_f32(&client, &prev, &[t, d], DType::F32).unwrap(),
+                );
+            }
+        }
+        let attended = g
+            .nodes
+            .iter()
+            .any(|n| matches!(&n.op, Op::Attention(a) if a.memory.as_ref() == Some(&m.name)));
+        if attended {
+            step.memory.insert(
+                m.name.to_string(),
+                MemoryRows {
+                    data,
+                    lens: vec![t],
+                    positions: (0..t as u32).collect(),
+                },
+            );
+        }
     }
     let got = exec.run(&step, &dev, &mut caches, None).unwrap();
     let mut outs: Vec<String> = g.outputs.iter().map(|o| g.node(*o).name.clone()).collect();
@@ -279,7 +302,7 @@ fn emitted_torch_matches_executor_on_random_weights() {
     let Some(py) = python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let cfg = target();
-    for (i, name) in LEARNED.iter().enumerate() {
+    for (i, name) in LEARNED.iter().chain(UNSHIPPED).enumerate() {
         let seed = 11 + i as u64;
         dump_case(name, dir.path(), seed, &cfg, random(seed));
     }
@@ -300,7 +323,12 @@ fn emitted_torch_matches_executor_on_random_weights() {
         let module = std::fs::read_to_string(path).unwrap();
         assert!(module.contains("DRAFT_VOCAB = 23"), "{case}");
     }
-    let cases: Vec<&str> = LEARNED.iter().copied().chain(reduced).collect();
+    let cases: Vec<&str> = LEARNED
+        .iter()
+        .chain(UNSHIPPED)
+        .copied()
+        .chain(reduced)
+        .collect();
     let (ok, text) = parity(&py, dir.path(), &cases);
     println!("{text}");
     assert!(ok, "parity failed:\n{text}");
