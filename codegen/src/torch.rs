@@ -212,6 +212,26 @@ impl<'a> Emitter<'a> {
             .map(|(k, p)| format!("{}: {}", py_str(k), py_str(&format!("{p}.weight"))))
             .collect();
         let _ = writeln!(self.out, "EXPORTS = {{{}}}", exports.join(", "));
+        // The file's training schedule (`train_*` settings); keys it does
+        // not give are the training tools' recipe's.
+        let t = &g.meta.train;
+        let mut train = Vec::new();
+        if let Some(k) = t.steps {
+            train.push(format!("\"steps\": {k}"));
+        }
+        if let Some(x) = t.decay {
+            train.push(format!("\"decay\": {x}"));
+        }
+        if let Some(l) = t.loss {
+            train.push(format!("\"loss\": {}", py_str(l.name())));
+        }
+        if let Some(x) = t.token_weight {
+            train.push(format!("\"token_weight\": {x}"));
+        }
+        if let Some(x) = t.regression {
+            train.push(format!("\"regression\": {x}"));
+        }
+        let _ = writeln!(self.out, "TRAIN = {{{}}}", train.join(", "));
         let mut inputs = Vec::new();
         for &id in &g.inputs {
             let n = g.node(id);

@@ -11,7 +11,7 @@ use std::fmt;
 
 use crate::ast::ItemKind;
 use crate::dim::Dim;
-use crate::op::{Mask, Op, StateName};
+use crate::op::{Mask, Op, StateName, F64};
 use crate::span::Span;
 use crate::types::TensorType;
 
@@ -111,6 +111,53 @@ pub struct Meta {
     pub exports: BTreeMap<String, String>,
     /// Integer settings of the file itself (e.g. `w 64`), in source order of keys.
     pub ints: BTreeMap<String, i64>,
+    /// How the drafter is trained (`train_*` settings, carried to the
+    /// training tools as the emitted module's `TRAIN` table).
+    pub train: TrainSchedule,
+}
+
+/// A drafter's training schedule, as its file declares it (`None`: the
+/// training tools' recipe for the drafter decides).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct TrainSchedule {
+    /// `train_steps K`: training-time test, the drafter run `K` steps on
+    /// its own outputs (its appended rows fed back through `prev` and its
+    /// memory), step 1 teacher-forced (EAGLE-3: 7).
+    pub steps: Option<i64>,
+    /// `train_decay γ`: step `i`'s loss weighted `γ^i` (EAGLE-3: 0.8).
+    pub decay: Option<F64>,
+    /// `train_loss distill|ce`: soft cross-entropy against the target's
+    /// distribution over the draft vocabulary, or cross-entropy against
+    /// its argmax.
+    pub loss: Option<TrainLoss>,
+    /// `train_token_weight w`: the token loss's weight (EAGLE: 0.1).
+    pub token_weight: Option<F64>,
+    /// `train_regression w`: weight of a smooth-L1 regression of the
+    /// appended stream rows against the target's next feature (EAGLE: 1.0;
+    /// EAGLE-3 drops it).
+    pub regression: Option<F64>,
+}
+
+impl TrainSchedule {
+    pub fn is_empty(&self) -> bool {
+        *self == TrainSchedule::default()
+    }
+}
+
+/// The token loss of a training schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrainLoss {
+    Distill,
+    CrossEntropy,
+}
+
+impl TrainLoss {
+    pub fn name(self) -> &'static str {
+        match self {
+            TrainLoss::Distill => "distill",
+            TrainLoss::CrossEntropy => "ce",
+        }
+    }
 }
 
 impl Meta {

@@ -36,6 +36,22 @@ fn header(g: &Graph) -> String {
     if let Some(n) = m.draft_vocab {
         let _ = writeln!(out, "draft_vocab {n}");
     }
+    let t = &m.train;
+    if let Some(k) = t.steps {
+        let _ = writeln!(out, "train_steps {k}");
+    }
+    if let Some(x) = t.decay {
+        let _ = writeln!(out, "train_decay {x}");
+    }
+    if let Some(l) = t.loss {
+        let _ = writeln!(out, "train_loss {}", l.name());
+    }
+    if let Some(x) = t.token_weight {
+        let _ = writeln!(out, "train_token_weight {x}");
+    }
+    if let Some(x) = t.regression {
+        let _ = writeln!(out, "train_regression {x}");
+    }
     if let Some(b) = &m.base {
         let _ = writeln!(out, "base {b}");
     }

@@ -411,3 +411,27 @@ fn prev_reads_a_declared_memory_and_out_only_widens_self_attention() {
         &[],
     );
 }
+
+#[test]
+fn training_schedule_settings_are_checked() {
+    let tail = "input ids : [t] u32\noutput o = target.embed(ids)\n";
+    check_ar(
+        &format!("train_steps 0\ntrain_decay 1.5\ntrain_loss mse\ntrain_regression -1\n{tail}"),
+        &[
+            "4:13 bad value for `train_steps`",
+            "5:13 bad value for `train_decay`",
+            "6:12 bad value for `train_loss`",
+            "7:18 bad value for `train_regression`",
+        ],
+    );
+    check_ar(
+        &format!("train_steps 7\ntrain_decay 0.8\ntrain_loss distill\ntrain_regression 0\n{tail}"),
+        &[],
+    );
+    let model = "model m\ntrain_steps 2\ninput ids : [t] u32\noutput o = ids\n";
+    let got = errors(model);
+    assert!(
+        got.iter().any(|e| e.contains("is a drafter setting")),
+        "{got:?}"
+    );
+}

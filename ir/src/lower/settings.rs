@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use crate::ast::{ExprKind, File, ItemKind, Setting};
 use crate::config::TargetConfig;
 use crate::diagnostic::Diagnostic;
-use crate::graph::{DrafterKind, Graph, TreeSpec};
+use crate::graph::{DrafterKind, Graph, TrainLoss, TreeSpec};
+use crate::op::F64;
 
 use super::{Lowerer, Overrides, Resolver};
 
@@ -169,6 +170,47 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
                     "`chain`, `static(b1, b2, …)` or `dynamic(depth=…, topk=…, nodes=…)`",
                 )),
             },
+            ("train_steps", SettingVal::Int(v), true) if (1..=16).contains(&v) => {
+                lw.graph.meta.train.steps = Some(v);
+            }
+            ("train_steps", _, true) => diags.push(bad(
+                s,
+                "1 to 16 training-time-test steps, e.g. `train_steps 7`",
+            )),
+            ("train_decay", SettingVal::Float(v), true) if v > 0.0 && v <= 1.0 => {
+                lw.graph.meta.train.decay = Some(F64::new(v));
+            }
+            ("train_decay", SettingVal::Int(1), true) => {
+                lw.graph.meta.train.decay = Some(F64::new(1.0));
+            }
+            ("train_decay", _, true) => diags.push(bad(
+                s,
+                "a step weight decay in (0, 1], e.g. `train_decay 0.8`",
+            )),
+            ("train_loss", SettingVal::Path(p), true) if p == "distill" || p == "ce" => {
+                lw.graph.meta.train.loss = Some(if p == "distill" {
+                    TrainLoss::Distill
+                } else {
+                    TrainLoss::CrossEntropy
+                });
+            }
+            ("train_loss", _, true) => diags.push(bad(s, "`distill` or `ce`")),
+            ("train_token_weight" | "train_regression", v, true) => {
+                let w = match v {
+                    SettingVal::Float(x) if x >= 0.0 && x.is_finite() => x,
+                    SettingVal::Int(i) if i >= 0 => i as f64,
+                    _ => {
+                        diags.push(bad(s, "a weight ≥ 0, e.g. `1.0`"));
+                        continue;
+                    }
+                };
+                let slot = if key == "train_regression" {
+                    &mut lw.graph.meta.train.regression
+                } else {
+                    &mut lw.graph.meta.train.token_weight
+                };
+                *slot = Some(F64::new(w));
+            }
             ("base", SettingVal::Path(p), true) => lw.graph.meta.base = Some(p),
             ("mask", _, true) => {
                 if let Some(m) = lw.mask(&s.value) {
@@ -181,7 +223,12 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
             ("embed" | "final_norm" | "lm_head", _, false) => {
                 diags.push(bad(s, "a tensor name prefix such as `model.embed_tokens`"))
             }
-            ("kind" | "l" | "tree" | "base" | "mask" | "draft_vocab", _, false) => diags.push(
+            (
+                "kind" | "l" | "tree" | "base" | "mask" | "draft_vocab" | "train_steps"
+                | "train_decay" | "train_loss" | "train_token_weight" | "train_regression",
+                _,
+                false,
+            ) => diags.push(
                 Diagnostic::error(s.key.span, format!("`{key}` is a drafter setting"))
                     .with_label("not valid in a model file"),
             ),

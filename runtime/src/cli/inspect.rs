@@ -96,6 +96,27 @@ pub fn report(g: &Graph, target: &TargetConfig, context: i64) -> String {
             "self-speculative: the `{base}` graph with mask={mask} over the target's KV caches"
         );
     }
+    let t = &g.meta.train;
+    if !t.is_empty() {
+        let mut parts = Vec::new();
+        if let Some(k) = t.steps {
+            let s = if k == 1 { "" } else { "s" };
+            parts.push(format!("{k} step{s} (training-time test)"));
+        }
+        if let Some(x) = t.decay {
+            parts.push(format!("step i weighted {x}^i"));
+        }
+        if let Some(l) = t.loss {
+            parts.push(format!("token loss {}", l.name()));
+        }
+        if let Some(x) = t.token_weight {
+            parts.push(format!("token loss weight {x}"));
+        }
+        if let Some(x) = t.regression {
+            parts.push(format!("feature regression weight {x}"));
+        }
+        let _ = writeln!(out, "training: {}", parts.join(", "));
+    }
     let _ = writeln!(
         out,
         "\ngraph ({} nodes; `t` = tokens in this pass{}):",
