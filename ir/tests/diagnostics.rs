@@ -11,7 +11,13 @@ const HEAD: &str = "drafter t\nkind parallel\nl 2\n";
 
 #[track_caller]
 fn check(body: &str, expected: &[&str]) {
-    let src = format!("{HEAD}{body}");
+    check_under(HEAD, body, expected)
+}
+
+/// [`check`] under another three-line header.
+#[track_caller]
+fn check_under(head: &str, body: &str, expected: &[&str]) {
+    let src = format!("{head}{body}");
     let got = errors(&src);
     assert_eq!(
         got.len(),
@@ -351,20 +357,7 @@ const AR: &str = "drafter t\nkind autoregressive\nl 2\n";
 
 #[track_caller]
 fn check_ar(body: &str, expected: &[&str]) {
-    let src = format!("{AR}{body}");
-    let got = errors(&src);
-    assert_eq!(
-        got.len(),
-        expected.len(),
-        "diagnostics for:\n{src}\ngot: {got:#?}"
-    );
-    for (g, e) in got.iter().zip(expected) {
-        let (loc, frag) = e.split_once(' ').unwrap();
-        assert!(
-            g.starts_with(&format!("{loc} ")) && g.contains(frag),
-            "expected `{e}`, got `{g}`\nsource:\n{src}"
-        );
-    }
+    check_under(AR, body, expected)
 }
 
 #[test]

@@ -623,6 +623,17 @@ fn nan_and_infinite_drafter_weights_change_nothing() {
     }
 }
 
+/// A planner whose choices are random (`seed`), budgets up to `max`.
+fn random_policy(seed: u64, max: usize) -> DraftPolicy {
+    DraftPolicy::Planned(Box::new(
+        Planner::new(PlannerConfig {
+            mode: PlanMode::Random { seed },
+            ..PlannerConfig::auto(max)
+        })
+        .unwrap(),
+    ))
+}
+
 /// `--speculate auto` with the planner's choices forced to random: per
 /// round and sequence any budget from none to the largest, a drafter that
 /// skips rounds and catches up later, and greedy output is still
@@ -645,13 +656,7 @@ fn random_planner_choices_are_lossless() {
             let want = reference(&mut t, b);
             let (mut skipped, mut drafted) = (0, 0);
             for seed in 0..4 {
-                let mut policy = DraftPolicy::Planned(Box::new(
-                    Planner::new(PlannerConfig {
-                        mode: PlanMode::Random { seed },
-                        ..PlannerConfig::auto(4)
-                    })
-                    .unwrap(),
-                ));
+                let mut policy = random_policy(seed, 4);
                 let got = generate_with_policy(
                     &mut t,
                     d.as_mut(),
@@ -701,13 +706,7 @@ fn model_drafters_give_the_planner_their_confidences_losslessly() {
     for (d, confident) in &mut drafters {
         for b in [1, 3] {
             let want = reference(&mut t, b);
-            let mut policy = DraftPolicy::Planned(Box::new(
-                Planner::new(PlannerConfig {
-                    mode: PlanMode::Random { seed: 5 },
-                    ..PlannerConfig::auto(3)
-                })
-                .unwrap(),
-            ));
+            let mut policy = random_policy(5, 3);
             let got = generate_with_policy(
                 &mut t,
                 d.as_mut(),

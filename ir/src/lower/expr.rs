@@ -581,29 +581,32 @@ impl Lowerer<'_> {
             return None;
         }
         let state = self.state_ref(stream, "prev")?;
-        let Some(width) = self
-            .graph
-            .memories
-            .iter()
-            .find(|m| m.name == state)
-            .map(|m| m.width.clone())
-        else {
-            if !self.poisoned.contains(&memory_key(&state)) {
-                self.error(
-                    Diagnostic::error(stream.span, format!("undefined memory `{state}`"))
-                        .with_label(
-                            "declare it with `memory NAME = target.hidden[…]` before `prev`",
-                        ),
-                );
-            }
-            return None;
-        };
+        let width = self.memory_width(&state, stream.span, " before `prev`")?;
         Some(self.push(
             Op::Input(InputSource::MemoryPrev(state)),
             vec![],
             TensorType::new(vec![Dim::symbol("t"), width], DType::Float),
             span,
         ))
+    }
+
+    /// The row width of memory `state`, or an error at `span` (none when
+    /// its declaration already failed); `when` ends the hint.
+    fn memory_width(&mut self, state: &StateName, span: Span, when: &str) -> Option<Dim> {
+        let width = self
+            .graph
+            .memories
+            .iter()
+            .find(|m| &m.name == state)
+            .map(|m| m.width.clone());
+        if width.is_none() && !self.poisoned.contains(&memory_key(state)) {
+            self.error(
+                Diagnostic::error(span, format!("undefined memory `{state}`")).with_label(format!(
+                    "declare it with `memory NAME = target.hidden[…]`{when}"
+                )),
+            );
+        }
+        width
     }
 
     /// Indices into the target's hidden states `0..=n`.
@@ -893,19 +896,7 @@ impl Lowerer<'_> {
         let Some(state) = self.state_name(name, index) else {
             return;
         };
-        let Some(width) = self
-            .graph
-            .memories
-            .iter()
-            .find(|m| m.name == state)
-            .map(|m| m.width.clone())
-        else {
-            if !self.poisoned.contains(&memory_key(&state)) {
-                self.error(
-                    Diagnostic::error(name.span, format!("undefined memory `{state}`"))
-                        .with_label("declare it with `memory NAME = target.hidden[…]`"),
-                );
-            }
+        let Some(width) = self.memory_width(&state, name.span, "") else {
             return;
         };
         let v = self.expr(value);

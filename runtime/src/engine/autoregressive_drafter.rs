@@ -169,6 +169,48 @@ struct TreeLevel<R: Runtime> {
 /// and memory-tail bits of its rows.
 type NextLevel<R> = (DeviceTensor<R>, DeviceTensor<R>, DeviceTensor<R>);
 
+/// The target's final RMS norm (weight, eps), for memory streams seeded
+/// through `target.norm` (drafter `name`).
+pub(super) fn final_norm_of<R: Runtime>(
+    target: &TargetModel<R>,
+    name: &str,
+) -> Result<(DeviceTensor<R>, f32), EngineError> {
+    let weight = target
+        .weights
+        .exports
+        .get("final_norm")
+        .map(|p| format!("{p}.weight"))
+        .unwrap_or_default();
+    let w = target.exec.weight(&weight).ok_or_else(|| {
+        EngineError::Invalid(format!(
+            "drafter `{name}` seeds a memory through `target.norm`, but the target binds no \
+             final norm weight `{weight}`"
+        ))
+    })?;
+    Ok((w.clone(), target.weights.eps.get() as f32))
+}
+
+/// Draft length of an autoregressive drafter with draft length `l`
+/// drafting `shape`.
+pub(super) fn tree_length(shape: &TreeShape, l: usize) -> usize {
+    match shape {
+        TreeShape::Chain | TreeShape::MultiSequence { .. } => l,
+        TreeShape::Static(b) => b.len(),
+        TreeShape::Dynamic { depth, .. } => *depth,
+    }
+}
+
+/// Whether `--confidence` can cut `shape` (a multi-sequence tree has its
+/// own threshold).
+pub(super) fn cuttable(shape: &TreeShape) -> Result<(), EngineError> {
+    if matches!(shape, TreeShape::MultiSequence { .. }) {
+        return Err(EngineError::Invalid(format!(
+            "--confidence cuts chain, static and dynamic trees; `{shape}` has its own threshold"
+        )));
+    }
+    Ok(())
+}
+
 impl<R: Runtime> AutoregressiveDrafter<R> {
     /// `graph`: a compiled autoregressive drafter; `shape`: the round's tree.
     pub fn new(
@@ -223,20 +265,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         }
         let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
         let final_norm = if streams.iter().any(|s| s.normed) {
-            let name = target
-                .weights
-                .exports
-                .get("final_norm")
-                .map(|p| format!("{p}.weight"))
-                .unwrap_or_default();
-            let w = target.exec.weight(&name).ok_or_else(|| {
-                EngineError::Invalid(format!(
-                    "autoregressive drafter `{}` seeds a memory through `target.norm`, but the \
-                     target binds no final norm weight `{name}`",
-                    graph.name
-                ))
-            })?;
-            Some((w.clone(), target.weights.eps.get() as f32))
+            Some(final_norm_of(target, &graph.name)?)
         } else {
             None
         };
@@ -449,12 +478,7 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
     }
 
     fn length(&self) -> usize {
-        match &self.shape {
-            TreeShape::Chain => self.l,
-            TreeShape::Static(b) => b.len(),
-            TreeShape::Dynamic { depth, .. } => *depth,
-            TreeShape::MultiSequence { .. } => self.l,
-        }
+        tree_length(&self.shape, self.l)
     }
 
     fn observe(
@@ -833,12 +857,7 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
     }
 
     fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
-        if matches!(self.shape, TreeShape::MultiSequence { .. }) {
-            return Err(EngineError::Invalid(format!(
-                "--confidence cuts chain, static and dynamic trees; `{}` has its own threshold",
-                self.shape
-            )));
-        }
+        cuttable(&self.shape)?;
         self.confidence = Some(confidence);
         Ok(())
     }

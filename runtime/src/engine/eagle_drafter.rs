@@ -38,7 +38,9 @@ use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::linear::{Epilogue, Prologue};
 use draftc_ops::{DType, DeviceTensor};
 
-use super::autoregressive_drafter::{AutoregressiveDrafter, Part};
+use super::autoregressive_drafter::{
+    cuttable, final_norm_of, tree_length, AutoregressiveDrafter, Part,
+};
 use super::drafters::{Committed, Drafter, SeqView};
 use super::select::{top_candidates_into, TopOut};
 use super::target::{EngineError, TargetModel};
@@ -168,19 +170,7 @@ impl<R: Runtime> EagleDrafter<R> {
             });
         }
         let final_norm = if streams.iter().any(|s| s.normed) {
-            let name = target
-                .weights
-                .exports
-                .get("final_norm")
-                .map(|p| format!("{p}.weight"))
-                .unwrap_or_default();
-            let w = target.exec.weight(&name).ok_or_else(|| {
-                invalid(format!(
-                    "a memory is seeded through `target.norm`, but the target binds no final \
-                     norm weight `{name}`"
-                ))
-            })?;
-            Some((w.clone(), target.weights.eps.get() as f32))
+            Some(final_norm_of(target, &graph.name)?)
         } else {
             None
         };
@@ -282,11 +272,7 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
     }
 
     fn length(&self) -> usize {
-        match &self.shape {
-            TreeShape::Chain | TreeShape::MultiSequence { .. } => self.l,
-            TreeShape::Static(b) => b.len(),
-            TreeShape::Dynamic { depth, .. } => *depth,
-        }
+        tree_length(&self.shape, self.l)
     }
 
     fn observe(
@@ -526,12 +512,7 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
     }
 
     fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
-        if matches!(self.shape, TreeShape::MultiSequence { .. }) {
-            return Err(EngineError::Invalid(format!(
-                "--confidence cuts chain, static and dynamic trees; `{}` has its own threshold",
-                self.shape
-            )));
-        }
+        cuttable(&self.shape)?;
         self.confidence = Some(confidence);
         Ok(())
     }
