@@ -97,7 +97,7 @@ impl Lowerer<'_> {
         };
         if let Some(m) = &memory {
             if !self.graph.memories.iter().any(|d| &d.name == m) {
-                if self.poisoned.contains(&super::expr::memory_key(m)) {
+                if self.poisoned.contains(&super::memory::memory_key(m)) {
                     return None;
                 }
                 self.error(

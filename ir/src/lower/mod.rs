@@ -6,6 +6,7 @@
 mod args;
 mod attention;
 mod expr;
+mod memory;
 mod ops;
 mod settings;
 
