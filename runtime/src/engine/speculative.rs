@@ -474,6 +474,9 @@ pub fn generate_with_policy<R: Runtime>(
         };
         // With its draft in hand, the planner decides how much of it to
         // verify (lookup drafts for free, only where the history matches).
+        // The drafter's confidence along each tree's most likely path (a
+        // pruned tree's is a prefix of it), for the cut and the estimates.
+        let mut conf: Vec<Vec<f64>> = Vec::new();
         let trees = match &mut *policy {
             DraftPolicy::Planned(p) if !skip => {
                 let depths: Vec<usize> = trees.iter().map(DraftTree::levels).collect();
@@ -482,9 +485,10 @@ pub fn generate_with_policy<R: Runtime>(
                     p.observe_depth(budget, depths.iter().copied().max().unwrap_or(0));
                 }
                 let spent = td.elapsed().as_secs_f64();
-                let conf: Option<Vec<Vec<f64>>> =
-                    confident.then(|| trees.iter().map(DraftTree::path_confidences).collect());
-                match p.verify_counts(&active, &depths, spent, conf.as_deref()) {
+                if confident {
+                    conf = trees.iter().map(DraftTree::path_confidences).collect();
+                }
+                match p.verify_counts(&active, &depths, spent, confident.then_some(&conf[..])) {
                     Some(keep) => trees
                         .into_iter()
                         .zip(keep)
@@ -621,10 +625,12 @@ pub fn generate_with_policy<R: Runtime>(
             }
             drafted_last = !skip;
             p.observe_verify(rows, tv.elapsed().as_secs_f64());
-            for (&i, (tree, (nodes, _))) in active.iter().zip(trees.iter().zip(&accepted)) {
+            for (j, (&i, (tree, (nodes, _)))) in
+                active.iter().zip(trees.iter().zip(&accepted)).enumerate()
+            {
                 p.observe_seq(i, tree.levels(), nodes.len());
-                if confident {
-                    p.observe_confidence(&tree.path_confidences(), nodes.len());
+                if let Some(c) = conf.get(j) {
+                    p.observe_confidence(&c[..c.len().min(tree.levels())], nodes.len());
                 }
             }
             let emitted = accepted.iter().map(|(n, _)| n.len() + 1).sum();
