@@ -17,7 +17,8 @@
 # `bench` runs, each stage under its own time limit so that one slow or
 # failing stage never loses the others' results:
 #   1. the GGUF reassembled and converted (f32 safetensors);
-#   2. the CUDA kernel tests (ops-* binaries, --features cuda-tests), 60 s;
+#   2. the CUDA kernel tests (ops-* binaries, --features cuda-tests), one
+#      run per test module on one thread, 90 s;
 #   3. `draftc bench decode` in f16 and f32 at batch 1/4/16/64 with the
 #      measured counters (launches, flushes, reads, uploads, allocations,
 #      host µs per step), and f16 again with DRAFTC_FLUSH=launch (the old
@@ -77,32 +78,52 @@ model() {
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
 }
 
-# tests DIR [DEADLINE_EPOCH]: every ops-* test binary, logs into DIR.
+# The test modules of a kernel test binary (ops/tests/cuda_all.rs names one
+# per kernel test file), attention and the KV ops first (what speculative
+# decoding leans on), then the rest in the binary's own order, so that a
+# test file added later is never left out.
+FIRST="attention kv linear_rope tree linear"
+modules_of() { # binary
+  local all
+  all=$("$1" --list 2>/dev/null | sed -n 's/^\([a-z_0-9]*\)::.*: test$/\1/p' | awk '!seen[$0]++')
+  { for m in $FIRST; do grep -qx "$m" <<<"$all" && echo "$m"; done; echo "$all"; } | awk 'NF && !seen[$0]++'
+}
+
+# tests DIR [DEADLINE_EPOCH]: every ops-* test binary, one run per test
+# module on one thread, logs into DIR. (On an H200 the whole binary at 16
+# threads left two tests unfinished after 170 s that pass in about a second
+# alone, 2026-11-27: docs/bench/cuda-h200/2026-11-27; not diagnosed.)
 tests() {
-  local dir=$1 deadline=${2:-0} status=0
+  local dir=$1 deadline=${2:-0} status=0 left log
   for t in "$stage"/bin/ops-*; do
     name=$(basename "$t")
-    if [ "$deadline" -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
-      echo "NOT RUN $name (time)"
-      status=1
-      continue
-    fi
-    local limit=120
-    [ "$deadline" -gt 0 ] && limit=$((deadline - $(date +%s)))
-    if timeout "$limit" "$t" --test-threads 8 >"$dir/$name.log" 2>&1; then
-      echo "PASS $name: $(grep -h '^test result' "$dir/$name.log" | tail -1)"
-    else
-      status=1
-      echo "FAIL $name"
-      grep -h -A20 'panicked\|FAILED\|failures:' "$dir/$name.log" | head -60
-    fi
+    for mod in $(modules_of "$t"); do
+      left=120
+      [ "$deadline" -gt 0 ] && left=$((deadline - $(date +%s)))
+      if [ "$left" -le 2 ]; then
+        echo "NOT RUN $name $mod (time)"
+        status=1
+        continue
+      fi
+      [ "$left" -gt 120 ] && left=120
+      log="$dir/$name-$mod.log"
+      timeout "$left" "$t" --test-threads 1 "$mod::" >"$log" 2>&1
+      rc=$?
+      if [ $rc = 0 ]; then
+        echo "PASS $name $mod: $(grep -h '^test result' "$log" | tail -1)"
+      elif [ $rc = 124 ]; then
+        status=1
+        echo "TIMEOUT $name $mod (${left}s): $(grep -c ' ok$' "$log") passed before it; unfinished:" \
+          "$(grep -h '^test .* \.\.\. *$\|has been running' "$log" | sed 's/^test //; s/ \.\.\..*//; s/ has been.*//' | sort -u | tr '\n' ' ')"
+      else
+        status=1
+        echo "FAIL $name $mod (exit $rc)"
+        grep -h -A20 'panicked\|FAILED\|failures:' "$log" | head -60
+      fi
+    done
   done
   return $status
 }
-
-# The kernel test files in the one CUDA test binary (ops/tests/cuda_all.rs),
-# attention and the KV ops first (what speculative decoding leans on).
-MODULES="attention kv tree linear argmax_topk sampling rope rms_norm softmax elementwise embedding layer_sum probe"
 
 # sanitize DIR [DEADLINE_EPOCH]: compute-sanitizer memcheck, one run per test
 # module of each binary (the whole binary under memcheck outlasts a share).
@@ -110,7 +131,7 @@ sanitize() {
   local dir=$1 deadline=${2:-0} status=0 left
   for t in "$stage"/bin/ops-*; do
     name=$(basename "$t")
-    for mod in $MODULES; do
+    for mod in $(modules_of "$t"); do
       left=120
       [ "$deadline" -gt 0 ] && left=$((deadline - $(date +%s)))
       if [ "$left" -le 5 ]; then
@@ -172,9 +193,9 @@ bench)
   model >"$work/model.log" 2>&1 || { say "MODEL FAILED"; cat "$work/model.log"; exit 3; }
   m="$stage/model/f32"
 
-  say "kernel tests (up to 60 s)"
+  say "kernel tests (up to 90 s)"
   mkdir -p "$work/tests"
-  { echo; echo "## CUDA kernel tests"; echo; echo '```'; tests "$work/tests" $(($(date +%s) + 60)); echo '```'; } |
+  { echo; echo "## CUDA kernel tests"; echo; echo '```'; tests "$work/tests" $(($(date +%s) + 90)); echo '```'; } |
     tee -a "$report"
 
   say "decode benches"
