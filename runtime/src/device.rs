@@ -203,7 +203,11 @@ impl FlushPolicy {
 /// read of the candidates every level, and the exact cut that stops
 /// expanding nodes that cannot make the tree). On lavapipe a read costs
 /// little and a drafter pass much: Beagle's file tree (depth 5, top 8) at
-/// budget 3 read 1.32x on the host and 0.91x on the device at batch 1.
+/// budget 3 read 1.32x on the host and 0.91x on the device at batch 1. On an
+/// H200 (docs/bench/cuda-h200/2026-11-27, one run of 8 and 16 questions)
+/// the host's picks also won: 1.05x against 0.73x at batch 1, 0.52x against
+/// 0.47x at batch 16, with 217 launches and 3.4 reads a round against 261
+/// and 2.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TreePicks {
     Host,
@@ -211,21 +215,17 @@ pub enum TreePicks {
 }
 
 impl TreePicks {
-    /// The environment variable that overrides the device's choice:
-    /// `host` or `device`.
+    /// The environment variable that overrides the default: `host` or
+    /// `device`.
     pub const ENV: &'static str = "DRAFTC_TREE_PICKS";
 
-    /// The choice for `device`: on the device for a GPU (a read is a full
-    /// synchronisation there), on the host for lavapipe, unless
-    /// `DRAFTC_TREE_PICKS` says `host` or `device` (any other value is
-    /// ignored with a warning).
-    pub fn for_device(device: &DeviceProfile) -> TreePicks {
+    /// The choice: on the host, for lavapipe and GPUs alike (the one GPU
+    /// measurement, above, found the host's picks faster), unless `DRAFTC_TREE_PICKS` says `host` or `device` (any other value
+    /// is ignored with a warning).
+    pub fn chosen() -> TreePicks {
         static WARNED: std::sync::Once = std::sync::Once::new();
         let choices = [("host", TreePicks::Host), ("device", TreePicks::Device)];
-        env_choice(Self::ENV, &choices, &WARNED).unwrap_or(match device.class {
-            DeviceClass::Emulator => TreePicks::Host,
-            DeviceClass::Gpu => TreePicks::Device,
-        })
+        env_choice(Self::ENV, &choices, &WARNED).unwrap_or(TreePicks::Host)
     }
 }
 

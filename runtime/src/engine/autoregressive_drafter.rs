@@ -541,15 +541,15 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
         // A dynamic tree without a confidence cut picks its frontiers on
-        // the device (`draftc_ops::tree_frontier`) where the run's device
-        // prefers it (`TreePicks`), and reads every level's candidates once,
+        // the device (`draftc_ops::tree_frontier`) when `DRAFTC_TREE_PICKS`
+        // asks for it (`TreePicks`; the host picks by default), and reads every level's candidates once,
         // at the end. The builders that drive the loop expand every frontier
         // node (no exact cut), so each level's rows are known ahead; they
         // only count rows (their candidates are token numbers 0..w of equal
         // score), and the tree itself is rebuilt from the device's picks.
         let deferred_tree = matches!(self.shape, TreeShape::Dynamic { .. })
             && self.confidence.is_none()
-            && TreePicks::for_device(target.exec.device()) == TreePicks::Device;
+            && TreePicks::chosen() == TreePicks::Device;
         let mut builders: Vec<TreeBuilder> = seqs
             .iter()
             .map(|_| {
