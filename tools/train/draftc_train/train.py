@@ -66,7 +66,30 @@ RECIPES = {
     # (the chain of 4 it drafts).
     "spire": dict(lr=3e-4, wd=0.0, warmup=50, clip=1.0, batch=8, sim_steps=4, late_frac=0.3,
                   mixed=0.5, soft_tap="n", pruned=True),
+    # Training-time test (`ttt_loss`): steps, step decay, loss and feature
+    # regression come from the description's `train_*` settings (TRAIN),
+    # filled in by `recipe_of`. The optimiser settings are Beagle's.
+    "eagle3": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, soft_tap="n"),
+    "eagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, soft_tap="n"),
 }
+
+
+def recipe_of(name, mod):
+    """The recipe of drafter `name`: RECIPES' entry, with the description's
+    training schedule (`train_steps`, `train_decay`, `train_loss`,
+    `train_token_weight`, `train_regression`) as numeric fields a `--recipe`
+    may override: ttt_steps, decay, distill (1 distils, 0 is cross-entropy
+    on the greedy token), token_weight, regression."""
+    r = dict(RECIPES[name])
+    train = getattr(mod, "TRAIN", {}) or {}
+    if "steps" in train:
+        r.update(ttt_steps=int(train["steps"]), decay=float(train.get("decay", 1.0)),
+                 distill=1.0 if train.get("loss", "distill") == "distill" else 0.0,
+                 token_weight=float(train.get("token_weight", 1.0)),
+                 regression=float(train.get("regression", 0.0)))
+    elif name in ("eagle", "eagle3"):
+        raise SystemExit(f"models/{name}.draft has no `train_steps`: its training-time test is undefined")
+    return r
 
 
 def load_sequences(max_len, limit=None, directory=None, with_index=False):
@@ -444,6 +467,97 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     return total, stats
 
 
+def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=None):
+    """EAGLE and EAGLE-3 (descriptions with `train_steps`): training-time
+    test (EAGLE-3 §3.3; SafeAILab/EAGLE eagle/traineagle3). Step 1 is the
+    teacher-forced pass: query q reads token q and, through `prev`, the
+    stream's seed one position before (the fused target feature, or the
+    target's normed last state). Step i > 1 simulates draft depth i of the
+    round whose root is c = q - i + 1: query q reads the true token q and the
+    drafter's own step-(i-1) output at q - 1, and its attention sees step
+    1's rows at positions <= c and step j's row at c + j - 1 for 1 < j <= i
+    (its round's drafted rows, itself last), as the runtime's cache holds
+    them (engine/eagle_drafter.rs). Gradients flow through every step.
+
+    Step i is scored at every query with a label whose round root is at
+    position 1 or later, weighted decay^(i-1): distillation against the
+    target's distribution renormalised on the draft vocabulary (`distill`;
+    the reference does not renormalise) or cross-entropy on its greedy token
+    (`ce`), times `token_weight`, plus `regression` x smooth-L1 between the
+    output and the stream's seed at q (EAGLE-1's feature regression).
+    `keep` receives per step i a `[B, T-1]` mask of the queries whose
+    greedy draft equals the label, as `autoregressive_loss` gives it."""
+    B, T = ids.shape
+    pos = torch.arange(T)[None, :].expand(B, T)
+    k = int(r["ttt_steps"])
+    if keep is not None:
+        # Evaluation: as deep as the drafter drafts (`l`), however few steps
+        # it trains.
+        k = max(k, int(mod.SYMBOLS.get("l", 1)))
+    names = list(mod.MEMORIES)
+    fused = getattr(mod, "MEMORIES_FUSED", {})
+    normed = set(getattr(mod, "MEMORIES_NORMED", []))
+    reg = r.get("regression", 0.0)
+    if reg and any(n in fused for n in names):
+        raise SystemExit("regression against a fused memory stream (a learned target) is not supported")
+    if train and r.get("noise"):
+        hidden = dict(hidden)
+        for tap in {t for n in names for t in (fused[n][0] if n in fused else [mod.MEMORIES[n]])}:
+            hidden[tap] = hidden[tap] + torch.randn_like(hidden[tap]) * r["noise"] * hidden[tap].std()
+    lab_all = resp[:, 1:]
+    p_all = None
+    if r.get("distill"):
+        with torch.no_grad():
+            top = hidden[r["soft_tap"]][:, :-1]
+            tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
+            p_all = tl.softmax(-1)
+    seeds = {}
+    if reg:
+        for n in names:
+            s = hidden[mod.MEMORIES[n]]
+            seeds[n] = mod.rms_norm(s, target.final_norm, target.eps) if n in normed else s
+    total, stats = 0.0, {}
+    for i, out in ttt_steps(mod, net, target, ids, valid, hidden, k):
+        lab_ok = lab_all & (pos[:, :-1] - i + 1 >= 1)
+        labels = ids[:, 1:][lab_ok]
+        rows = out[OUT][:, :-1][lab_ok]
+        if p_all is not None:
+            tok, hit, alpha = mixed_rows(rows, head, labels, p_all[lab_ok], 1.0)
+            stats[f"alpha{i}"] = alpha
+        else:
+            tok, hit = ce_rows(rows, head, labels)
+        step = r.get("token_weight", 1.0) * tok
+        if reg:
+            for n in names:
+                got = out[f"append:{n}"][:, :-1][lab_ok].float()
+                step = step + reg * F.smooth_l1_loss(got, seeds[n][:, :-1][lab_ok].float())
+        total = total + r.get("decay", 1.0) ** (i - 1) * step
+        stats[f"loss{i}"], stats[f"acc{i}"] = step.item(), hit.float().mean().item()
+        if keep is not None:
+            keep[i] = torch.zeros(B, T - 1, dtype=torch.bool)
+            keep[i][lab_ok] = hit
+    return total, stats
+
+
+def ttt_steps(mod, net, target, ids, valid, hidden, k):
+    """The `k` forward passes of a training-time test over `ids` [B, T]
+    (`ttt_loss` says what step i computes): yields (i, outputs)."""
+    B, T = ids.shape
+    pos = torch.arange(T)[None, :].expand(B, T)
+    qp = torch.arange(T)[:, None]
+    kp = torch.arange(T)[None, :]
+    caches, prev = {}, None
+    for i in range(1, k + 1):
+        # Keys: step 1's rows, then step 2's, ... then this step's own.
+        blocks = [kp <= qp - i + 1] + [kp == qp - i + j for j in range(2, i + 1)]
+        memory = {} if prev is None else {n: mod.Memory(prev[n], pos, valid) for n in mod.MEMORIES}
+        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory=memory, caches=caches,
+                      key_vis={"*": torch.cat(blocks, 1)[None]})
+        out = net({"ids": ids}, target, ctx)
+        yield i, out
+        prev = {n: out[f"append:{n}"] for n in mod.MEMORIES}
+
+
 def pruned_init(net, tgt_tensors):
     """SPIRe's pruned initialisation (paper 004 §3.2), the rule of the
     runtime's `--drafter-weights pruned` (runtime/src/exec/weights.rs,
@@ -500,6 +614,8 @@ def taps_of(mod):
         if src[0] == "hidden":
             taps.update(src[1])
     taps.update(mod.MEMORIES.values())
+    for fused_taps, _ in getattr(mod, "MEMORIES_FUSED", {}).values():
+        taps.update(fused_taps)
     return sorted(taps)
 
 
@@ -574,10 +690,14 @@ def main(argv):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    r = dict(RECIPES[args.drafter])
+    draft = REPO / "models" / f"{args.drafter}.draft"
+    mod = emitted.load(draft)
+    r = recipe_of(args.drafter, mod)
     if args.lr is not None:
         r["lr"] = args.lr
     if args.prompt_labels:
+        if "ttt_steps" in r:
+            raise SystemExit("--prompt-labels: not with a training-time test (it scores response positions)")
         r["prompt_labels"] = True
     if args.distill is not None:
         if "sim_steps" not in r or not 0.0 <= args.distill <= 1.0:
@@ -595,8 +715,6 @@ def main(argv):
             raise SystemExit(f"--recipe {kv!r}: {value!r} is not a number")
     if r.get("window", 1) < 1 or r.get("train_mask", 1) not in (0, 1):
         raise SystemExit("--recipe: window must be at least 1 and train_mask 0 or 1")
-    draft = REPO / "models" / f"{args.drafter}.draft"
-    mod = emitted.load(draft)
     # Resolved once: export writes the loss curve from the same directory.
     work = args.work = args.work or REPO / "target/train" / args.drafter
     work.mkdir(parents=True, exist_ok=True)
@@ -826,6 +944,8 @@ def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
                 rows = r.get("rows") if train and head.ids is None else None
                 return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows)
+            if "ttt_steps" in r:
+                return ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train)
             return autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train,
                                        extra=extra)
 
@@ -869,6 +989,8 @@ def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
                 if parallel:
                     L = mod.SYMBOLS.get("l", 1)
                     parallel_loss(mod, net, target, head, ids, valid, resp, hidden, [1.0] * L, keep=keep)
+                elif "ttt_steps" in r:
+                    ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, False, keep)
                 else:
                     autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, 1.0, False, keep)
             k = len(keep)
