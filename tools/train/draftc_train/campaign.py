@@ -38,7 +38,9 @@ def row(run, name):
     r = dict(drafter=name, exit=rc, ok=bool(summary) and rc == "0")
     if summary:
         a0, t0, depth = first_depth(summary.get("init"))
-        a1, t1, _ = first_depth(summary.get("final"))
+        a1, t1, d1 = first_depth(summary.get("final"))
+        # A drafter without shipped weights (no `--eval-init`): its own depth.
+        depth = depth if depth is not None else d1
         r.update(shipped_acc1=a0, shipped_tau=t0, new_acc1=a1, new_tau=t1, depth=depth,
                  beats=None if t0 is None or t1 is None else t1 > t0,
                  steps=summary.get("steps", 0) - summary.get("first_step", 0),
@@ -66,9 +68,11 @@ def main(argv):
             print(f"no summary (exit {r['exit']})")
             return 1
         at = f"@{r['depth']}"
+        verdict = ("no shipped weights" if r["shipped_tau"] is None
+                   else "beats the shipped" if r["beats"] else "does not beat the shipped")
         print(f"shipped acc1 {fmt(r['shipped_acc1'])} tau{at} {fmt(r['shipped_tau'])} -> new acc1 "
-              f"{fmt(r['new_acc1'])} tau{at} {fmt(r['new_tau'])} ({'beats' if r['beats'] else 'does not beat'} "
-              f"the shipped); {r['steps']} steps, {fmt(r['train_s'], 0)} s training, {fmt(r['total_s'], 0)} s in all")
+              f"{fmt(r['new_acc1'])} tau{at} {fmt(r['new_tau'])} ({verdict}); {r['steps']} steps, "
+              f"{fmt(r['train_s'], 0)} s training, {fmt(r['total_s'], 0)} s in all")
         return 0
     if args.out is None:
         ap.error("--out is required (or --line)")
@@ -100,6 +104,7 @@ def main(argv):
         if "new_tau" in r:
             at = f" (@{r['depth']})" if r.get("depth") else ""
             beats = {True: "**yes**", False: "no", None: "?"}[r["beats"]]
+            beats = "no shipped weights" if r["shipped_tau"] is None else beats
             lines.append(f"| {r['drafter']} | {fmt(r['shipped_acc1'])} | {fmt(r['shipped_tau'])}{at} | "
                          f"{fmt(r['new_acc1'])} | {fmt(r['new_tau'])}{at} | {beats} | {r['steps']} | "
                          f"{fmt(r['train_s'], 0)} | {fmt(r['total_s'], 0)} | "
