@@ -251,18 +251,7 @@ fn dump_case_with(
 /// Runs `parity.py` on the cases `names` in `dir`: (passed, its output).
 fn parity(py: &Path, dir: &Path, names: &[&str]) -> (bool, String) {
     let script = tiny::repo().join("tools/train/draftc_train/parity.py");
-    let out = Command::new(py)
-        .arg(&script)
-        .arg(dir)
-        .args(names)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    tiny::run_checked(Command::new(py).arg(&script).arg(dir).args(names))
 }
 
 fn random(seed: u64) -> impl FnOnce(&[WeightSpec]) -> HostWeights {

@@ -193,19 +193,13 @@ fn dump(name: &str, prompt: &[u32], dir: &Path, skew: f32) {
 
 /// `python -m draftc_train ttt-parity DIR NAMES`: (passed, its output).
 fn check(py: &Path, dir: &Path, names: &[&str]) -> (bool, String) {
-    let out = Command::new(py)
-        .current_dir(repo().join("tools/train"))
-        .args(["-m", "draftc_train", "ttt-parity"])
-        .arg(dir)
-        .args(names)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    run_checked(
+        Command::new(py)
+            .current_dir(repo().join("tools/train"))
+            .args(["-m", "draftc_train", "ttt-parity"])
+            .arg(dir)
+            .args(names),
+    )
 }
 
 const PROMPT: &[u32] = &[5, 17, 3, 90, 44, 2, 61, 5, 17, 3];

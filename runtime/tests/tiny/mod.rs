@@ -251,3 +251,14 @@ pub fn write(path: &Path, tensors: &[Named]) {
     }
     w.finish().unwrap();
 }
+
+/// Runs `cmd`: whether it succeeded, and its stdout then stderr.
+pub fn run_checked(cmd: &mut std::process::Command) -> (bool, String) {
+    let out = cmd.output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
