@@ -88,7 +88,9 @@ say() { echo "[$(elapsed)s] $*"; }
 
 # What this call carried (.gpu1 to .gpu4, when present) goes to the stage.
 for d in .gpu1 .gpu2 .gpu3 .gpu4; do
-  [ -d "$d" ] && cp -n "$d"/* "$stage"/ 2>/dev/null
+  # -p: a carried file keeps its time, so a stage's newer draftc is not
+  # replaced by an older draftc.xz left in a carry folder.
+  [ -d "$d" ] && cp -np "$d"/* "$stage"/ 2>/dev/null
 done
 if [ "$what" = unpack ]; then
   ls -la "$stage"
