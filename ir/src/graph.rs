@@ -124,7 +124,7 @@ pub struct TrainSchedule {
     /// its own outputs (its appended rows fed back through `prev` and its
     /// memory), step 1 teacher-forced (EAGLE-3: 7).
     pub steps: Option<i64>,
-    /// `train_decay γ`: step `i`'s loss weighted `γ^i` (EAGLE-3: 0.8).
+    /// `train_decay γ`: step `i`'s loss weighted `γ^i`, `i` from 0 (EAGLE-3: 0.8).
     pub decay: Option<F64>,
     /// `train_loss distill|ce`: soft cross-entropy against the target's
     /// distribution over the draft vocabulary, or cross-entropy against

@@ -104,7 +104,7 @@ pub fn report(g: &Graph, target: &TargetConfig, context: i64) -> String {
             parts.push(format!("{k} step{s} (training-time test)"));
         }
         if let Some(x) = t.decay {
-            parts.push(format!("step i weighted {x}^i"));
+            parts.push(format!("step i weighted {x}^i, i from 0"));
         }
         if let Some(l) = t.loss {
             parts.push(format!("token loss {}", l.name()));
