@@ -367,6 +367,24 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
     return total, stats
 
 
+def noisy(hidden, taps, scale):
+    """A copy of `hidden` with Gaussian noise on `taps`, `scale` times each
+    tap's standard deviation (paper 002 §A.3's noise on target states)."""
+    hidden = dict(hidden)
+    for tap in taps:
+        hidden[tap] = hidden[tap] + torch.randn_like(hidden[tap]) * scale * hidden[tap].std()
+    return hidden
+
+
+def target_probs(mod, target, head, top):
+    """The target's next-token distribution from its final states `top`
+    (through its final norm and the head's rows), renormalised on the draft
+    vocabulary: what the distilling losses match."""
+    with torch.no_grad():
+        tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
+        return tl.softmax(-1)
+
+
 def mixed_rows(feats, head, labels, p_target, omega):
     """SPIRe's MixedLoss(ω) (paper 004 §3.4): ω · cross-entropy against the
     target's distribution + (1 - ω) · (-α), α = Σ_i min(p_i, q_i) the
@@ -401,9 +419,7 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     pos = torch.arange(T)[None, :].expand(B, T)
     normed = set(getattr(mod, "MEMORIES_NORMED", []))
     if train and r.get("noise"):
-        hidden = dict(hidden)
-        for tap in set(mod.MEMORIES.values()):
-            hidden[tap] = hidden[tap] + torch.randn_like(hidden[tap]) * r["noise"] * hidden[tap].std()
+        hidden = noisy(hidden, set(mod.MEMORIES.values()), r["noise"])
     seeds = {}
     for name, tap in mod.MEMORIES.items():
         # `memory m = target.norm(target.hidden[i])`: the module norms the
@@ -419,10 +435,7 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
         labels = torch.where(resp[:, 1:], ids[:, 1:], extra)[lab_ok]
     p_target = None
     if r.get("mixed") is not None:
-        with torch.no_grad():
-            top = hidden[r["soft_tap"]][:, :-1][lab_ok]
-            tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
-            p_target = tl.softmax(-1)
+        p_target = target_probs(mod, target, head, hidden[r["soft_tap"]][:, :-1][lab_ok])
 
     def score(out, stats, key):
         feats = out[OUT][:, :-1][lab_ok]
@@ -501,16 +514,10 @@ def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=No
     if reg and any(n in fused for n in names):
         raise SystemExit("regression against a fused memory stream (a learned target) is not supported")
     if train and r.get("noise"):
-        hidden = dict(hidden)
-        for tap in {t for n in names for t in (fused[n][0] if n in fused else [mod.MEMORIES[n]])}:
-            hidden[tap] = hidden[tap] + torch.randn_like(hidden[tap]) * r["noise"] * hidden[tap].std()
+        hidden = noisy(hidden, {t for n in names for t in (fused[n][0] if n in fused else [mod.MEMORIES[n]])},
+                       r["noise"])
     lab_all = resp[:, 1:]
-    p_all = None
-    if r.get("distill"):
-        with torch.no_grad():
-            top = hidden[r["soft_tap"]][:, :-1]
-            tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
-            p_all = tl.softmax(-1)
+    p_all = target_probs(mod, target, head, hidden[r["soft_tap"]][:, :-1]) if r.get("distill") else None
     seeds = {}
     if reg:
         for n in names:
