@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("draftc_train.train", "train a drafter (draftc_train/train.py)"),
     "heldout-prompts": ("draftc_train.heldout", "prompts of the trainer's held-out split (for tuning runtime settings, never MT-Bench)"),
     "record-tau": ("draftc_train.record_tau", "copy held-out τ from a `draftc bench spec` report into the weights manifests"),
+    "curves": ("draftc_train.curves", "steps against data: S, 2S, 4S steps and half the data, with an over-fitting probe"),
     "scaling": ("draftc_train.scaling", "plot held-out accuracy against training data and extrapolate it to a τ target"),
     "ttt-parity": ("draftc_train.ttt_parity", "the training-time test against the engine's EAGLE drafter (runtime/tests/ttt_parity.rs)"),
     "campaign-report": ("draftc_train.campaign", "the report of a tools/gpu/campaign.sh run (shipped vs new weights, bench)"),

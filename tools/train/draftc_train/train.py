@@ -32,7 +32,6 @@ autocast (on the CPU, or on CUDA with `--device cuda`), checkpoints every --ckpt
 import argparse
 import hashlib
 import json
-import math
 import os
 import random
 import time
@@ -44,13 +43,12 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 
 from . import emitted, shards
+from .losses import Head, autoregressive_loss, make_target, parallel_loss, ttt_loss
 from .schedule import Pacer, lr_at
 from .progress import Progress
 from .svg import line_plot
 
 REPO = emitted.REPO
-# The output every learned drafter binds (its next-token logits).
-OUT = "logits"
 # The torch device type training runs on (`--device`): "cpu", or "cuda" on a
 # lent GPU, where it is also torch's default device, so every tensor the
 # recipes and the emitted modules create lands there.
@@ -60,7 +58,7 @@ RECIPES = {
     "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
     "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384),
     "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0,
-                   train_mask=1),
+                   train_mask=1, regression=0.0),
     # MixedLoss(0.5) against the target's distribution (its final state
     # HS[n] through its final norm and head), pruned from the target's last two layers, 4 simulated steps
     # (the chain of 4 it drafts).
@@ -261,48 +259,6 @@ def extra_labels(plabels, idx, T):
     return extra
 
 
-def make_target(mod, tgt_tensors):
-    """The target tensors with `target.lm_head` deferred: the module returns
-    features and the loss applies the head to the rows it scores."""
-    base = mod.Target.from_tensors(tgt_tensors, mod.EXPORTS, mod.EPS)
-
-    class Deferred(mod.Target):
-        def head(self, x, rows=None):
-            return x
-
-    return Deferred(base.embed, base.final_norm, base.lm_head, base.eps), base.lm_head
-
-
-class Head:
-    """The LM head a drafter predicts through: the target's rows, or the
-    rows of its reduced draft vocabulary `ids` (`draft_vocab N`). Labels
-    outside the subset are never drafted: they carry no loss and count as
-    misses in the accuracy."""
-
-    def __init__(self, lm_head, ids=None):
-        ids = None if ids is None else ids.to(lm_head.device)
-        self.ids = ids
-        self.w = lm_head if ids is None else lm_head[ids]
-        self.t2d = None
-        if ids is not None:
-            self.t2d = torch.full((lm_head.shape[0],), -1, dtype=torch.long)
-            self.t2d[ids] = torch.arange(len(ids))
-
-
-def ce_rows(feats, head, labels):
-    """Cross-entropy of rows `feats` against `labels` (target ids), and per
-    row whether the greedy draft equals the label (its mean is accuracy)."""
-    logits = F.linear(feats, head.w.to(feats.dtype)).float()
-    if head.t2d is None:
-        loss = F.cross_entropy(logits, labels)
-        return loss, logits.argmax(-1) == labels
-    d = head.t2d[labels]
-    loss = F.cross_entropy(logits, d.clamp(min=0), reduction="none")
-    inside = (d >= 0).float()
-    loss = (loss * inside).sum() / inside.sum().clamp(min=1.0)
-    return loss, logits.argmax(-1) == d
-
-
 def draft_vocab(seqs, train_idx, n, vocab):
     """The `n` most frequent response tokens of the training split (ties to
     the lower id), sorted; with their coverage of the training split's
@@ -326,243 +282,6 @@ def coverage(seqs, idx, ids, vocab):
         tot += len(x) - plen
         hit += int(inside[x[plen:].to(inside.device)].sum())
     return hit / max(1, tot)
-
-
-def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max_rows=None, keep=None):
-    """SpecFormer and Medusa: row j at position p predicts token p + 2 + j
-    (the target's own next token p + 1 is known when the drafter runs).
-    `keep`, when given (evaluation: every row scored), receives per draft
-    position j + 1 a `[B, T - 2 - j]` mask of the rows whose greedy draft
-    equals the label (false where there is none): `chain_tau` reads it."""
-    B, T = ids.shape
-    pos = torch.arange(T)[None, :].expand(B, T)
-    ctx = mod.Ctx(pos, valid=valid, hidden=hidden)
-    out = net({}, target, ctx)
-    feats = out["logits"]  # [B, T, l, d]
-    total, stats = 0.0, {}
-    for j, w in enumerate(weights):
-        # row j at p predicts p + 2 + j
-        sh = 2 + j
-        if T <= sh:
-            continue
-        lab_ok = resp[:, sh:]
-        rows = feats[:, : T - sh, j][lab_ok]
-        labels = ids[:, sh:][lab_ok]
-        if keep is not None:
-            keep[j + 1] = torch.zeros(B, T - sh, dtype=torch.bool)
-        if labels.numel() == 0:
-            continue
-        if max_rows and labels.numel() > max_rows:
-            # The LM head over 49k tokens dominates the step on a CPU:
-            # score a random subset of the labelled rows (a reduced draft
-            # vocabulary scores them all).
-            pick = torch.randperm(labels.numel())[:max_rows]
-            rows, labels = rows[pick], labels[pick]
-        loss, hit = ce_rows(rows, head, labels)
-        if keep is not None and not max_rows:
-            keep[j + 1][lab_ok] = hit
-        total = total + w * loss
-        stats[f"loss{j}"] = loss.item()
-        stats[f"acc{j}"] = hit.float().mean().item()
-    return total, stats
-
-
-def noisy(hidden, taps, scale):
-    """A copy of `hidden` with Gaussian noise on `taps`, `scale` times each
-    tap's standard deviation (paper 002 §A.3's noise on target states)."""
-    hidden = dict(hidden)
-    for tap in taps:
-        hidden[tap] = hidden[tap] + torch.randn_like(hidden[tap]) * scale * hidden[tap].std()
-    return hidden
-
-
-def target_probs(mod, target, head, top):
-    """The target's next-token distribution from its final states `top`
-    (through its final norm and the head's rows), renormalised on the draft
-    vocabulary: what the distilling losses match."""
-    with torch.no_grad():
-        tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
-        return tl.softmax(-1)
-
-
-def mixed_rows(feats, head, labels, p_target, omega):
-    """SPIRe's MixedLoss(ω) (paper 004 §3.4): ω · cross-entropy against the
-    target's distribution + (1 - ω) · (-α), α = Σ_i min(p_i, q_i) the
-    expected acceptance probability. Both distributions are over the draft
-    vocabulary (the target's renormalised on it: the rest is never drafted).
-    Hits (per row; their mean is accuracy) are against the hard labels (the
-    target's greedy tokens)."""
-    logits = F.linear(feats, head.w.to(feats.dtype)).float()
-    logq = logits.log_softmax(-1)
-    distill = -(p_target * logq).sum(-1).mean()
-    alpha = torch.minimum(p_target, logq.exp()).sum(-1).mean()
-    loss = omega * distill + (1.0 - omega) * (-alpha)
-    d = labels if head.t2d is None else head.t2d[labels]
-    return loss, logits.argmax(-1) == d, alpha.item()
-
-
-def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train, keep=None,
-                        extra=None):
-    """Beagle (paper 002 §4.2) and SPIRe (paper 004 §3.3). Early stage: one
-    teacher-forced pass, every memory row the target state it is seeded
-    with (Beagle: through the inverse-block train mask, random offset).
-    Late stage: `sim_steps` simulated drafting steps over the drafter's own
-    appended rows, query q at step i belonging to the round that starts at
-    q-i+1 (target rows before it, the drafter's rows of steps 1..i-1 at
-    q-i+1..q-1), step i weighted k - i + 1. Every memory stream of the
-    description (SPIRe has one per layer) is simulated the same way. The
-    loss is cross-entropy on the target's greedy tokens, or MixedLoss when
-    the recipe sets `mixed` (ω). `keep`, when given, receives per simulated
-    step i a `[B, T-1]` mask of the queries whose greedy draft equals the
-    label (false where there is no label): `chain_tau` reads it."""
-    B, T = ids.shape
-    pos = torch.arange(T)[None, :].expand(B, T)
-    normed = set(getattr(mod, "MEMORIES_NORMED", []))
-    if train and r.get("noise"):
-        hidden = noisy(hidden, set(mod.MEMORIES.values()), r["noise"])
-    seeds = {}
-    for name, tap in mod.MEMORIES.items():
-        # `memory m = target.norm(target.hidden[i])`: the module norms the
-        # tap itself in a teacher-forced pass; the simulation's rows are
-        # given, so norm them here.
-        s = hidden[tap]
-        seeds[name] = mod.rms_norm(s, target.final_norm, target.eps) if name in normed else s
-    lab_ok = resp[:, 1:]
-    labels = ids[:, 1:][lab_ok]
-    if extra is not None:
-        # Prompt positions too, labelled with the target's greedy token.
-        lab_ok = lab_ok | (extra >= 0)
-        labels = torch.where(resp[:, 1:], ids[:, 1:], extra)[lab_ok]
-    p_target = None
-    if r.get("mixed") is not None:
-        p_target = target_probs(mod, target, head, hidden[r["soft_tap"]][:, :-1][lab_ok])
-
-    def score(out, stats, key):
-        feats = out[OUT][:, :-1][lab_ok]
-        if p_target is None:
-            loss, hit = ce_rows(feats, head, labels)
-        else:
-            loss, hit, alpha = mixed_rows(feats, head, labels, p_target, r["mixed"])
-            stats[f"alpha{key}"] = alpha
-        stats[f"loss{key}"], stats[f"acc{key}"] = loss.item(), hit.float().mean().item()
-        if keep is not None:
-            keep[key] = torch.zeros(B, T - 1, dtype=torch.bool)
-            keep[key][lab_ok] = hit
-        return loss
-
-    late = step_frac >= 1.0 - r["late_frac"] or keep is not None
-    stats = {}
-    if not late:
-        offset = random.randrange(r["window"]) if "window" in r else None
-        # train_mask=0: the description's inference mask (Beagle's
-        # cross-diagonal: every query at draft depth 1) instead of its
-        # training mask (inverse-block: depths 1..window).
-        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, train=bool(r.get("train_mask", 1)), block_offset=offset)
-        # Step 1 of the simulation is what the teacher-forced pass trains.
-        return score(net({"ids": ids}, target, ctx), stats, 1), stats
-    k = r["sim_steps"]
-    preds = {name: [] for name in mod.MEMORIES}  # rows of steps 1..i-1, [B, T, d] each
-    total = 0.0
-    q = pos[:, :, None]
-    kp = pos[:, None, :]
-    for i in range(1, k + 1):
-        vis = torch.cat([kp < q - i + 1] + [kp == q - i + j for j in range(1, i)], 2)
-        memory = {
-            name: mod.Memory(torch.cat([seeds[name]] + preds[name], 1), torch.cat([pos] * i, 1),
-                             torch.cat([valid] * i, 1), vis=vis)
-            for name in mod.MEMORIES
-        }
-        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory=memory)
-        out = net({"ids": ids}, target, ctx)
-        total = total + (k - i + 1) * score(out, stats, i) / k
-        for name in mod.MEMORIES:
-            preds[name].append(out[f"append:{name}"].float())
-    return total, stats
-
-
-def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=None):
-    """EAGLE and EAGLE-3 (descriptions with `train_steps`): training-time
-    test (EAGLE-3 §3.3; SafeAILab/EAGLE eagle/traineagle3). Step 1 is the
-    teacher-forced pass: query q reads token q and, through `prev`, the
-    stream's seed one position before (the fused target feature, or the
-    target's normed last state). Step i > 1 simulates draft depth i of the
-    round whose root is c = q - i + 1: query q reads the true token q and the
-    drafter's own step-(i-1) output at q - 1, and its attention sees step
-    1's rows at positions <= c and step j's row at c + j - 1 for 1 < j <= i
-    (its round's drafted rows, itself last), as the runtime's cache holds
-    them (engine/eagle_drafter.rs). Gradients flow through every step.
-
-    Step i is scored at every query with a label whose round root is at
-    position 1 or later, weighted decay^(i-1): distillation against the
-    target's distribution renormalised on the draft vocabulary (`distill`;
-    the reference does not renormalise) or cross-entropy on its greedy token
-    (`ce`), times `token_weight`, plus `regression` x smooth-L1 between the
-    output and the stream's seed at q (EAGLE-1's feature regression).
-    `keep` receives per step i a `[B, T-1]` mask of the queries whose
-    greedy draft equals the label, as `autoregressive_loss` gives it."""
-    B, T = ids.shape
-    pos = torch.arange(T)[None, :].expand(B, T)
-    k = int(r["ttt_steps"])
-    if keep is not None:
-        # Evaluation: as deep as the drafter drafts (`l`), however few steps
-        # it trains.
-        k = max(k, int(mod.SYMBOLS.get("l", 1)))
-    names = list(mod.MEMORIES)
-    fused = getattr(mod, "MEMORIES_FUSED", {})
-    normed = set(getattr(mod, "MEMORIES_NORMED", []))
-    reg = r.get("regression", 0.0)
-    if reg and any(n in fused for n in names):
-        raise SystemExit("regression against a fused memory stream (a learned target) is not supported")
-    if train and r.get("noise"):
-        hidden = noisy(hidden, {t for n in names for t in (fused[n][0] if n in fused else [mod.MEMORIES[n]])},
-                       r["noise"])
-    lab_all = resp[:, 1:]
-    p_all = target_probs(mod, target, head, hidden[r["soft_tap"]][:, :-1]) if r.get("distill") else None
-    seeds = {}
-    if reg:
-        for n in names:
-            s = hidden[mod.MEMORIES[n]]
-            seeds[n] = mod.rms_norm(s, target.final_norm, target.eps) if n in normed else s
-    total, stats = 0.0, {}
-    for i, out in ttt_steps(mod, net, target, ids, valid, hidden, k):
-        lab_ok = lab_all & (pos[:, :-1] - i + 1 >= 1)
-        labels = ids[:, 1:][lab_ok]
-        rows = out[OUT][:, :-1][lab_ok]
-        if p_all is not None:
-            tok, hit, alpha = mixed_rows(rows, head, labels, p_all[lab_ok], 1.0)
-            stats[f"alpha{i}"] = alpha
-        else:
-            tok, hit = ce_rows(rows, head, labels)
-        step = r.get("token_weight", 1.0) * tok
-        if reg:
-            for n in names:
-                got = out[f"append:{n}"][:, :-1][lab_ok].float()
-                step = step + reg * F.smooth_l1_loss(got, seeds[n][:, :-1][lab_ok].float())
-        total = total + r.get("decay", 1.0) ** (i - 1) * step
-        stats[f"loss{i}"], stats[f"acc{i}"] = step.item(), hit.float().mean().item()
-        if keep is not None:
-            keep[i] = torch.zeros(B, T - 1, dtype=torch.bool)
-            keep[i][lab_ok] = hit
-    return total, stats
-
-
-def ttt_steps(mod, net, target, ids, valid, hidden, k):
-    """The `k` forward passes of a training-time test over `ids` [B, T]
-    (`ttt_loss` says what step i computes): yields (i, outputs)."""
-    B, T = ids.shape
-    pos = torch.arange(T)[None, :].expand(B, T)
-    qp = torch.arange(T)[:, None]
-    kp = torch.arange(T)[None, :]
-    caches, prev = {}, None
-    for i in range(1, k + 1):
-        # Keys: step 1's rows, then step 2's, ... then this step's own.
-        blocks = [kp <= qp - i + 1] + [kp == qp - i + j for j in range(2, i + 1)]
-        memory = {} if prev is None else {n: mod.Memory(prev[n], pos, valid) for n in mod.MEMORIES}
-        ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory=memory, caches=caches,
-                      key_vis={"*": torch.cat(blocks, 1)[None]})
-        out = net({"ids": ids}, target, ctx)
-        yield i, out
-        prev = {n: out[f"append:{n}"] for n in mod.MEMORIES}
 
 
 def pruned_init(net, tgt_tensors):
@@ -666,9 +385,11 @@ def main(argv):
                     help="autoregressive drafters: also train on prompt positions, labelled with the target's "
                          "greedy token (recorded in the manifest's recipe)")
     ap.add_argument("--distill", type=float, default=None, metavar="OMEGA",
-                    help="autoregressive drafters: train against the target's distribution with SPIRe's "
-                         "MixedLoss(OMEGA) (paper 004 §3.4: OMEGA x soft cross-entropy + (1 - OMEGA) x "
-                         "-acceptance) instead of cross-entropy on its greedy token (recorded in the recipe)")
+                    help="train against the target's distribution with SPIRe's MixedLoss(OMEGA) (paper 004 "
+                         "§3.4: OMEGA x soft cross-entropy + (1 - OMEGA) x -acceptance) instead of cross-entropy "
+                         "on its greedy token; parallel drafters (Medusa, SpecFormer) match the target's "
+                         "distribution of each row's token (Medusa-2's self-distillation at 1); recorded in the "
+                         "recipe")
     ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default: the recipe's)")
     ap.add_argument("--recipe", action="append", default=[], metavar="KEY=VALUE",
                     help="override one numeric field of the recipe, e.g. train_mask=0 (Beagle's teacher-forced "
@@ -682,6 +403,9 @@ def main(argv):
                          "runs: the held-out split and its feature cache stay those of all the records, so runs "
                          "of different N are measured on the same sequences; the draft vocabulary is chosen "
                          "from these N")
+    ap.add_argument("--eval-train", type=int, default=0, metavar="N",
+                    help="also evaluate the result on the first N sequences of the training split, with the "
+                         "held-out split's code (an over-fitting probe: summary field train_split)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
@@ -707,8 +431,9 @@ def main(argv):
             raise SystemExit("--prompt-labels: not with a training-time test (it scores response positions)")
         r["prompt_labels"] = True
     if args.distill is not None:
-        if "sim_steps" not in r or not 0.0 <= args.distill <= 1.0:
-            raise SystemExit("--distill: OMEGA in [0, 1], for autoregressive drafters (beagle, spire)")
+        if "ttt_steps" in r or not 0.0 <= args.distill <= 1.0:
+            raise SystemExit("--distill: OMEGA in [0, 1], for drafters without a training-time test (their "
+                             "description's train_loss says whether they distil)")
         r["mixed"] = args.distill
         r.setdefault("soft_tap", "n")
     for kv in args.recipe:
@@ -796,6 +521,8 @@ def main(argv):
         loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
         res = dict(checkpoint=str(args.eval_only), step=step, **held_out_eval(net, loss_fn, val_idx, r["batch"]))
         res["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
+        if args.eval_train:
+            res["train_split"] = held_out_eval(net, loss_fn, train_idx, r["batch"], limit=args.eval_train)
         print(json.dumps(res), flush=True)
         write_summary(args, t_main, eval_only=res)
         return
@@ -916,13 +643,19 @@ def main(argv):
     held = held_out_eval(net, eval_fn, val_idx, r["batch"])
     held["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
     print(f"held-out split ({held['sequences']} sequences): {held}", flush=True)
+    on_train = None
+    if args.eval_train:
+        # The same evaluation on sequences the run trained on: held-out
+        # accuracy far below this one means the drafter memorises.
+        on_train = held_out_eval(net, eval_fn, train_idx, r["batch"], limit=args.eval_train)
+        print(f"training split ({on_train['sequences']} sequences): {on_train}", flush=True)
     exported = None
     if not args.no_export:
         exported = export(args, r, mod, net, log, len(seqs), len(train_idx), taps, head, vocab_info, held, extra)
     last = log[-1] if log else {}
     write_summary(args, t_main, init=init_held, final=held, steps=last.get("step", 0), first_step=first_step,
                   planned_steps=args.steps, train_wall_s=round(time.time() - start_wall, 1),
-                  sequences=len(seqs), train_sequences=len(train_idx), recipe=r,
+                  sequences=len(seqs), train_sequences=len(train_idx), recipe=r, train_split=on_train,
                   exported=str(exported) if exported else None)
 
 
@@ -950,7 +683,8 @@ def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
                 L = mod.SYMBOLS.get("l", 1)
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
                 rows = r.get("rows") if train and head.ids is None else None
-                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows)
+                return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows,
+                                     mixed=r.get("mixed"), soft_tap=r.get("soft_tap"))
             if "ttt_steps" in r:
                 return ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train)
             return autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train,

@@ -6,18 +6,17 @@ DIR/NAME.safetensors what runtime/tests/ttt_parity.rs recorded: the tokens
 (the committed ones up to the round's root, then the drafted chain), the
 target states the drafter was given, the drafter's parameters, the target
 tensors it shares, and the engine's chain (token and log-probability per
-depth). `train.ttt_steps` runs over the same inputs; step i's output at the
+depth). `losses.ttt_steps` runs over the same inputs; step i's output at the
 root + i - 1 must pick the engine's depth-i token, with its log-probability
 within 1e-4. Exits 1 on any mismatch.
 """
 
 import importlib.util
-import sys
 
 import torch
 from safetensors.torch import load_file
 
-from draftc_train.train import ttt_steps
+from draftc_train.losses import ttt_steps
 
 
 def check(dirname, name):
