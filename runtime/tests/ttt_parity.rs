@@ -1,5 +1,5 @@
 //! The trainer's training-time test (`ttt_loss` in
-//! tools/train/draftc_train/train.py) simulates what the engine's EAGLE
+//! tools/train/draftc_train/losses.py) simulates what the engine's EAGLE
 //! drafter computes: for EAGLE and EAGLE-3 on a tiny random target (four
 //! layers) with random drafter weights, the engine drafts a greedy chain of
 //! four after a prompt, and `python -m draftc_train ttt-parity` runs the
