@@ -1,6 +1,7 @@
-"""Training data: the target's greedy responses to ShareGPT prompts.
+"""Training data: the target's greedy (or sampled) responses to ShareGPT prompts.
 
     python -m draftc_train data --prompts 1500 --max-new-tokens 128 --batch 16
+    python -m draftc_train data --prompts 1500 --temperature 0.8 --seed 1 --out data/train-t0.8-s1
 
 Loads the converted target (``draftc fetch`` writes it to
 ``$DRAFTC_CACHE/smollm2-135m-instruct/float32/``, default cache
@@ -14,6 +15,15 @@ Output: ``data/train/shards/`` (format in draftc_train.shards) and
 ``data/train/MANIFEST.json``. The manifest is rewritten after every shard; a
 restart with the same settings skips the shards it lists (checked by sha256),
 so a killed run resumes. ``--prompts`` may be raised on a later run to extend.
+
+``--temperature T --seed S`` samples each answer from the target's
+distribution at temperature T (every token of the vocabulary, no top-k or
+top-p) with a generator seeded per batch from S and the batch's first prompt
+index, so a set is regenerable from its manifest: several answers per prompt
+are several sets of the same prompts at other temperatures or seeds. A
+sampled token is only ever an input: the trainer labels every position of a
+sampled set with the target's own argmax, recomputed from its states
+(``train.py``, ``relabel``). Sampled sets need ``--out`` (a set of their own).
 
 ``--dtype``: ``bf16`` (default) runs the transformer body with bfloat16 weights
 and the tied LM head in float32 on the float32 embedding (so the argmax is not
@@ -29,14 +39,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import hashlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 from . import prompts as P
 from .progress import Progress
@@ -49,6 +56,8 @@ DEFAULT_OUT = REPO_ROOT / "data" / "train"
 # set beside the first so the first one's held-out split stays what it was.
 LATER_OUT = REPO_ROOT / "data" / "train-later"
 PER_SHARD = 64
+# A sampled batch's generator seed: seed * SEED_STRIDE + its first prompt.
+SEED_STRIDE = 1_000_003
 FORMAT = "draftc-train-shards v1 (see tools/train/draftc_train/shards.py)"
 
 
@@ -161,16 +170,29 @@ class Target:
         return self.tokenizer.encode(render_chat(prompt, self.default_system), add_special_tokens=False).ids
 
     def _logits(self, h):
-        torch = self.torch
         if self.dtype == "bf16-all":
             return self.model.lm_head(h).float()
         return h.float() @ self.head_f32.T
 
-    def greedy(self, batch: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def greedy(self, batch: list[list[int]], max_new_tokens: int, temperature: float = 0.0,
+               seed: int | None = None) -> list[list[int]]:
         """Greedy continuations of the prompts in ``batch`` (left-padded,
         finished rows dropped from the batch); each ends with an EOS id unless
-        it reached ``max_new_tokens``."""
+        it reached ``max_new_tokens``. With ``temperature`` > 0 each token is
+        sampled from softmax(logits / temperature) by a generator seeded with
+        ``seed``."""
         torch = self.torch
+        gen = None
+        if temperature > 0:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(int(seed or 0))
+
+        def pick(logits):
+            if gen is None:
+                return logits.argmax(-1)
+            probs = (logits / temperature).softmax(-1)
+            return torch.multinomial(probs, 1, generator=gen).squeeze(-1)
+
         from transformers import DynamicCache
 
         B = len(batch)
@@ -189,7 +211,7 @@ class Target:
         with torch.inference_mode():
             o = self.model.model(input_ids=ids, attention_mask=mask, position_ids=pos,
                                  past_key_values=cache, use_cache=True)
-            nxt = self._logits(o.last_hidden_state[:, -1]).argmax(-1)
+            nxt = pick(self._logits(o.last_hidden_state[:, -1]))
             last_pos = pos[:, -1]
             for step in range(max_new_tokens):
                 for r, t in zip(rows.tolist(), nxt.tolist()):
@@ -210,7 +232,7 @@ class Target:
                 o = self.model.model(input_ids=nxt[:, None], attention_mask=mask,
                                      position_ids=last_pos[:, None], past_key_values=cache,
                                      use_cache=True)
-                nxt = self._logits(o.last_hidden_state[:, -1]).argmax(-1)
+                nxt = pick(self._logits(o.last_hidden_state[:, -1]))
         return out
 
 
@@ -218,7 +240,9 @@ class Target:
 
 
 def _run_key(gen: dict, source: dict) -> dict:
-    return {"source_wheel_sha256": source["wheel_sha256"], "selection_rules": source["selection_rules"],
+    # Greedy sets keep the key they were made with (no sampling fields).
+    sampled = {"temperature": gen["temperature"], "seed": gen["seed"]} if gen.get("temperature") else {}
+    return {**sampled, "source_wheel_sha256": source["wheel_sha256"], "selection_rules": source["selection_rules"],
             "model_safetensors_sha256": gen["model_safetensors_sha256"],
             "tokenizer_json_sha256": gen["tokenizer_json_sha256"], "dtype": gen["dtype"],
             "max_new_tokens": gen["max_new_tokens"], "per_shard": PER_SHARD,
@@ -255,16 +279,25 @@ def generate(args) -> int:
     if base and args.out is None:
         log("data: --start needs --out (a shard set of its own)")
         return 1
+    if args.temperature < 0 or (args.temperature > 0 and args.out is None):
+        log("data: --temperature must be >= 0, and a sampled set needs --out (a shard set of its own)")
+        return 1
     gen = {"model_dir": str(mdir), "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)",
            "model_safetensors_sha256": sha256_file(mdir / "model.safetensors"),
            "config_json_sha256": sha256_file(mdir / "config.json"),
            "tokenizer_json_sha256": sha256_file(mdir / "tokenizer.json"),
-           "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "greedy": True,
+           "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "greedy": args.temperature == 0,
            "eos_ids": target.eos_ids, "default_system": target.default_system,
            "chat_template": "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt",
            "torch": torch.__version__, "transformers": transformers.__version__,
            "threads": args.threads,
            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device}
+    if args.temperature > 0:
+        gen.update(temperature=args.temperature, seed=args.seed,
+                   sampling=f"softmax(logits / temperature) over the whole vocabulary, torch.multinomial with a "
+                            f"generator on the target's device seeded per batch with seed * {SEED_STRIDE} + the "
+                            "batch's smallest prompt index (batches: --batch prompts of a shard group, sorted "
+                            "by prompt length)")
     out = Path(args.out or (DEFAULT_OUT if args.source == "first-turns" else LATER_OUT))
     sdir = out / "shards"
     sdir.mkdir(parents=True, exist_ok=True)
@@ -314,8 +347,8 @@ def generate(args) -> int:
         f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
 
     source_flag = "" if args.source == "first-turns" else f"--source {args.source} "
-    if base:
-        source_flag += f"--start {base} --out {os.path.relpath(out.resolve(), REPO_ROOT)} "
+    if base or args.temperature:
+        source_flag += (f"--start {base} " if base else "") + f"--out {os.path.relpath(out.resolve(), REPO_ROOT)} "
 
     def manifest(status: str, wall: float) -> dict:
         counts = {"records": 0, "prompt_tokens": 0, "response_tokens": 0, "ended_with_eos": 0,
@@ -337,6 +370,7 @@ def generate(args) -> int:
             "how_made": (f"python -m draftc_train data {source_flag}--prompts {n} "
                          f"--max-new-tokens {args.max_new_tokens} "
                          f"--batch {args.batch} --dtype {args.dtype} --threads {args.threads}"
+                         + (f" --temperature {args.temperature} --seed {args.seed}" if args.temperature else "")
                          + (f" --device {args.device}" if args.device != "cpu" else "")),
             "source": source,
             "prompt_selection": stats,
@@ -378,7 +412,8 @@ def generate(args) -> int:
         responses: dict[int, list[int]] = {}
         for b in range(0, len(order), args.batch):
             chunk = order[b: b + args.batch]
-            outs = target.greedy([items[j][2] for j in chunk], args.max_new_tokens)
+            outs = target.greedy([items[j][2] for j in chunk], args.max_new_tokens, args.temperature,
+                                 args.seed * SEED_STRIDE + min(items[j][1] for j in chunk))
             for j, r in zip(chunk, outs):
                 responses[j] = r
                 new_tokens += len(r)
@@ -408,7 +443,6 @@ def generate(args) -> int:
 def bench(args) -> int:
     """Tokens/s per dtype and batch, and greedy divergence of bf16 from f32."""
     mdir = Path(args.model_dir or default_model_dir())
-    import torch
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(mdir / "tokenizer.json"))
@@ -467,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="which human turns of ShareGPT are the prompts (later turns: when the first are used up)")
     ap.add_argument("--out", type=Path, default=None,
                     help="default: data/train (first turns), data/train-later (later turns)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample each answer at this temperature (0: greedy); needs --out")
+    ap.add_argument("--seed", type=int, default=0, help="with --temperature: the sampling seed")
     ap.add_argument("--overwrite", action="store_true", help="discard existing shards made with other settings")
     ap.add_argument("--bench", action="store_true", help="measure tokens/s and bf16-vs-f32 divergence; write nothing")
     ap.add_argument("--bench-prompts", type=int, default=8)

@@ -55,7 +55,7 @@ def ce_rows(feats, head, labels):
 
 
 def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max_rows=None, keep=None,
-                  mixed=None, soft_tap=None):
+                  mixed=None, soft_tap=None, nxt=None):
     """SpecFormer and Medusa: row j at position p predicts token p + 2 + j
     (the target's own next token p + 1 is known when the drafter runs).
     The loss is cross-entropy on the target's greedy token, or with `mixed`
@@ -64,8 +64,10 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
     ω = 1. `keep`, when given (evaluation: every row scored), receives per
     draft position j + 1 a `[B, T - 2 - j]` mask of the rows whose greedy
     draft equals the label (false where there is none): `chain_tau` reads
-    it."""
+    it. `nxt` `[B, T-1]`: the label of each position's next token (default
+    the sequence's own; `train.batch_of`)."""
     B, T = ids.shape
+    nxt = ids[:, 1:] if nxt is None else nxt
     pos = torch.arange(T)[None, :].expand(B, T)
     ctx = mod.Ctx(pos, valid=valid, hidden=hidden)
     out = net({}, target, ctx)
@@ -80,7 +82,7 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
             continue
         lab_ok = resp[:, sh:]
         rows = feats[:, : T - sh, j][lab_ok]
-        labels = ids[:, sh:][lab_ok]
+        labels = nxt[:, sh - 1 :][lab_ok]
         p_rows = p_all[:, sh - 1 : T - 1][lab_ok] if p_all is not None else None
         if keep is not None:
             keep[j + 1] = torch.zeros(B, T - sh, dtype=torch.bool)
@@ -153,7 +155,7 @@ def regression(out, seeds, names, lab_ok):
 
 
 def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, step_frac, train, keep=None,
-                        extra=None):
+                        extra=None, nxt=None):
     """Beagle (paper 002 §4.2) and SPIRe (paper 004 §3.3). Early stage: one
     teacher-forced pass, every memory row the target state it is seeded
     with (Beagle: through the inverse-block train mask, random offset).
@@ -165,8 +167,10 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     loss is cross-entropy on the target's greedy tokens, or MixedLoss when
     the recipe sets `mixed` (ω). `keep`, when given, receives per simulated
     step i a `[B, T-1]` mask of the queries whose greedy draft equals the
-    label (false where there is no label): `chain_tau` reads it."""
+    label (false where there is no label): `chain_tau` reads it. `nxt`:
+    as in `parallel_loss`."""
     B, T = ids.shape
+    nxt = ids[:, 1:] if nxt is None else nxt
     pos = torch.arange(T)[None, :].expand(B, T)
     normed = set(getattr(mod, "MEMORIES_NORMED", []))
 
@@ -178,11 +182,11 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
                 for name, tap in mod.MEMORIES.items()}
 
     lab_ok = resp[:, 1:]
-    labels = ids[:, 1:][lab_ok]
+    labels = nxt[lab_ok]
     if extra is not None:
         # Prompt positions too, labelled with the target's greedy token.
         lab_ok = lab_ok | (extra >= 0)
-        labels = torch.where(resp[:, 1:], ids[:, 1:], extra)[lab_ok]
+        labels = torch.where(resp[:, 1:], nxt, extra)[lab_ok]
     # The distillation and regression targets are the target's own states;
     # the noise only perturbs what the drafter reads.
     clean = seeds_of(hidden) if r.get("regression") else None
@@ -241,7 +245,7 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     return total, stats
 
 
-def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=None):
+def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=None, nxt=None):
     """EAGLE and EAGLE-3 (descriptions with `train_steps`): training-time
     test (EAGLE-3 §3.3; SafeAILab/EAGLE eagle/traineagle3). Step 1 is the
     teacher-forced pass: query q reads token q and, through `prev`, the
@@ -260,8 +264,10 @@ def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=No
     (`ce`), times `token_weight`, plus `regression` x smooth-L1 between the
     output and the stream's seed at q (EAGLE-1's feature regression).
     `keep` receives per step i a `[B, T-1]` mask of the queries whose
-    greedy draft equals the label, as `autoregressive_loss` gives it."""
+    greedy draft equals the label, as `autoregressive_loss` gives it; `nxt`
+    as in `parallel_loss`."""
     B, T = ids.shape
+    nxt = ids[:, 1:] if nxt is None else nxt
     pos = torch.arange(T)[None, :].expand(B, T)
     k = int(r["ttt_steps"])
     if keep is not None:
@@ -289,7 +295,7 @@ def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=No
     total, stats = 0.0, {}
     for i, out in ttt_steps(mod, net, target, ids, valid, hidden, k):
         lab_ok = lab_all & (pos[:, :-1] - i + 1 >= 1)
-        labels = ids[:, 1:][lab_ok]
+        labels = nxt[lab_ok]
         rows = out[OUT][:, :-1][lab_ok]
         if p_all is not None:
             tok, hit, alpha = mixed_rows(rows, head, labels, p_all[lab_ok], 1.0)

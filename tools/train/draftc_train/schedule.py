@@ -53,8 +53,8 @@ class Pacer:
         if not lf:
             fit = step + left / early
         elif late:
-            # Stay in the late stage: step / total >= 1 - lf.
-            fit = min(step + left / late_pace, step / (1.0 - lf))
+            # Stay in the late stage: step / total >= 1 - lf (always, at lf = 1).
+            fit = step + left / late_pace if lf >= 1.0 else min(step + left / late_pace, step / (1.0 - lf))
         else:
             # The late stage starts at (1 - lf) * total.
             fit = (left + step * early) / ((1.0 - lf) * early + lf * late_pace)

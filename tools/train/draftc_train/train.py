@@ -110,20 +110,34 @@ def conversation(record_id):
     return record_id.split("#", 1)[0].rsplit("_", 1)[0]
 
 
-def drop_held_out_conversations(first_index, val_idx, more, more_index):
-    """The later-turn records `more` whose ShareGPT conversation is not one
-    the held-out split's first turns come from (a follow-up question of a
-    held-out prompt would leak its topic into training)."""
+def drop_held_out_conversations(first_index, val_idx, more, more_index, source="later-turns"):
+    """The records `more` of another shard set (prompts of `source`: later
+    turns, or first turns answered again, e.g. sampled) whose ShareGPT
+    conversation is not one the held-out split's first turns come from (a
+    follow-up question of a held-out prompt, or another answer to one,
+    would leak it into training)."""
     from tokenizers import Tokenizer
 
     from . import prompts as P
 
     tok = Tokenizer.from_file(str(emitted.model_dir() / "tokenizer.json"))
     first, _ = P.training_prompts(tok, "first-turns")
-    later, _ = P.training_prompts(tok, "later-turns")
+    theirs = first if source == "first-turns" else P.training_prompts(tok, source)[0]
     held = {conversation(first[first_index[i]]["id"]) for i in val_idx}
-    keep = [j for j, pi in enumerate(more_index) if conversation(later[pi]["id"]) not in held]
+    keep = [j for j, pi in enumerate(more_index) if conversation(theirs[pi]["id"]) not in held]
     return [more[j] for j in keep], len(more) - len(keep)
+
+
+def shard_set_info(directory):
+    """What the trainer needs of a shard set's manifest: its prompt source
+    (`first-turns` or `later-turns`) and sampling temperature (0: greedy)."""
+    m = Path(directory) / "MANIFEST.json"
+    if not m.is_file():
+        return "later-turns", 0.0
+    doc = json.loads(m.read_text())
+    rules = doc.get("source", {}).get("selection_rules", "")
+    source = "later-turns" if rules.startswith("later-") else "first-turns"
+    return source, float(doc.get("generator", {}).get("temperature") or 0.0)
 
 
 def feature_cache(seqs, taps, max_len, tgt_tensors):
@@ -190,25 +204,42 @@ def prompt_labels(seqs, feats, tap, target):
     Training on these positions too (`--prompt-labels`) is what EAGLE does
     with its fixed dataset: every position's target state is a sample of
     the target's next-token function, whoever wrote the token."""
+    skip = 0
+    while all(len(x) > skip and x[skip] == seqs[0][0][skip] for x, _ in seqs):
+        skip += 1
+    spans = [(i, skip, min(plen - 1, len(x) - 1)) for i, (x, plen) in enumerate(seqs)]
+    return head_argmax(seqs, feats, tap, target, spans, "plabels", "prompt labels")
+
+
+def relabel(seqs, feats, tap, target):
+    """Labels of a sampled shard set: at every response position q (from
+    the last prompt token on) the target's own argmax over its final state
+    HS[tap] at q, not the sampled token q + 1, which stays an input only.
+    Per sequence a `[n - 1]` tensor of next-token labels (-1 before the
+    response). Kept on disk beside the features."""
+    spans = [(i, plen - 1, len(x) - 1) for i, (x, plen) in enumerate(seqs)]
+    return head_argmax(seqs, feats, tap, target, spans, "relabels", "target labels")
+
+
+def head_argmax(seqs, feats, tap, target, spans, kind, what):
+    """Per sequence a `[n - 1]` tensor holding, on each `(sequence, first,
+    last)` span, the argmax of the target's head over its final state
+    HS[tap] at those positions, and -1 elsewhere; cached on disk as `kind`."""
     h = hashlib.sha256()
     for x, plen in seqs:
         h.update(x.numpy().tobytes())
         h.update(plen.to_bytes(4, "little"))
-    path = REPO / "target/train/features" / f"plabels-n{len(seqs)}-tap{tap}-{h.hexdigest()[:12]}.pt"
+    path = REPO / "target/train/features" / f"{kind}-n{len(seqs)}-tap{tap}-{h.hexdigest()[:12]}.pt"
     if path.exists():
         return torch.load(path)
-    skip = 0
-    while all(len(x) > skip and x[skip] == seqs[0][0][skip] for x, _ in seqs):
-        skip += 1
     w = target.final_norm.float()
     head = target.lm_head.float()
     out = [torch.full((len(x) - 1,), -1, dtype=torch.long) for x, _ in seqs]
-    # (sequence, first, last) spans, scored in chunks of ~2k rows.
-    spans = [(i, skip, min(plen - 1, len(x) - 1)) for i, (x, plen) in enumerate(seqs)]
     spans = [sp for sp in spans if sp[2] > sp[1]]
-    prog = Progress(len(spans), "prompt labels", unit="seq")
+    prog = Progress(len(spans), what, unit="seq")
     with torch.no_grad():
         at = 0
+        # Scored in chunks of ~2k rows.
         while at < len(spans):
             chunk, rows = [], 0
             while at < len(spans) and rows < 2048:
@@ -229,9 +260,11 @@ def prompt_labels(seqs, feats, tap, target):
     return out
 
 
-def batch_of(seqs, feats, idx, taps):
-    """Padded ids, validity, response mask and target states of sequences
-    `idx`."""
+def batch_of(seqs, feats, idx, taps, relabels=None):
+    """Padded ids, validity, response mask, target states and next-token
+    labels `[B, T-1]` of sequences `idx`: a record's own next token, or for
+    a sampled set's records (`relabels`, from `relabel`) the target's argmax
+    at its response positions."""
     T = max(len(seqs[i][0]) for i in idx)
     B = len(idx)
     ids = torch.zeros(B, T, dtype=torch.long)
@@ -246,7 +279,13 @@ def batch_of(seqs, feats, idx, taps):
         resp[b, plen:n] = True
         for t in taps:
             hidden[t][b, :n] = feats[i][t].float()
-    return ids, valid, resp, hidden
+    nxt = ids[:, 1:].clone()
+    for b, i in enumerate(idx):
+        own = relabels.get(i) if relabels else None
+        if own is not None:
+            at = own >= 0
+            nxt[b, : len(own)][at] = own[at]
+    return ids, valid, resp, hidden, nxt
 
 
 def extra_labels(plabels, idx, T):
@@ -447,6 +486,8 @@ def main(argv):
             raise SystemExit(f"--recipe {kv!r}: {value!r} is not a number")
     if r.get("window", 1) < 1 or r.get("train_mask", 1) not in (0, 1):
         raise SystemExit("--recipe: window must be at least 1 and train_mask 0 or 1")
+    if not isinstance(r["warmup"], int) or r["warmup"] < 0 or not 0.0 <= r.get("late_frac", 0.0) <= 1.0:
+        raise SystemExit("--recipe: warmup is a whole number of steps, late_frac a share in [0, 1]")
     # Resolved once: export writes the loss curve from the same directory.
     work = args.work = args.work or REPO / "target/train" / args.drafter
     work.mkdir(parents=True, exist_ok=True)
@@ -466,18 +507,22 @@ def main(argv):
     # Extra shard sets (`--extra-data`) only add training sequences: the
     # held-out split stays the first set's last n_val records.
     parts = [(0, len(seqs))]
+    sampled_parts = []
     extra = []
     for d in args.extra_data:
         more, more_index = load_sequences(args.max_len, None, d, with_index=True)
         if not more:
             raise SystemExit(f"--extra-data {d}: no records")
-        more, dropped = drop_held_out_conversations(first_index, val_idx, more, more_index)
+        source, temperature = shard_set_info(d)
+        more, dropped = drop_held_out_conversations(first_index, val_idx, more, more_index, source)
+        if temperature > 0:
+            sampled_parts.append((len(seqs), len(seqs) + len(more)))
         parts.append((len(seqs), len(seqs) + len(more)))
         train_idx += range(len(seqs), len(seqs) + len(more))
         seqs += more
         m = Path(d) / "MANIFEST.json"
         extra.append(dict(shards=os.path.relpath(Path(d).resolve(), REPO), sequences=len(more),
-                          dropped_held_out_conversations=dropped,
+                          dropped_held_out_conversations=dropped, source=source, temperature=temperature,
                           manifest_sha256=shards.sha256_file(m) if m.is_file() else None))
         print(f"extra data {d}: {len(more)} training sequences ({dropped} dropped: their conversation "
               "opens a held-out prompt)", flush=True)
@@ -485,7 +530,8 @@ def main(argv):
     n_target = 1 + max(int(k.split(".")[2]) for k in tgt_tensors if k.startswith("model.layers."))
     if r.get("soft_tap") == "n":
         r = dict(r, soft_tap=n_target)
-    taps = sorted(set(taps_of(mod)) | ({r["soft_tap"]} if "soft_tap" in r else set()))
+    taps = sorted(set(taps_of(mod)) | ({r["soft_tap"]} if "soft_tap" in r else set())
+                  | ({n_target} if sampled_parts else set()))
     # Cached per shard set, so adding a set reuses the others' states.
     feats = [f for a, b in parts for f in feature_cache(seqs[a:b], taps, args.max_len, tgt_tensors)]
     target, lm_head = make_target(mod, tgt_tensors)
@@ -590,8 +636,12 @@ def main(argv):
             raise SystemExit("--prompt-labels: autoregressive drafters only")
         tap = max(mod.MEMORIES.values())
         plabels = [x for a, b in parts for x in prompt_labels(seqs[a:b], feats[a:b], tap, target)]
-    loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels)
-    eval_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
+    # A sampled set's labels are the target's argmax, never its sampled tokens.
+    relabels = {}
+    for a, b in sampled_parts:
+        relabels.update({a + k: x for k, x in enumerate(relabel(seqs[a:b], feats[a:b], n_target, target))})
+    loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels, relabels)
+    eval_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r, relabels=relabels)
 
     prog = None if args.export_only else Progress(args.steps - step, f"train {args.drafter}", unit="step")
     late_frac = r.get("late_frac") if mod.KIND != "parallel" else None
@@ -671,12 +721,13 @@ def write_summary(args, t_main, **fields):
     args.summary.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
+def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None, relabels=None):
     """The recipe's loss over sequences `idx`; `plabels` (training batches
-    only) adds the prompt positions' labels."""
+    only) adds the prompt positions' labels, `relabels` are a sampled set's
+    (`batch_of`)."""
 
     def loss_fn(idx, train, frac):
-        ids, valid, resp, hidden = batch_of(seqs, feats, idx, taps)
+        ids, valid, resp, hidden, nxt = batch_of(seqs, feats, idx, taps, relabels)
         extra = extra_labels(plabels, idx, ids.shape[1]) if train and plabels is not None else None
         with torch.autocast(DEV, dtype=torch.bfloat16):
             if mod.KIND == "parallel":
@@ -684,11 +735,11 @@ def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None):
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
                 rows = r.get("rows") if train and head.ids is None else None
                 return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows,
-                                     mixed=r.get("mixed"), soft_tap=r.get("soft_tap"))
+                                     mixed=r.get("mixed"), soft_tap=r.get("soft_tap"), nxt=nxt)
             if "ttt_steps" in r:
-                return ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train)
+                return ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, nxt=nxt)
             return autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, frac, train,
-                                       extra=extra)
+                                       extra=extra, nxt=nxt)
 
     return loss_fn
 
@@ -724,7 +775,8 @@ def chain_tau(mod, net, target, head, seqs, feats, taps, r, idx, batch):
     sums, starts = None, 0
     with torch.no_grad():
         for b in range(0, len(idx), batch):
-            ids, valid, resp, hidden = batch_of(seqs, feats, idx[b : b + batch], taps)
+            # The held-out split is data/train's: greedy, its own labels.
+            ids, valid, resp, hidden, _ = batch_of(seqs, feats, idx[b : b + batch], taps)
             keep = {}
             with torch.autocast(DEV, dtype=torch.bfloat16):
                 if parallel:
