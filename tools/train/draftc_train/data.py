@@ -96,12 +96,45 @@ def default_system_prompt(tokenizer_config: dict) -> str | None:
     return t[start:end]
 
 
-def render_chat(prompt: str, default_system: str | None) -> str:
+def render_chat(prompt: str, default_system: str | None, history: list[tuple[str, str]] = ()) -> str:
+    """The ChatML text of a conversation: the default system turn, the
+    earlier `(role, text)` turns of `history` (role `user` or `assistant`),
+    then `prompt` and the assistant's opening."""
     out = ""
     if default_system is not None:
         out += f"<|im_start|>system\n{default_system}<|im_end|>\n"
+    for role, text in history:
+        out += f"<|im_start|>{role}\n{text}<|im_end|>\n"
     out += f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
     return out
+
+
+ROLES = {"human": "user", "gpt": "assistant"}
+
+
+class Conversations:
+    """The turns before each later-turn prompt (`--context`): a later turn's
+    id `RECORD#i` is turn i of ShareGPT record RECORD, and its history is
+    turns 0..i-1 (human turns as the user's, gpt turns as the assistant's;
+    ShareGPT's own answers, not the target's), cut from the oldest turn on
+    until the whole rendered prompt fits `tokens` tokens."""
+
+    def __init__(self, tokens: int):
+        records, _ = P.read_sharegpt()
+        self.tokens = tokens
+        self.turns: dict[str, list] = {}
+        for r in records:
+            self.turns.setdefault(r.get("id", ""), r.get("conversations") or [])
+
+    def encode(self, target: "Target", prompt: dict) -> list[int]:
+        rid, _, turn = prompt["id"].rpartition("#")
+        conv = self.turns.get(rid, [])[: int(turn)] if turn.isdigit() else []
+        history = [(ROLES[t.get("from")], (t.get("value") or "").strip()) for t in conv if t.get("from") in ROLES]
+        while True:
+            ids = target.encode_prompt(prompt["prompt"], history)
+            if len(ids) <= self.tokens or not history:
+                return ids
+            history = history[1:]
 
 
 # --- model -----------------------------------------------------------------
@@ -166,8 +199,9 @@ class Target:
         self.eos_ids = sorted({int(cfg["eos_token_id"]), im_end} - {None})
         self.pad_id = int(cfg.get("bos_token_id", 0))
 
-    def encode_prompt(self, prompt: str) -> list[int]:
-        return self.tokenizer.encode(render_chat(prompt, self.default_system), add_special_tokens=False).ids
+    def encode_prompt(self, prompt: str, history: list[tuple[str, str]] = ()) -> list[int]:
+        return self.tokenizer.encode(render_chat(prompt, self.default_system, history),
+                                     add_special_tokens=False).ids
 
     def _logits(self, h):
         if self.dtype == "bf16-all":
@@ -242,6 +276,8 @@ class Target:
 def _run_key(gen: dict, source: dict) -> dict:
     # Greedy sets keep the key they were made with (no sampling fields).
     sampled = {"temperature": gen["temperature"], "seed": gen["seed"]} if gen.get("temperature") else {}
+    if gen.get("context_tokens"):
+        sampled["context_tokens"] = gen["context_tokens"]
     return {**sampled, "source_wheel_sha256": source["wheel_sha256"], "selection_rules": source["selection_rules"],
             "model_safetensors_sha256": gen["model_safetensors_sha256"],
             "tokenizer_json_sha256": gen["tokenizer_json_sha256"], "dtype": gen["dtype"],
@@ -282,6 +318,19 @@ def generate(args) -> int:
     if args.temperature < 0 or (args.temperature > 0 and args.out is None):
         log("data: --temperature must be >= 0, and a sampled set needs --out (a shard set of its own)")
         return 1
+    if args.context and (args.source != "later-turns" or args.out is None or args.context < 64):
+        log("data: --context N (at least 64 tokens) is for --source later-turns, into a set of its own (--out)")
+        return 1
+    if args.context:
+        conversations = Conversations(args.context)
+
+        def encode(prompt):
+            return conversations.encode(target, prompt)
+    else:
+
+        def encode(prompt):
+            return target.encode_prompt(prompt["prompt"])
+
     gen = {"model_dir": str(mdir), "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)",
            "model_safetensors_sha256": sha256_file(mdir / "model.safetensors"),
            "config_json_sha256": sha256_file(mdir / "config.json"),
@@ -292,6 +341,10 @@ def generate(args) -> int:
            "torch": torch.__version__, "transformers": transformers.__version__,
            "threads": args.threads,
            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device}
+    if args.context:
+        gen.update(context_tokens=args.context,
+                   context="the ShareGPT turns before the prompt (human as user, gpt as assistant, ShareGPT's "
+                           "own answers), the oldest dropped until the rendered prompt fits context_tokens")
     if args.temperature > 0:
         gen.update(temperature=args.temperature, seed=args.seed,
                    sampling=f"softmax(logits / temperature) over the whole vocabulary, torch.multinomial with a "
@@ -347,7 +400,7 @@ def generate(args) -> int:
         f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
 
     source_flag = "" if args.source == "first-turns" else f"--source {args.source} "
-    if base or args.temperature:
+    if base or args.temperature or args.context:
         source_flag += (f"--start {base} " if base else "") + f"--out {os.path.relpath(out.resolve(), REPO_ROOT)} "
 
     def manifest(status: str, wall: float) -> dict:
@@ -371,6 +424,7 @@ def generate(args) -> int:
                          f"--max-new-tokens {args.max_new_tokens} "
                          f"--batch {args.batch} --dtype {args.dtype} --threads {args.threads}"
                          + (f" --temperature {args.temperature} --seed {args.seed}" if args.temperature else "")
+                         + (f" --context {args.context}" if args.context else "")
                          + (f" --device {args.device}" if args.device != "cpu" else "")),
             "source": source,
             "prompt_selection": stats,
@@ -404,9 +458,9 @@ def generate(args) -> int:
             lo, hi = base + k * PER_SHARD, min(n, base + (k + 1) * PER_SHARD)
             have[k] = kept.get(k, [])
             for p, _, i in have[k]:
-                if p != target.encode_prompt(prompts[i]["prompt"]):
+                if p != encode(prompts[i]):
                     raise SystemExit(f"shard {k}: record {i} does not match prompt {i}; use --overwrite")
-            items += [(k, i, target.encode_prompt(prompts[i]["prompt"])) for i in range(lo + len(have[k]), hi)]
+            items += [(k, i, encode(prompts[i])) for i in range(lo + len(have[k]), hi)]
         # Group by prompt length to limit padding; restore order afterwards.
         order = sorted(range(len(items)), key=lambda j: len(items[j][2]))
         responses: dict[int, list[int]] = {}
@@ -504,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample each answer at this temperature (0: greedy); needs --out")
     ap.add_argument("--seed", type=int, default=0, help="with --temperature: the sampling seed")
+    ap.add_argument("--context", type=int, default=0, metavar="TOKENS",
+                    help="later turns: answer each with its conversation before it, the whole prompt cut to "
+                         "TOKENS tokens from the oldest turn on (needs --out)")
     ap.add_argument("--overwrite", action="store_true", help="discard existing shards made with other settings")
     ap.add_argument("--bench", action="store_true", help="measure tokens/s and bf16-vs-f32 divergence; write nothing")
     ap.add_argument("--bench-prompts", type=int, default=8)
