@@ -68,11 +68,14 @@ fn gpu_campaign_runs_at_toy_size_on_the_cpu() {
 }
 
 /// Builds (or finds cached) the ShareGPT prompt selections the campaign's
-/// data stage reads.
+/// data stage reads, and the conversations its later turns with context
+/// read where the wheel is not (the stage's cache has none), as the GPU
+/// stage scripts write them.
 const PROMPTS: &str = "
 from tokenizers import Tokenizer
 from draftc_train import prompts as P, data as D
 tok = Tokenizer.from_file(str(D.default_model_dir() / 'tokenizer.json'))
 for s in P.SOURCES:
     P.training_prompts(tok, s)
+P.write_contexts(tok, 6400)
 ";

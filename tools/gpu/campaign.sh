@@ -29,7 +29,10 @@
 #
 # `run STAGE [SECONDS]` (default 400; the whole run ends within about SECONDS
 # plus a minute of slack): converts the GGUF with draftc (once per stage),
-# generates later-turn responses into STAGE/data (resumable: a rerun on the
+# generates data into STAGE/data: greedy later-turn answers, every first turn
+# answered again at temperature 0.8, later turns answered with their
+# conversation before them, each set with its share of the data time
+# (resumable: a rerun on the
 # same warm machine goes on where the last stopped), trains the drafters
 # side by side on the GPU (CAMPAIGN_PARALLEL at a time, default 2 below
 # 200 GB of GPU memory, 4 above; in waves when fewer), each with `--time-budget` its share of the time left,
@@ -51,8 +54,8 @@
 #   bash tools/gpu/stage-train.sh && bash tools/gpu/campaign.sh unpack /tmp/cstage
 #   OUT=/tmp/cout bash tools/gpu/campaign.sh run /tmp/cstage 900 --toy
 #
-# --toy (or CAMPAIGN_DEVICE=cpu) runs on the CPU: 2 x 64 prompts of 8 new
-# tokens, the first 96 records of data/train cut at 128 tokens (not
+# --toy (or CAMPAIGN_DEVICE=cpu) runs on the CPU: 2 x 64 later-turn prompts,
+# 48 sampled first turns and 16 later turns with context, 8 new tokens each, the first 96 records of data/train cut at 128 tokens (not
 # data/train-later), at most 40 steps at batch 4 per drafter, one training at
 # a time (CAMPAIGN_PARALLEL=2 runs two side by side, as the GPU does), the bench on
 # wgpu (lavapipe) with 1 prompt of 4 tokens. Environment: CAMPAIGN_DRAFTERS
@@ -157,8 +160,12 @@ if [ $toy = 1 ]; then
   threads=${CAMPAIGN_THREADS:-2}
   parallel=${CAMPAIGN_PARALLEL:-1}
   bench_reserve=0 # the toy bench runs after the budget, whatever it takes
-  data_sets=("toy-new 25856 25920" "toy-old 6400 6464")
-  data_flags=(--max-new-tokens 8 --batch 32 --device cpu --threads "$threads")
+  # name source start end tokens [data flags]: greedy later turns, then
+  # the first turns answered again by sampling, then later turns with their
+  # conversation before them.
+  data_sets=("toy-new later-turns 25856 25920 8" "toy-old later-turns 6400 6464 8"
+    "toy-t0.8 first-turns 0 48 8 --temperature 0.8 --seed 1" "toy-ctx later-turns 0 16 8 --context 96")
+  data_flags=(--batch 32 --device cpu --threads "$threads")
   train_flags=(--device cpu --threads "$threads" --steps 40 --records 96 --max-len 128 --recipe batch=4 --ckpt-every 20)
   later=()
   bench_flags=(--backend wgpu --batch 1 --prompt-count 1 --max-tokens 4)
@@ -172,9 +179,13 @@ else
   # The later turns the shipped data has not got (data/train-later holds
   # 0-6,399, data/train-gpu's 19,456 records 6,400-25,855, not committed),
   # then those of data/train-gpu again (regenerated: its shards do not travel).
-  data_sets=("later-25856 25856 36278" "later-6400 6400 25856")
-  data_flags=(--max-new-tokens 64 --batch 1024 --device cuda --threads 8)
-  train_flags=(--device cuda --threads "$threads" --steps 100000 --recipe batch=64 --ckpt-every 250)
+  # Then every first turn answered again at temperature 0.8 (up to 256
+  # tokens; issue 32, item 3), and later turns with their conversation
+  # (context up to 768 tokens), trained at a context of 1,024.
+  data_sets=("later-25856 later-turns 25856 36278 64" "t0.8-s1 first-turns 0 8178 256 --temperature 0.8 --seed 1"
+    "ctx-0 later-turns 0 6400 128 --context 768" "later-6400 later-turns 6400 25856 64")
+  data_flags=(--batch 1024 --device cuda --threads 8)
+  train_flags=(--device cuda --threads "$threads" --steps 100000 --recipe batch=64 --ckpt-every 250 --max-len 1024)
   later=(--extra-data "$repo/data/train-later")
   bench_flags=(--backend cuda --batch 1,16 --prompt-count 8 --max-tokens 32)
 fi
@@ -185,13 +196,20 @@ data_s=$((($(left) - bench_reserve) / 4))
 [ $toy = 1 ] && data_s=600
 say "data: up to ${data_s}s"
 extra=()
+n_sets=${#data_sets[@]}
+i=0
 for spec in "${data_sets[@]}"; do
-  read -r name start end <<<"$spec"
-  s=$((data_s - ($(date +%s) - t)))
+  read -r name source start end tokens more <<<"$spec"
+  # Each set gets its share of the data time, and what the sets before it
+  # left unused.
+  i=$((i + 1))
+  s=$((data_s * i / n_sets - ($(date +%s) - t)))
   if [ "$s" -gt 5 ]; then
-    say "data $name: prompts $start-$((end - 1)) of the later-turn selection, up to ${s}s"
-    timeout "$s" "$py" -m draftc_train data --source later-turns --start "$start" --prompts "$end" \
-      "${data_flags[@]}" --out "$stage/data/$name" 2>&1 | tr '\r' '\n' | awk 'NR % 10 == 1 || !/^data \|/'
+    say "data $name: prompts $start-$((end - 1)) of the $source selection, $tokens new tokens ${more:-greedy}, up to ${s}s"
+    # shellcheck disable=SC2086
+    timeout "$s" "$py" -m draftc_train data --source "$source" --start "$start" --prompts "$end" \
+      --max-new-tokens "$tokens" "${data_flags[@]}" $more --out "$stage/data/$name" 2>&1 |
+      tr '\r' '\n' | awk 'NR % 10 == 1 || !/^data \|/'
   fi
   if [ -f "$stage/data/$name/MANIFEST.json" ]; then
     # Trained from a copy inside the repository, so the weights manifests

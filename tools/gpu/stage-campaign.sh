@@ -2,7 +2,8 @@
 # Here (with the training venv): stages the one thing tools/gpu/campaign.sh
 # needs beyond what tools/gpu/stage.sh's calls leave in a warm machine's
 # stage (the GGUF's parts and bin/draftc): the ShareGPT prompt selections,
-# in .gpu4/ (2.3 MB; git-ignored). After run.sh's calls, on the same warm
+# and the conversations of the first 6,400 later turns (data --context), in
+# .gpu4/ (about 7 MB; git-ignored). After run.sh's calls, on the same warm
 # machine and stage, the campaign is then one call:
 #
 #   bash tools/gpu/stage-campaign.sh
@@ -26,6 +27,8 @@ from tokenizers import Tokenizer
 from draftc_train import prompts as P, data as D
 tok = Tokenizer.from_file(str(D.default_model_dir() / "tokenizer.json"))
 for s in P.SOURCES:
-    print(s, len(P.training_prompts(tok, s)[0]), "prompts")')
+    print(s, len(P.training_prompts(tok, s)[0]), "prompts")
+# The conversations campaign.sh answers later turns with (--context).
+print(P.write_contexts(tok, 6400))')
 tar -C "$cache" -cJf .gpu4/prompts.tar.xz prompts
 du -sh .gpu4

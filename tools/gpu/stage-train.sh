@@ -28,7 +28,9 @@ from tokenizers import Tokenizer
 from draftc_train import prompts as P, data as D
 tok = Tokenizer.from_file(str(D.default_model_dir() / "tokenizer.json"))
 for s in P.SOURCES:
-    print(s, len(P.training_prompts(tok, s)[0]), "prompts")')
+    print(s, len(P.training_prompts(tok, s)[0]), "prompts")
+# The conversations campaign.sh answers later turns with (--context).
+print(P.write_contexts(tok, 6400))')
 tar -C "$cache" -cJf .gpu2/prompts.tar.xz prompts
 
 gguf=$(ls "$cache"/smollm2-135m-instruct/*.gguf)

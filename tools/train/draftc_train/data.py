@@ -120,15 +120,15 @@ class Conversations:
     until the whole rendered prompt fits `tokens` tokens."""
 
     def __init__(self, tokens: int):
-        records, _ = P.read_sharegpt()
         self.tokens = tokens
-        self.turns: dict[str, list] = {}
-        for r in records:
-            self.turns.setdefault(r.get("id", ""), r.get("conversations") or [])
+        self.turns = P.conversations()
 
     def encode(self, target: "Target", prompt: dict) -> list[int]:
         rid, _, turn = prompt["id"].rpartition("#")
-        conv = self.turns.get(rid, [])[: int(turn)] if turn.isdigit() else []
+        if rid not in self.turns:
+            raise SystemExit(f"data --context: no conversation for prompt {prompt['id']} here: write one with "
+                             "`python -m draftc_train prompts --contexts N` (N past this prompt) and stage again")
+        conv = self.turns[rid][: int(turn)]
         history = [(ROLES[t.get("from")], (t.get("value") or "").strip()) for t in conv if t.get("from") in ROLES]
         while True:
             ids = target.encode_prompt(prompt["prompt"], history)

