@@ -1,14 +1,17 @@
 """`python -m draftc_train curves DRAFTER --out DIR [--base-steps S] [...] [-- TRAIN-ARGS]`
 
 Curves that separate training steps from training data (issue 32, item 1).
-Runs `python -m draftc_train train DRAFTER` four times on the same records
+Runs `python -m draftc_train train DRAFTER` up to five times on the same records
 and the same held-out split, each from the module's initialisation with its
 own schedule (warm-up and cosine decay over the run's own steps):
 
 - `s1`, `s2`, `s4`: every training sequence, for S, 2S and 4S steps
   (fixed data, steps doubled twice);
-- `h1`: the first half of the training sequences (`--train-sequences`),
-  for S steps (fixed steps, half the data; against `s1`).
+- `h1`, `h4`: the first half of the training sequences
+  (`--train-sequences`), for S and 4S steps (fixed steps, half the data;
+  against `s1` and `s4`: where the full data's training-split accuracy has
+  pulled away from its held-out one, half the data shows whether data is
+  what limits).
 
 Every run also evaluates the result on the first `--eval-train` sequences
 of its own training split with the held-out split's code, so `s4` (about
@@ -44,6 +47,7 @@ RUNS = (  # name, steps multiple, data share
     ("s2", 2, 1.0),
     ("s4", 4, 1.0),
     ("h1", 1, 0.5),
+    ("h4", 4, 0.5),
 )
 
 
@@ -100,7 +104,7 @@ def report(args, rows):
                      f"({r['epochs']}) | {acc} | {tr} | {loss} | {tau} | {r['train_wall_s']} |")
     (args.out / "curves.md").write_text("\n".join(lines) + "\n")
     full = [r for r in rows if r["run"] in ("s1", "s2", "s4")]
-    half = [r for r in rows if r["run"] == "h1"]
+    half = [r for r in rows if r["run"] in ("h1", "h4")]
     series = {"held-out acc1, all data": [(r["steps"], r["held_out_acc"][0]) for r in full],
               "training-split acc1, all data": [(r["steps"], r["train_acc1"]) for r in full
                                                 if r["train_acc1"] is not None],
@@ -129,7 +133,7 @@ def main(argv):
                          "default: what the first run reports)")
     ap.add_argument("--eval-train", type=int, default=256, help="training-split sequences each run evaluates")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    ap.add_argument("--runs", default=",".join(n for n, _, _ in RUNS), help="a subset of s1,s2,s4,h1")
+    ap.add_argument("--runs", default=",".join(n for n, _, _ in RUNS), help="a subset of s1,s2,s4,h1,h4")
     ap.add_argument("--variant", action="append", default=[], metavar='NAME="TRAIN-ARGS"',
                     help="a run as s2 with these further `train` arguments (repeatable)")
     args = ap.parse_args(argv)
@@ -143,7 +147,7 @@ def main(argv):
     wanted = args.runs.split(",")
     unknown = [w for w in wanted if w not in {n for n, _, _ in RUNS}]
     if unknown:
-        raise SystemExit(f"--runs: unknown {unknown}; expected a subset of s1,s2,s4,h1")
+        raise SystemExit(f"--runs: unknown {unknown}; expected a subset of s1,s2,s4,h1,h4")
     rows = []
     for name, mult, share in RUNS:
         if name not in wanted:

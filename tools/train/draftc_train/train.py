@@ -475,6 +475,8 @@ def main(argv):
                              "description's train_loss says whether they distil)")
         r["mixed"] = args.distill
         r.setdefault("soft_tap", "n")
+    r.setdefault("beta2", 0.95)
+    r.setdefault("eps", 1e-8)
     for kv in args.recipe:
         key, sep, value = kv.partition("=")
         if not sep or key not in r or isinstance(r[key], (bool, str)):
@@ -611,7 +613,10 @@ def main(argv):
     elif r.get("pruned") and not (args.resume and (work / "ckpt.pt").exists()):
         copied = pruned_init(net, tgt_tensors)
         print(f"pruned initialisation: {len(copied)} tensors from the target's last layers", flush=True)
-    opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, 0.95), weight_decay=r["wd"])
+    # AdamW's β2 and ε: 0.95 and 1e-8 unless the recipe sets them (`--recipe
+    # beta2=0.999 --recipe eps=2e-4` is paper 000's App. A).
+    opt = torch.optim.AdamW(net.parameters(), lr=r["lr"], betas=(0.9, r.get("beta2", 0.95)),
+                            eps=r.get("eps", 1e-8), weight_decay=r["wd"])
     step, log = 0, []
     ckpt = work / "ckpt.pt"
     if args.export_only and not ckpt.exists():
