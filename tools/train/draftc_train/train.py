@@ -442,12 +442,17 @@ def main(argv):
                          "runs: the held-out split and its feature cache stay those of all the records, so runs "
                          "of different N are measured on the same sequences; the draft vocabulary is chosen "
                          "from these N")
+    ap.add_argument("--micro-batches", type=int, default=1, metavar="N",
+                    help="accumulate each step's gradients over N micro-batches (the same batch, less memory); "
+                         "on CUDA running out of memory doubles N by itself")
     ap.add_argument("--eval-train", type=int, default=0, metavar="N",
                     help="also evaluate the result on the first N sequences of the training split, with the "
                          "held-out split's code (an over-fitting probe: summary field train_split)")
     ap.add_argument("--draft-vocab", type=int, default=None,
                     help="reduced draft vocabulary size when the description sets none")
     args = ap.parse_args(argv)
+    if args.micro_batches < 1:
+        raise SystemExit("--micro-batches: at least 1")
     # Exporting without the checkpoint would write the initial weights.
     args.resume = args.resume or args.export_only
     t_main = time.time()
@@ -634,6 +639,7 @@ def main(argv):
     start_wall = time.time()
     first_step = step
     prior_wall = log[-1]["wall"] if log else 0.0
+    parts = args.micro_batches
 
     plabels = None
     if r.get("prompt_labels"):
@@ -660,9 +666,8 @@ def main(argv):
             g["lr"] = lr
         idx = random.sample(train_idx, r["batch"])
         net.train()
-        loss, stats = loss_fn(idx, True, step / args.steps)
         opt.zero_grad()
-        loss.backward()
+        loss, stats, parts = backward_in_parts(loss_fn, idx, step / args.steps, parts, opt)
         gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), r["clip"]).item()
         opt.step()
         late = late_frac is not None and (step / args.steps) >= 1.0 - late_frac
@@ -677,9 +682,9 @@ def main(argv):
                       + f"; steps {args.steps} -> {fit}", flush=True)
             args.steps = fit
             prog.total = args.steps - first_step
-        entry = dict(step=step, lr=lr, loss=loss.item(), gnorm=gnorm, wall=prior_wall + time.time() - start_wall, **stats)
+        entry = dict(step=step, lr=lr, loss=loss, gnorm=gnorm, wall=prior_wall + time.time() - start_wall, **stats)
         log.append(entry)
-        prog.update(1, loss=round(loss.item(), 3), **{k: round(v, 3) for k, v in stats.items() if k.startswith("acc")})
+        prog.update(1, loss=round(loss, 3), **{k: round(v, 3) for k, v in stats.items() if k.startswith("acc")})
         if step % args.ckpt_every == 0 or step == args.steps:
             net.eval()
             with torch.no_grad():
@@ -712,6 +717,34 @@ def main(argv):
                   planned_steps=args.steps, train_wall_s=round(time.time() - start_wall, 1),
                   sequences=len(seqs), train_sequences=len(train_idx), recipe=r, train_split=on_train,
                   exported=str(exported) if exported else None)
+
+
+def backward_in_parts(loss_fn, idx, frac, parts, opt):
+    """The batch's gradients, accumulated over `parts` micro-batches (each
+    loss weighted by its share of the sequences): (loss, stats, parts). On
+    CUDA running out of memory the partial gradients are dropped and the
+    batch retried in twice as many parts, kept for the steps after: a long
+    batch (a training-time test over 1,024-token sequences) then still
+    trains, at the same batch size."""
+    while True:
+        try:
+            total, stats = 0.0, {}
+            for k in range(parts):
+                part = idx[k::parts]
+                w = len(part) / len(idx)
+                loss, st = loss_fn(part, True, frac)
+                (loss * w).backward()
+                total += loss.item() * w
+                for key, v in st.items():
+                    stats[key] = stats.get(key, 0.0) + v * w
+            return total, stats, parts
+        except torch.cuda.OutOfMemoryError:
+            if parts >= len(idx):
+                raise
+            opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            parts *= 2
+            print(f"out of device memory: the batch of {len(idx)} now runs in {parts} parts", flush=True)
 
 
 def write_summary(args, t_main, **fields):
