@@ -153,9 +153,13 @@ def main(argv):
         if name not in wanted:
             continue
         if share < 1.0 and args.train_sequences is None:
-            if not rows:
+            # From a full-data run of this directory, this time or before.
+            done = [json.loads(f.read_text()) for f in sorted(args.out.glob("s[124]/summary.json"))]
+            full = [r["train_sequences"] for r in rows if r["run"].startswith("s")] + [
+                d["train_sequences"] for d in done]
+            if not full:
                 raise SystemExit("--train-sequences: needed when no full-data run comes first")
-            args.train_sequences = rows[0]["train_sequences"]
+            args.train_sequences = full[0]
         rows.append(row(name, run_one(args, name, mult, share, extra)))
     for name, more in variants:
         rows.append(row(name, run_one(args, name, 2, 1.0, extra + more), shlex.join(more)))

@@ -639,7 +639,7 @@ def main(argv):
     start_wall = time.time()
     first_step = step
     prior_wall = log[-1]["wall"] if log else 0.0
-    parts = args.micro_batches
+    micro = args.micro_batches
 
     plabels = None
     if r.get("prompt_labels"):
@@ -667,7 +667,7 @@ def main(argv):
         idx = random.sample(train_idx, r["batch"])
         net.train()
         opt.zero_grad()
-        loss, stats, parts = backward_in_parts(loss_fn, idx, step / args.steps, parts, opt)
+        loss, stats, micro = backward_in_parts(loss_fn, idx, step / args.steps, micro, opt)
         gnorm = torch.nn.utils.clip_grad_norm_(net.parameters(), r["clip"]).item()
         opt.step()
         late = late_frac is not None and (step / args.steps) >= 1.0 - late_frac
