@@ -227,10 +227,15 @@ done
 timing data $(($(date +%s) - t))
 
 # --- training: every drafter, side by side, each with its share -------------
+# Continuing shipped weights keeps the learning rates their last runs used
+# (Beagle 3e-4, Medusa 1e-3; the recipes' defaults are now for training from
+# initialisation). Beagle's recipe now includes paper 002's regression loss
+# (coefficient 10), which its shipped weights were trained without: on the
+# GPU that continuation is new (it ships only if it beats the shipped one).
 declare -A flags=(
   [beagle]="--lr 3e-4 --prompt-labels --distill 0.5 --recipe train_mask=0"
   [specformer]=""
-  [medusa]=""
+  [medusa]="--lr 1e-3"
   [spire]=""
   [eagle3]=""
   [eagle]=""

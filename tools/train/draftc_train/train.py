@@ -12,7 +12,9 @@ a manifest. Each drafter's recipe follows its paper (docs/training.md):
 - beagle: early stage = parallel multi-token prediction through the
   inverse-block `train_mask` with a random offset per batch (paper 002
   §4.2, Eq. 4); late stage = s simulated drafting steps fed with the
-  drafter's own predicted states, step i weighted k - i + 1 (Eq. 6).
+  drafter's own predicted states, step i weighted k - i + 1 (Eq. 6);
+  in both stages a smooth-L1 regression of each appended state onto the
+  target's state it stands in for, coefficient 10 (§A.3).
 - spire: pruned initialisation from the target's last two layers (paper
   004 §3.2); a teacher-forced stage, then k = 4 simulated steps over both
   feedback-memory streams (§3.3); MixedLoss(0.5) against the target's
@@ -55,10 +57,14 @@ REPO = emitted.REPO
 DEV = "cpu"
 
 RECIPES = {
-    "medusa": dict(lr=1e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
+    # Learning rates and Beagle's regression from the one-change runs of
+    # docs/bench/lavapipe/issue32-curves (from initialisation, 600-1,000
+    # steps): Medusa 2e-3 over 1e-3, Beagle 1e-3 with paper 002's regression
+    # loss (coefficient 10) over 5e-4 without.
+    "medusa": dict(lr=2e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
     "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384),
-    "beagle": dict(lr=5e-4, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0,
-                   train_mask=1, regression=0.0),
+    "beagle": dict(lr=1e-3, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0,
+                   train_mask=1, regression=10.0),
     # MixedLoss(0.5) against the target's distribution (its final state
     # HS[n] through its final norm and head), pruned from the target's last two layers, 4 simulated steps
     # (the chain of 4 it drafts).
