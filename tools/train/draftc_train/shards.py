@@ -130,7 +130,7 @@ def verify(directory: Path) -> dict:
     files = {}
     if manifest_path.is_file():
         files = json.loads(manifest_path.read_text())["shards"]["files"]
-    n_rec = n_prompt = n_resp = n_eos_end = 0
+    n_rec = n_prompt = n_resp = 0
     bad = []
     for k in shard_ids(d):
         for p in shard_paths(d, k):
