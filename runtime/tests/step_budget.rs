@@ -147,8 +147,7 @@ fn speculative_rounds_flush_once_a_pass() {
         eprintln!("skipped: {} overrides the policy", FlushPolicy::ENV);
         return;
     }
-    use draftc_runtime::engine::{generate_speculative, model_drafter};
-    use draftc_runtime::spec::TreeShape;
+    use draftc_runtime::engine::generate_speculative;
     // (drafter, tree, budget, reads a round at most): SpecFormer's one
     // drafting pass reads its chain, Beagle's chain every depth's selection
     // in one read at the end (each depth's ids are the last depth's
@@ -194,21 +193,7 @@ fn speculative_rounds_flush_once_a_pass() {
         // Each batch runs twice on this thread: the second run meets only
         // shapes the first met, so its rounds find every kept buffer made.
         for (b, repeat) in [(1, 0), (1, 1), (3, 0), (3, 1)] {
-            let (mut t, tw) = target_with(b, PlanDType::F32);
-            let p = gpu_layout_profile(t.client());
-            t.exec.set_device(p);
-            let g = compile(name, &tiny_config());
-            let w = drafter_weights(&t, &tw, &g, None);
-            let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
-            let mut d = model_drafter(
-                &draftc_ops::testing::wgpu_client(),
-                &g,
-                &t,
-                &w,
-                PlanDType::F32,
-                shape,
-            )
-            .unwrap();
+            let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
             // This thread's allocations so far, at every emitted token.
             let mut at_token = Vec::new();
             let run = generate_speculative(

@@ -7,10 +7,8 @@
 
 mod tiny;
 
-use draftc_codegen::PlanDType;
-use draftc_runtime::device::{gpu_layout_profile, TreePicks};
-use draftc_runtime::engine::{generate_speculative, model_drafter, Sampling};
-use draftc_runtime::spec::TreeShape;
+use draftc_runtime::device::TreePicks;
+use draftc_runtime::engine::{generate_speculative, Sampling};
 use tiny::*;
 
 #[test]
@@ -18,24 +16,9 @@ fn device_picked_trees_read_twice_a_round_and_are_lossless() {
     std::env::set_var(TreePicks::ENV, "device");
     assert_eq!(TreePicks::chosen(), TreePicks::Device);
     for b in [1, 3] {
-        let (mut t, tw) = target_with(b, PlanDType::F32);
-        let p = gpu_layout_profile(t.client());
-        t.exec.set_device(p);
+        let (mut t, mut d) =
+            gpu_layout_drafter(b, "beagle", Some("dynamic(depth=3, topk=2, nodes=6)"));
         let want = reference(&mut t, b);
-        let g = compile("beagle", &tiny_config());
-        let w = drafter_weights(&t, &tw, &g, None);
-        let shape = "dynamic(depth=3, topk=2, nodes=6)"
-            .parse::<TreeShape>()
-            .unwrap();
-        let mut d = model_drafter(
-            &draftc_ops::testing::wgpu_client(),
-            &g,
-            &t,
-            &w,
-            PlanDType::F32,
-            Some(shape),
-        )
-        .unwrap();
         let run = generate_speculative(
             &mut t,
             d.as_mut(),

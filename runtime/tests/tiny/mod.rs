@@ -10,8 +10,12 @@ use std::path::{Path, PathBuf};
 use draftc_codegen::{PlanDType, TargetWeights};
 use draftc_ir::{Graph, Resolver, TargetConfig};
 use draftc_ops::testing::wgpu_client;
-use draftc_runtime::engine::{generate, weight_specs, Request, Sampling, TargetModel};
+use draftc_runtime::device::gpu_layout_profile;
+use draftc_runtime::engine::{
+    generate, model_drafter, weight_specs, Drafter, Request, Sampling, TargetModel,
+};
 use draftc_runtime::exec::HostWeights;
+use draftc_runtime::spec::TreeShape;
 
 pub type Wgpu = cubecl::wgpu::WgpuRuntime;
 
@@ -111,6 +115,24 @@ pub fn weights_seeded(specs: &[draftc_codegen::bind::WeightSpec], seed: u64) -> 
 
 pub fn target_with(slots: usize, dtype: PlanDType) -> (TargetModel<Wgpu>, HostWeights) {
     target_seeded(slots, dtype, 7)
+}
+
+/// The tiny target for `slots` sequences on the GPU kernel layouts (and
+/// their flush policy), with the model drafter `name` over it in `tree`
+/// (its description's shape when `None`), f32.
+pub fn gpu_layout_drafter(
+    slots: usize,
+    name: &str,
+    tree: Option<&str>,
+) -> (TargetModel<Wgpu>, Box<dyn Drafter<Wgpu>>) {
+    let (mut t, tw) = target_with(slots, PlanDType::F32);
+    let p = gpu_layout_profile(t.client());
+    t.exec.set_device(p);
+    let g = compile(name, &tiny_config());
+    let w = drafter_weights(&t, &tw, &g, None);
+    let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
+    let d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, shape).unwrap();
+    (t, d)
 }
 
 /// The tiny target with weights from `seed` (7 is the shared target).
