@@ -142,6 +142,16 @@ def mixed_rows(feats, head, labels, p_target, omega):
     return loss, logits.argmax(-1) == d, alpha.item()
 
 
+def stream_seeds(mod, target, hidden, names):
+    """Each memory stream's seed rows (`names`): its target tap, through the
+    target's final norm where the description norms it (`memory m =
+    target.norm(target.hidden[i])`: a teacher-forced pass norms the tap
+    itself, but rows the losses build or regress onto are given here)."""
+    normed = set(getattr(mod, "MEMORIES_NORMED", []))
+    return {n: mod.rms_norm(hidden[mod.MEMORIES[n]], target.final_norm, target.eps) if n in normed
+            else hidden[mod.MEMORIES[n]] for n in names}
+
+
 def regression(out, seeds, names, lab_ok):
     """EAGLE-1's feature regression (the `vloss`; paper 002 §A.3 adds it to
     Beagle with coefficient 10): smooth-L1 between each stream's appended
@@ -172,15 +182,6 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
     B, T = ids.shape
     nxt = ids[:, 1:] if nxt is None else nxt
     pos = torch.arange(T)[None, :].expand(B, T)
-    normed = set(getattr(mod, "MEMORIES_NORMED", []))
-
-    def seeds_of(hidden):
-        # `memory m = target.norm(target.hidden[i])`: the module norms the
-        # tap itself in a teacher-forced pass; the simulation's rows are
-        # given, so norm them here.
-        return {name: mod.rms_norm(hidden[tap], target.final_norm, target.eps) if name in normed else hidden[tap]
-                for name, tap in mod.MEMORIES.items()}
-
     lab_ok = resp[:, 1:]
     labels = nxt[lab_ok]
     if extra is not None:
@@ -189,13 +190,13 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
         labels = torch.where(resp[:, 1:], nxt, extra)[lab_ok]
     # The distillation and regression targets are the target's own states;
     # the noise only perturbs what the drafter reads.
-    clean = seeds_of(hidden) if r.get("regression") else None
+    clean = stream_seeds(mod, target, hidden, mod.MEMORIES) if r.get("regression") else None
     p_target = None
     if r.get("mixed") is not None:
         p_target = target_probs(mod, target, head, hidden[r["soft_tap"]][:, :-1][lab_ok])
     if train and r.get("noise"):
         hidden = noisy(hidden, set(mod.MEMORIES.values()), r["noise"])
-    seeds = seeds_of(hidden)
+    seeds = stream_seeds(mod, target, hidden, mod.MEMORIES)
 
     reg = r.get("regression", 0.0)
 
@@ -276,7 +277,6 @@ def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=No
         k = max(k, int(mod.SYMBOLS.get("l", 1)))
     names = list(mod.MEMORIES)
     fused = getattr(mod, "MEMORIES_FUSED", {})
-    normed = set(getattr(mod, "MEMORIES_NORMED", []))
     reg = r.get("regression", 0.0)
     if reg and any(n in fused for n in names):
         raise SystemExit("regression against a fused memory stream (a learned target) is not supported")
@@ -284,11 +284,7 @@ def ttt_loss(mod, net, target, head, ids, valid, resp, hidden, r, train, keep=No
     # the noise only perturbs what the drafter reads.
     lab_all = resp[:, 1:]
     p_all = target_probs(mod, target, head, hidden[r["soft_tap"]][:, :-1]) if r.get("distill") else None
-    seeds = {}
-    if reg:
-        for n in names:
-            s = hidden[mod.MEMORIES[n]]
-            seeds[n] = mod.rms_norm(s, target.final_norm, target.eps) if n in normed else s
+    seeds = stream_seeds(mod, target, hidden, names) if reg else {}
     if train and r.get("noise"):
         hidden = noisy(hidden, {t for n in names for t in (fused[n][0] if n in fused else [mod.MEMORIES[n]])},
                        r["noise"])
