@@ -133,7 +133,7 @@ def main(argv):
                          "default: what the first run reports)")
     ap.add_argument("--eval-train", type=int, default=256, help="training-split sequences each run evaluates")
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) // 2))
-    ap.add_argument("--runs", default=",".join(n for n, _, _ in RUNS), help="a subset of s1,s2,s4,h1,h4")
+    ap.add_argument("--runs", default=",".join(n for n, _, _ in RUNS), help="a subset of s1,s2,s4,h1,h4 ('' for the variants alone)")
     ap.add_argument("--variant", action="append", default=[], metavar='NAME="TRAIN-ARGS"',
                     help="a run as s2 with these further `train` arguments (repeatable)")
     args = ap.parse_args(argv)
@@ -144,7 +144,7 @@ def main(argv):
             raise SystemExit(f"--variant {v!r}: expected NAME=\"TRAIN-ARGS\" with a new NAME")
         variants.append((name, shlex.split(more)))
     args.out = args.out.resolve()
-    wanted = args.runs.split(",")
+    wanted = [w for w in args.runs.split(",") if w]
     unknown = [w for w in wanted if w not in {n for n, _, _ in RUNS}]
     if unknown:
         raise SystemExit(f"--runs: unknown {unknown}; expected a subset of s1,s2,s4,h1,h4")

@@ -240,7 +240,10 @@ def autoregressive_loss(mod, net, target, head, ids, valid, resp, hidden, r, ste
         }
         ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory=memory)
         out = net({"ids": ids}, target, ctx)
-        total = total + (k - i + 1) * score(out, stats, i) / k
+        # Beagle's Eq. 6 weights step i by (k - i + 1)/k; uniform_steps
+        # (paper 004's rollout) weights every step alike.
+        w = 1.0 if r.get("uniform_steps") else (k - i + 1)
+        total = total + w * score(out, stats, i) / k
         for name in mod.MEMORIES:
             preds[name].append(out[f"append:{name}"].float())
     return total, stats

@@ -62,14 +62,17 @@ RECIPES = {
     # steps): Medusa 2e-3 over 1e-3, Beagle 1e-3 with paper 002's regression
     # loss (coefficient 10) over 5e-4 without.
     "medusa": dict(lr=2e-3, wd=0.0, warmup=30, clip=1.0, batch=8, decay=0.8, rows=384),
-    "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384),
+    # pos_mean=1: paper 000's mean over the l draft positions instead of
+    # their sum (the same optimum; the gradient against clip 1.0 differs).
+    "specformer": dict(lr=5e-4, wd=0.01, warmup=30, clip=1.0, batch=8, rows=384, pos_mean=0),
     "beagle": dict(lr=1e-3, wd=0.0, warmup=50, clip=0.5, batch=8, window=5, sim_steps=3, late_frac=0.3, noise=0.0,
                    train_mask=1, regression=10.0),
     # MixedLoss(0.5) against the target's distribution (its final state
     # HS[n] through its final norm and head), pruned from the target's last two layers, 4 simulated steps
-    # (the chain of 4 it drafts).
+    # (the chain of 4 it drafts). uniform_steps=1: paper 004's rollout,
+    # every simulated step weighted 1/k, instead of Beagle's (k - i + 1)/k.
     "spire": dict(lr=3e-4, wd=0.0, warmup=50, clip=1.0, batch=8, sim_steps=4, late_frac=0.3,
-                  mixed=0.5, soft_tap="n", pruned=True),
+                  mixed=0.5, soft_tap="n", pruned=True, uniform_steps=0),
     # Training-time test (`ttt_loss`): steps, step decay, loss and feature
     # regression come from the description's `train_*` settings (TRAIN),
     # filled in by `recipe_of`. The optimiser settings are Beagle's.
@@ -497,8 +500,8 @@ def main(argv):
             r[key] = type(r[key])(value) if isinstance(r[key], int) and value.lstrip("-").isdigit() else float(value)
         except ValueError:
             raise SystemExit(f"--recipe {kv!r}: {value!r} is not a number")
-    if r.get("window", 1) < 1 or r.get("train_mask", 1) not in (0, 1):
-        raise SystemExit("--recipe: window must be at least 1 and train_mask 0 or 1")
+    if r.get("window", 1) < 1 or any(r.get(f, 0) not in (0, 1) for f in ("train_mask", "pos_mean", "uniform_steps")):
+        raise SystemExit("--recipe: window must be at least 1; train_mask, pos_mean and uniform_steps 0 or 1")
     if not isinstance(r["warmup"], int) or r["warmup"] < 0 or not 0.0 <= r.get("late_frac", 0.0) <= 1.0:
         raise SystemExit("--recipe: warmup is a whole number of steps, late_frac a share in [0, 1]")
     # Resolved once: export writes the loss curve from the same directory.
@@ -777,6 +780,8 @@ def make_loss_fn(mod, net, target, head, seqs, feats, taps, r, plabels=None, rel
             if mod.KIND == "parallel":
                 L = mod.SYMBOLS.get("l", 1)
                 w = [r["decay"] ** j for j in range(L)] if "decay" in r else [1.0] * L
+                if r.get("pos_mean"):
+                    w = [x / L for x in w]
                 rows = r.get("rows") if train and head.ids is None else None
                 return parallel_loss(mod, net, target, head, ids, valid, resp, hidden, w, rows,
                                      mixed=r.get("mixed"), soft_tap=r.get("soft_tap"), nxt=nxt)
