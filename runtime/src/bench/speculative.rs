@@ -31,7 +31,6 @@ use crate::cli::drafter::{make_drafter, DrafterChoice};
 use crate::engine::{
     generate, generate_with_policy, warm_up, EngineError, Request, Sampling, SpecStats, TargetModel,
 };
-use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
 
 /// What to measure.
@@ -46,8 +45,9 @@ pub struct SpecConfig {
     /// New tokens per sequence.
     pub max_tokens: usize,
     pub dtype: PlanDType,
-    /// Prompt texts; a batch of `b` takes the first `b` (`--prompts`).
-    pub prompts: Vec<String>,
+    /// Prompts (each a conversation ending with the user's turn); a batch
+    /// of `b` takes the first `b` (`--prompts`).
+    pub prompts: Vec<super::prompts::Conversation>,
     /// Prompts per measurement (at least `b`), run in groups of `b`.
     pub prompt_count: Option<usize>,
     /// Run each budget fixed, and one run planned up to the largest budget
@@ -338,10 +338,10 @@ pub fn run_spec<R: Runtime>(
     let n_prompts = cfg.batches.iter().map(|&b| count(b)).max().unwrap_or(1);
     let mut prompts = Vec::with_capacity(n_prompts);
     for i in 0..n_prompts {
-        let text = &cfg.prompts[i % cfg.prompts.len().max(1)];
+        let conv = &cfg.prompts[i % cfg.prompts.len().max(1)];
         let ids = model
             .tokenizer
-            .encode_chat(&[ChatMessage::new("user", text)])
+            .encode_chat(conv)
             .map_err(|e| e.to_string())?;
         prompts.push(ids);
     }

@@ -123,8 +123,10 @@ pub struct SpecArgs {
     pub branches: usize,
     /// Prompts: `builtin` (chat, code, summarisation, math), `mt-bench`
     /// (held-out MT-Bench first turns, data/eval/mt-bench.jsonl) or a file
-    /// (one per line, or `.jsonl` with a `prompt` field). Batch `b` runs the
-    /// first `b`, so `--batch 16` measures τ over 16 questions.
+    /// (one per line, or `.jsonl` with a `prompt` field, or `messages`: a
+    /// conversation of `{"role", "content"}` ending with the user's turn, a
+    /// prompt with its context). Batch `b` runs the first `b`, so
+    /// `--batch 16` measures τ over 16 questions.
     #[arg(long, default_value = "builtin")]
     pub prompts: String,
     /// Prompts per measurement: a batch of `b` runs the first N prompts in
@@ -312,7 +314,7 @@ fn spec(
     progress: &Progress,
     dtype: PlanDType,
     args: &SpecArgs,
-    prompts: Vec<String>,
+    prompts: Vec<crate::bench::prompts::Conversation>,
 ) -> Result<(), String> {
     let names: Vec<String> = if args.drafters.is_empty() {
         default_drafters(&args.drafter_weights)

@@ -6,6 +6,14 @@ The split is the one `train.py` holds out: the last `max(8, n // 20)` of the
 sequences `load_sequences(--max-len)` keeps. Each prompt is the user turn
 decoded from the record's prompt ids (the chat template stripped), written
 as JSON lines with a `prompt` field.
+
+`--context N` writes long prompts instead, for measuring at long contexts:
+per held-out conversation with a later human turn, its last one with the
+ShareGPT turns before it (human as user, gpt as assistant: ShareGPT's own
+answers), the oldest dropped until the conversation fits N tokens, as a
+`messages` line (`bench spec` renders it with the chat template). A
+conversation shorter than N / 2 tokens is skipped. Every turn comes from a
+conversation of the held-out split, so no training record shares it.
 """
 
 from __future__ import annotations
@@ -25,16 +33,20 @@ def main(argv):
     ap.add_argument("--count", type=int, default=64, help="the first COUNT prompts of the split")
     ap.add_argument("--max-len", type=int, default=320, help="as `train --max-len` (it decides the split)")
     ap.add_argument("--out", type=Path, default=None, help="output file (default: standard output)")
+    ap.add_argument("--context", type=int, default=0, metavar="TOKENS",
+                    help="conversations of about TOKENS tokens (at least half) instead of first turns")
     args = ap.parse_args(argv)
     from tokenizers import Tokenizer
 
     from . import train
 
-    seqs = train.load_sequences(args.max_len)
+    seqs, index = train.load_sequences(args.max_len, with_index=True)
     n_val = max(8, len(seqs) // 20)
     tok = Tokenizer.from_file(str(train.emitted.model_dir() / "tokenizer.json"))
     lines = []
-    for ids, n_prompt in seqs[len(seqs) - n_val :][: args.count]:
+    if args.context:
+        lines = long_prompts(tok, index[len(seqs) - n_val :], args.context, args.count)
+    for ids, n_prompt in [] if args.context else seqs[len(seqs) - n_val :][: args.count]:
         text = tok.decode(ids[:n_prompt].tolist(), skip_special_tokens=False)
         start = text.rfind(USER)
         if start < 0 or END not in text[start:]:
@@ -47,3 +59,37 @@ def main(argv):
         print(f"{len(lines)} held-out-split prompts -> {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(out)
+
+
+def long_prompts(tok, held_index, tokens, count):
+    """`--context`: the `messages` lines of the held-out conversations
+    (first-turn prompt indices `held_index`) that reach `tokens` / 2."""
+    from . import prompts as P
+    from .data import ROLES
+
+    first, _ = P.training_prompts(tok, "first-turns")
+    turns = P.conversations()
+    # ChatML: "<|im_start|>role\n" + content + "<|im_end|>\n" per message.
+    size = lambda conv: sum(len(tok.encode(m["content"]).ids) + 5 for m in conv)
+    lines = []
+    for pi in held_index:
+        conv = [{"role": ROLES[t.get("from")], "content": (t.get("value") or "").strip()}
+                for t in turns.get(first[pi]["id"], []) if t.get("from") in ROLES]
+        last = max((i for i, m in enumerate(conv) if m["role"] == "user" and i > 0), default=None)
+        if last is None:
+            continue
+        conv = conv[: last + 1]
+        while size(conv) > tokens and len(conv) > 1:
+            conv = conv[1:]
+        # A conversation starts with the user (an answer cut from its question
+        # goes too), and one turn alone may pass the limit: skipped.
+        while conv and conv[0]["role"] != "user":
+            conv = conv[1:]
+        if len(conv) < 2 or not tokens // 2 <= size(conv) <= tokens:
+            continue
+        lines.append(json.dumps({"messages": conv}, ensure_ascii=False))
+        if len(lines) == count:
+            break
+    if not lines:
+        raise SystemExit(f"heldout-prompts --context {tokens}: no held-out conversation reaches {tokens // 2} tokens")
+    return lines
