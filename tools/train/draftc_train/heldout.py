@@ -12,8 +12,9 @@ per held-out conversation with a later human turn, its last one with the
 ShareGPT turns before it (human as user, gpt as assistant: ShareGPT's own
 answers), the oldest dropped until the conversation fits N tokens, as a
 `messages` line (`bench spec` renders it with the chat template). A
-conversation shorter than N / 2 tokens is skipped. Every turn comes from a
-conversation of the held-out split, so no training record shares it.
+conversation shorter than N / 2 tokens is skipped. Every turn comes from
+the ShareGPT record of a held-out-split prompt, whose later turns the
+trainer drops from the later-turn sets (`drop_held_out_conversations`).
 """
 
 from __future__ import annotations
