@@ -158,7 +158,9 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
         h.update(plen.to_bytes(4, "little"))
     key = f"n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}-{h.hexdigest()[:12]}"
     path = REPO / "target/train/features" / f"{key}.pt"
-    # On a GPU the states are recomputed in seconds and stay in its memory.
+    # On a GPU the states are recomputed in seconds and stay in its memory,
+    # up to `features_home`'s budget; past it in host memory, copied to the
+    # device batch by batch (`batch_of`).
     on_disk = DEV == "cpu"
     if on_disk and path.exists():
         return torch.load(path)
@@ -170,6 +172,7 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
             return [{t: f[t] for t in taps} for f in torch.load(other)]
     tgt = emitted.TargetModel(tgt_tensors)
     out = [dict() for _ in seqs]
+    home = None
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     prog = Progress(len(seqs), "target hidden states", unit="seq")
     bs = 8 if DEV == "cpu" else 128
@@ -184,15 +187,42 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
             valid[b, :n] = True
         with torch.autocast(DEV, dtype=torch.bfloat16):
             hs = tgt.hidden(ids, valid, taps)
+        if home is None:
+            width = next(iter(hs.values())).shape[-1]
+            home = features_home(sum(len(x) for x, _ in seqs) * len(taps) * width * 2)
         for b, i in enumerate(idx):
             n = len(seqs[i][0])
-            out[i] = {t: hs[t][b, :n].to(torch.float16).clone() for t in taps}
+            # A copy, not a view that would keep the whole batch alive.
+            out[i] = {t: hs[t][b, :n].to(torch.float16).to(home, copy=True) for t in taps}
         prog.update(len(idx))
     prog.close()
     if on_disk:
         path.parent.mkdir(parents=True, exist_ok=True)
         save_atomic(out, path)
     return out
+
+
+# Bytes of target states kept in GPU memory so far (`features_home`).
+FEATURES_ON_GPU = [0]
+
+
+def features_home(nbytes):
+    """Where `nbytes` more target states (f16) live: the training device,
+    or on a GPU, once the states kept there would pass
+    `DRAFTC_FEATURES_GPU_GB` (default a quarter of its memory: trainings
+    run side by side, and EAGLE-3's four taps of a large set at 1,024
+    tokens take tens of GB), host memory."""
+    if DEV == "cpu":
+        return "cpu"
+    total = torch.cuda.get_device_properties(0).total_memory
+    budget = float(os.environ.get("DRAFTC_FEATURES_GPU_GB", total / 4 / 2**30)) * 2**30
+    if FEATURES_ON_GPU[0] + nbytes > budget:
+        print(f"target states: {nbytes / 2**30:.1f} GiB more would pass the GPU budget of "
+              f"{budget / 2**30:.1f} GiB ({FEATURES_ON_GPU[0] / 2**30:.1f} GiB kept there): "
+              "kept in host memory, copied per batch", flush=True)
+        return "cpu"
+    FEATURES_ON_GPU[0] += nbytes
+    return DEV
 
 
 def save_atomic(obj, path):
@@ -255,7 +285,7 @@ def head_argmax(seqs, feats, tap, target, spans, kind, what):
                 chunk.append(spans[at])
                 rows += spans[at][2] - spans[at][1]
                 at += 1
-            hs = torch.cat([feats[i][tap][a:b].float() for i, a, b in chunk])
+            hs = torch.cat([feats[i][tap][a:b].float() for i, a, b in chunk]).to(DEV)
             hs = hs * torch.rsqrt(hs.pow(2).mean(-1, keepdim=True) + target.eps) * w
             top = F.linear(hs, head).argmax(-1)
             k = 0
