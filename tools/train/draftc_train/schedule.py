@@ -19,13 +19,24 @@ class Pacer:
     teacher-forced steps. The final evaluation's time (`eval_batches`
     forward batches of the late stage, about half a training step each) is
     kept aside. The step count may grow back up to `cap` (the `--steps`
-    given), and a run in its late stage stays there."""
+    given), and a run in its late stage stays there.
+
+    Between re-fits (and before step 30) only an overrun near the end is
+    acted on: once less than a quarter of the budget is left, a step count
+    that the present stage's pace cannot finish in time is cut at once. A
+    run whose steps began with little of its budget left (features
+    computed on a busy host) would otherwise pass its deadline before
+    step 30: the toy campaign's EAGLE-3 on a 2-core host running three other
+    trainings began its steps with about 10 s of its 176 s left, at 4.5 s a
+    step, and was killed at its time limit. Until the pace is measured
+    (step 11) the last step's time stands for it."""
 
     def __init__(self, budget, t_start, cap, late_frac, late_cost, eval_batches, every=50):
         self.budget, self.t_start, self.cap = budget, t_start, cap
         self.late_frac, self.late_cost, self.eval_batches, self.every = late_frac, late_cost, eval_batches, every
         self.durs = {False: [], True: []}
         self.last = None
+        self.last_dur = None
         self.n = 0
 
     def pace(self, late):
@@ -37,11 +48,13 @@ class Pacer:
         late-stage step); returns the new total, or None to keep it."""
         now = time.time()
         self.n += 1
-        if self.last is not None and self.n > 10:
-            self.durs[late].append(now - self.last)
+        if self.last is not None:
+            self.last_dur = now - self.last
+            if self.n > 10:
+                self.durs[late].append(self.last_dur)
         self.last = now
         if self.n < 30 or (self.n - 30) % self.every:
-            return None
+            return self.cut_near_deadline(step, total, late, now)
         early = self.pace(False)
         late_pace = self.pace(True) if len(self.durs[True]) >= 10 else None
         if late_pace is None:
@@ -62,6 +75,18 @@ class Pacer:
                 fit = step + left / late_pace
         fit = min(self.cap, max(step + 1, int(fit)))
         return fit if fit != total else None
+
+
+    def cut_near_deadline(self, step, total, late, now):
+        """Between re-fits: the step count the present stage's pace can
+        still finish, when it is below `total` and less than a quarter of
+        the budget is left; else None."""
+        pace = self.pace(late) or self.last_dur
+        left = self.budget - (now - self.t_start)
+        if pace is None or left > 0.25 * self.budget:
+            return None
+        fit = max(step + 1, int(step + (left - self.eval_batches * 0.5 * pace) / pace))
+        return fit if fit < total else None
 
 
 def lr_at(step, total, r):
