@@ -146,10 +146,13 @@ fn mt_bench_path() -> Result<std::path::PathBuf, String> {
 mod tests {
     use super::*;
 
+    /// `lines` as a `.jsonl` prompts file of its own (tests run in parallel).
     fn load(lines: &str) -> Result<Vec<Conversation>, String> {
+        static FILES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("draftc-prompts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let path = dir.join(format!("p{}.jsonl", lines.len()));
+        let path = dir.join(format!("p{n}.jsonl"));
         std::fs::write(&path, lines).map_err(|e| e.to_string())?;
         load_prompts(&path.to_string_lossy())
     }
