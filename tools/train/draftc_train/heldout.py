@@ -44,22 +44,27 @@ def main(argv):
     seqs, index = train.load_sequences(args.max_len, with_index=True)
     n_val = max(8, len(seqs) // 20)
     tok = Tokenizer.from_file(str(train.emitted.model_dir() / "tokenizer.json"))
-    lines = []
     if args.context:
         lines = long_prompts(tok, index[len(seqs) - n_val :], args.context, args.count)
-    for ids, n_prompt in [] if args.context else seqs[len(seqs) - n_val :][: args.count]:
-        text = tok.decode(ids[:n_prompt].tolist(), skip_special_tokens=False)
-        start = text.rfind(USER)
-        if start < 0 or END not in text[start:]:
-            raise SystemExit(f"a held-out prompt has no user turn: {text[:80]!r}")
-        user = text[start + len(USER) :].split(END, 1)[0]
-        lines.append(json.dumps({"prompt": user}, ensure_ascii=False))
+    else:
+        lines = [first_turn(tok, ids, n_prompt) for ids, n_prompt in seqs[len(seqs) - n_val :][: args.count]]
     out = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(out)
         print(f"{len(lines)} held-out-split prompts -> {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(out)
+
+
+def first_turn(tok, ids, n_prompt):
+    """The `prompt` line of a held-out record: its user turn, decoded from
+    its prompt ids with the chat template stripped."""
+    text = tok.decode(ids[:n_prompt].tolist(), skip_special_tokens=False)
+    start = text.rfind(USER)
+    if start < 0 or END not in text[start:]:
+        raise SystemExit(f"a held-out prompt has no user turn: {text[:80]!r}")
+    user = text[start + len(USER) :].split(END, 1)[0]
+    return json.dumps({"prompt": user}, ensure_ascii=False)
 
 
 def long_prompts(tok, held_index, tokens, count):

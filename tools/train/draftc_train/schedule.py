@@ -61,7 +61,7 @@ class Pacer:
             late_pace = (early or 0.0) * self.late_cost
         if early is None:
             early = late_pace
-        left = self.budget - (now - self.t_start) - self.eval_batches * 0.5 * late_pace
+        left = self.left(now, late_pace)
         lf = self.late_frac
         if not lf:
             fit = step + left / early
@@ -76,16 +76,19 @@ class Pacer:
         fit = min(self.cap, max(step + 1, int(fit)))
         return fit if fit != total else None
 
+    def left(self, now, late_pace):
+        """Seconds left for training steps: the budget's rest less the final
+        evaluation's (`eval_batches` batches of about half a step each)."""
+        return self.budget - (now - self.t_start) - self.eval_batches * 0.5 * late_pace
 
     def cut_near_deadline(self, step, total, late, now):
         """Between re-fits: the step count the present stage's pace can
         still finish, when it is below `total` and less than a quarter of
         the budget is left; else None."""
         pace = self.pace(late) or self.last_dur
-        left = self.budget - (now - self.t_start)
-        if pace is None or left > 0.25 * self.budget:
+        if pace is None or self.budget - (now - self.t_start) > 0.25 * self.budget:
             return None
-        fit = max(step + 1, int(step + (left - self.eval_batches * 0.5 * pace) / pace))
+        fit = max(step + 1, int(step + self.left(now, pace) / pace))
         return fit if fit < total else None
 
 

@@ -193,7 +193,7 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
         for b, i in enumerate(idx):
             n = len(seqs[i][0])
             # A copy, not a view that would keep the whole batch alive.
-            out[i] = {t: hs[t][b, :n].to(torch.float16).to(home, copy=True) for t in taps}
+            out[i] = {t: hs[t][b, :n].to(home, torch.float16, copy=True) for t in taps}
         prog.update(len(idx))
     prog.close()
     if on_disk:
@@ -202,26 +202,22 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     return out
 
 
-# Bytes of target states kept in GPU memory so far (`features_home`).
-FEATURES_ON_GPU = [0]
-
-
 def features_home(nbytes):
     """Where `nbytes` more target states (f16) live: the training device,
-    or on a GPU, once the states kept there would pass
-    `DRAFTC_FEATURES_GPU_GB` (default a quarter of its memory: trainings
-    run side by side, and EAGLE-3's four taps of a large set at 1,024
-    tokens take tens of GB), host memory."""
+    or on a GPU, once this process's GPU memory would pass
+    `DRAFTC_FEATURES_GPU_GB` with them (default a quarter of the device:
+    trainings run side by side, and EAGLE-3's four taps of a large set at
+    1,024 tokens take tens of GB), host memory."""
     if DEV == "cpu":
         return "cpu"
     total = torch.cuda.get_device_properties(0).total_memory
     budget = float(os.environ.get("DRAFTC_FEATURES_GPU_GB", total / 4 / 2**30)) * 2**30
-    if FEATURES_ON_GPU[0] + nbytes > budget:
+    held = torch.cuda.memory_allocated()
+    if held + nbytes > budget:
         print(f"target states: {nbytes / 2**30:.1f} GiB more would pass the GPU budget of "
-              f"{budget / 2**30:.1f} GiB ({FEATURES_ON_GPU[0] / 2**30:.1f} GiB kept there): "
-              "kept in host memory, copied per batch", flush=True)
+              f"{budget / 2**30:.1f} GiB ({held / 2**30:.1f} GiB held): kept in host memory, "
+              "copied per batch", flush=True)
         return "cpu"
-    FEATURES_ON_GPU[0] += nbytes
     return DEV
 
 
