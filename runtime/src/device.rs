@@ -207,7 +207,8 @@ impl FlushPolicy {
 /// H200 (docs/bench/cuda-h200/2026-11-27, one run of 8 and 16 questions)
 /// the host's picks also won: 1.05x against 0.73x at batch 1, 0.52x against
 /// 0.47x at batch 16, with 217 launches and 3.4 reads a round against 261
-/// and 2.
+/// and 2; a second run (docs/bench/cuda-h200/2026-11-27b) measured 1.05x
+/// against 0.79x and 0.53x against 0.44x.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TreePicks {
     Host,

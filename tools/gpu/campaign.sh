@@ -62,7 +62,8 @@
 # (default "eagle3 eagle beagle medusa": the EAGLE drafters of issue 33;
 # SpecFormer and SPIRe gained under 0.001 acc1 on the H100 run,
 # docs/bench/cuda-h100/2026-11-26), CAMPAIGN_PARALLEL,
-# CAMPAIGN_THREADS (torch threads per training), CAMPAIGN_PYTHON.
+# CAMPAIGN_THREADS (torch threads per training), CAMPAIGN_PYTHON,
+# CAMPAIGN_DATA_MIN_S (the least data time a shard set runs with).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 repo=$(pwd)
@@ -194,17 +195,28 @@ fi
 t=$(date +%s)
 data_s=$((($(left) - bench_reserve) / 4))
 [ $toy = 1 ] && data_s=600
-say "data: up to ${data_s}s"
-extra=()
+# Four sets of 16 s each wrote nothing on the H200 (the first had not
+# printed its plan after 16 s; docs/bench/cuda-h200/2026-11-27b), where one
+# set of 57 s wrote 6,144 records (2026-11-27). So only as many sets run,
+# in order, as get CAMPAIGN_DATA_MIN_S each (default 40); the others wait
+# for a longer window (a rerun on the same stage resumes them).
 n_sets=${#data_sets[@]}
+min_set=${CAMPAIGN_DATA_MIN_S:-40}
+n_run=$((min_set > 0 ? data_s / min_set : n_sets))
+[ "$n_run" -gt "$n_sets" ] && n_run=$n_sets
+[ "$n_run" -lt 1 ] && n_run=1
+say "data: up to ${data_s}s, $n_run of the $n_sets sets"
+extra=()
 i=0
 for spec in "${data_sets[@]}"; do
   read -r name source start end tokens more <<<"$spec"
   # Each set gets its share of the data time, and what the sets before it
   # left unused.
   i=$((i + 1))
-  s=$((data_s * i / n_sets - ($(date +%s) - t)))
-  if [ "$s" -gt 5 ]; then
+  s=$((data_s * i / n_run - ($(date +%s) - t)))
+  if [ "$i" -gt "$n_run" ]; then
+    say "data $name: not run (${data_s}s of data time gives ${min_set}s to $n_run sets)"
+  elif [ "$s" -gt 5 ]; then
     say "data $name: prompts $start-$((end - 1)) of the $source selection, $tokens new tokens ${more:-greedy}, up to ${s}s"
     # shellcheck disable=SC2086
     timeout "$s" "$py" -m draftc_train data --source "$source" --start "$start" --prompts "$end" \
@@ -220,7 +232,7 @@ for spec in "${data_sets[@]}"; do
     say "data $name: $("$py" -c 'import json, sys; m = json.load(open(sys.argv[1]))
 print(m["counts"]["records"], "records,", m["counts"]["response_tokens"], "response tokens,", m["status"])' \
       "$stage/data/$name/MANIFEST.json")"
-  else
+  elif [ "$i" -le "$n_run" ]; then
     say "data $name: none (training goes on without it)"
   fi
 done

@@ -18,7 +18,7 @@
 # failing stage never loses the others' results:
 #   1. the GGUF reassembled and converted (f32 safetensors);
 #   2. the CUDA kernel tests (ops-* binaries, --features cuda-tests), one
-#      run per test module on one thread, 90 s;
+#      run per test module, 8 modules at a time on 2 threads each, 90 s;
 #   3. `draftc bench decode` in f16 and f32 at batch 1/4/16/64 with the
 #      measured counters (launches, flushes, reads, uploads, allocations,
 #      host µs per step), and f16 again with DRAFTC_FLUSH=launch (the old
@@ -90,37 +90,54 @@ modules_of() { # binary
 }
 
 # tests DIR [DEADLINE_EPOCH]: every ops-* test binary, one run per test
-# module on one thread, logs into DIR. (On an H200 the whole binary at 16
-# threads left two tests unfinished after 170 s that pass in about a second
-# alone, 2026-11-27: docs/bench/cuda-h200/2026-11-27; not diagnosed.)
+# module, TESTS_PARALLEL modules at a time (default 8) on TESTS_THREADS test
+# threads each (default 2), logs into DIR; the report lists them in module
+# order. (On an H200 the whole binary at 16 threads left two tests
+# unfinished after 170 s that pass in about a second alone, 2026-11-27:
+# docs/bench/cuda-h200/2026-11-27; not diagnosed. One module at a time on
+# one thread, linear_rope alone outlasted its 66 s and eleven modules did
+# not run in the 90 s, 2026-11-27b.)
 tests() {
-  local dir=$1 deadline=${2:-0} status=0 left log
+  local dir=$1 deadline=${2:-0} status=0 left log rc name mod
+  local par=${TESTS_PARALLEL:-8} threads=${TESTS_THREADS:-2}
+  local -a order=()
   for t in "$stage"/bin/ops-*; do
     name=$(basename "$t")
     for mod in $(modules_of "$t"); do
+      order+=("$t $mod")
+      while [ "$(jobs -rp | wc -l)" -ge "$par" ]; do wait -n; done
+      log="$dir/$name-$mod.log"
       left=120
       [ "$deadline" -gt 0 ] && left=$((deadline - $(date +%s)))
+      [ "$left" -gt 120 ] && left=120
       if [ "$left" -le 2 ]; then
-        echo "NOT RUN $name $mod (time)"
-        status=1
+        echo time >"$log.rc"
         continue
       fi
-      [ "$left" -gt 120 ] && left=120
-      log="$dir/$name-$mod.log"
-      timeout "$left" "$t" --test-threads 1 "$mod::" >"$log" 2>&1
-      rc=$?
-      if [ $rc = 0 ]; then
-        echo "PASS $name $mod: $(grep -h '^test result' "$log" | tail -1)"
-      elif [ $rc = 124 ]; then
-        status=1
-        echo "TIMEOUT $name $mod (${left}s): $(grep -c ' ok$' "$log") passed before it; unfinished:" \
-          "$(grep -h '^test .* \.\.\. *$\|has been running' "$log" | sed 's/^test //; s/ \.\.\..*//; s/ has been.*//' | sort -u | tr '\n' ' ')"
-      else
-        status=1
-        echo "FAIL $name $mod (exit $rc)"
-        grep -h -A20 'panicked\|FAILED\|failures:' "$log" | head -60
-      fi
+      echo "$left" >"$log.limit"
+      (timeout "$left" "$t" --test-threads "$threads" "$mod::" >"$log" 2>&1; echo $? >"$log.rc") &
     done
+  done
+  wait
+  for e in "${order[@]}"; do
+    read -r t mod <<<"$e"
+    name=$(basename "$t")
+    log="$dir/$name-$mod.log"
+    rc=$(cat "$log.rc" 2>/dev/null || echo lost)
+    if [ "$rc" = 0 ]; then
+      echo "PASS $name $mod: $(grep -h '^test result' "$log" | tail -1)"
+    elif [ "$rc" = time ]; then
+      status=1
+      echo "NOT RUN $name $mod (time)"
+    elif [ "$rc" = 124 ]; then
+      status=1
+      echo "TIMEOUT $name $mod ($(cat "$log.limit")s): $(grep -c ' ok$' "$log") passed before it; unfinished:" \
+        "$(grep -h '^test .* \.\.\. *$\|has been running' "$log" | sed 's/^test //; s/ \.\.\..*//; s/ has been.*//' | sort -u | tr '\n' ' ')"
+    else
+      status=1
+      echo "FAIL $name $mod (exit $rc)"
+      grep -h -A20 'panicked\|FAILED\|failures:' "$log" | head -60
+    fi
   done
   return $status
 }
