@@ -37,9 +37,9 @@ use tiny::{write, Named, Rng};
 
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
-const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa"];
+const LEARNED: &[&str] = &["specformer", "beagle", "spire", "medusa", "eagle"];
 /// Drafters without shipped weights, checked on random weights only.
-const UNSHIPPED: &[&str] = &["eagle", "eagle3"];
+const UNSHIPPED: &[&str] = &["eagle3"];
 
 /// A small target: 4 layers, d 32 (4 heads of 8, 2 KV heads), f 48, v 61.
 fn target() -> TargetConfig {

@@ -20,7 +20,7 @@ on)
   off
   paths=(snapshots docs)
   [ "${2:-}" = 3 ] || paths+=(models/weights/specformer.safetensors models/weights/spire.safetensors
-    models/weights/medusa.safetensors)
+    models/weights/medusa.safetensors models/weights/eagle.safetensors)
   [ "${2:-}" = 1 ] && paths+=(models/weights data)
   echo '# slim.sh begin' >>"$exclude"
   for p in "${paths[@]}"; do

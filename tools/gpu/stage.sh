@@ -12,7 +12,7 @@
 #   call 1: carry [.gpu1]        bash tools/gpu/run.sh unpack /root/stage
 #   call 2: carry [.gpu2, .gpu3] bash tools/gpu/run.sh bench /root/stage 300
 # (the second within the 30 s a machine stays warm). `on 2` leaves out the
-# weights of SpecFormer, SPIRe and Medusa: a bench of those needs them carried.
+# weights of SpecFormer, SPIRe, Medusa and EAGLE: a bench of those needs them carried.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p "$(git rev-parse --git-dir)/info"

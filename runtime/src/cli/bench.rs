@@ -150,11 +150,12 @@ pub struct SpecArgs {
 pub const DEFAULT_DRAFTERS: [&str; 2] = ["prompt-lookup", "models/magicdec.draft"];
 
 /// Learned drafters `draftc bench spec` adds by default.
-pub const LEARNED_DRAFTERS: [&str; 4] = [
+pub const LEARNED_DRAFTERS: [&str; 5] = [
     "models/specformer.draft",
     "models/beagle.draft",
     "models/medusa.draft",
     "models/spire.draft",
+    "models/eagle.draft",
 ];
 
 fn default_drafters(weights: &str) -> Vec<String> {
