@@ -62,6 +62,49 @@ pub fn assert_close(
     close(what, actual, expected, tolerance(dtype), floor)
 }
 
+/// [`assert_close`] for sums: `expected[i]` is a sum of terms whose
+/// absolute values add up to `magnitude[i]`, and a sum in another order (or
+/// with fused multiply-adds) may differ by a few roundings of those terms,
+/// however far they cancel: `|a - e| <= tol * magnitude[i]` (plus the f16
+/// floor of [`assert_close`]). Three weighted layers that cancel to 4.7e-4
+/// from terms of about 1 differed by 3e-8, 6e-5 of the result.
+pub fn assert_close_terms(
+    what: &str,
+    actual: &[f32],
+    expected: &[f32],
+    magnitude: &[f32],
+    dtype: DType,
+) -> Result<(), TestCaseError> {
+    if actual.len() != expected.len() || magnitude.len() != expected.len() {
+        return Err(TestCaseError::fail(format!(
+            "{what}: lengths {} (actual), {} (expected), {} (magnitudes) differ",
+            actual.len(),
+            expected.len(),
+            magnitude.len()
+        )));
+    }
+    let floor = match dtype {
+        DType::F16 => 2f32.powi(-24),
+        _ => 0.0,
+    };
+    let tol = tolerance(dtype);
+    let mut first = None;
+    let mut bad = 0usize;
+    for (i, ((a, e), m)) in actual.iter().zip(expected).zip(magnitude).enumerate() {
+        if (a - e).abs() > tol * m + floor && !(a.is_nan() && e.is_nan()) {
+            bad += 1;
+            first.get_or_insert((i, *a, *e, *m));
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some((i, a, e, m)) => Err(TestCaseError::fail(format!(
+            "{what}: {bad}/{} elements differ; first at {i}: got {a}, expected {e} (tol {tol}, terms' magnitude {m})",
+            actual.len()
+        ))),
+    }
+}
+
 /// [`assert_close`] with an explicit relative tolerance.
 pub fn assert_close_tol(
     what: &str,
