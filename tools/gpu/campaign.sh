@@ -2,8 +2,8 @@
 # One prepared GPU training campaign (issue 32, item 4), sized for a short
 # window on a lent NVIDIA machine (no Rust toolchain, no network): the target
 # generates more self-distilled data on CUDA, the learned drafters train
-# (those with shipped weights continue from them; EAGLE and EAGLE-3 start
-# from their initialisation), each is evaluated on the held-out split
+# (those with shipped weights continue from them, EAGLE since 2026-11-27b;
+# EAGLE-3 starts from its initialisation), each is evaluated on the held-out split
 # beside its shipped weights where there are some (same sequences, same
 # process), the results are benched with `draftc bench spec`
 # on CUDA at batch 1 and 16, and a report comes back with the weights.
@@ -262,8 +262,8 @@ say "train: ${#drafters[@]} drafters, $parallel at a time ($waves waves of ${sha
 train_one() { # drafter seconds
   local d=$1 s=$2 dir="$run/$1" init=()
   mkdir -p "$dir/out"
-  # From the shipped weights where they exist (EAGLE and EAGLE-3 have
-  # none yet: they train from the module's initialisation).
+  # From the shipped weights where they exist (EAGLE-3 has none yet: it
+  # trains from the module's initialisation).
   [ -f "$repo/models/weights/$d.safetensors" ] && init=(--init-from "$repo/models/weights/$d.safetensors" --eval-init)
   # shellcheck disable=SC2086
   timeout -k 10 $((s + 60)) "$py" -m draftc_train train "$d" "${train_flags[@]}" --time-budget "$s" \
