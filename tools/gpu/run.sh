@@ -23,11 +23,12 @@
 #      measured counters (launches, flushes, reads, uploads, allocations,
 #      host µs per step), and f16 again with DRAFTC_FLUSH=launch (the old
 #      per-launch flush) beside it;
-#   4. `draftc bench spec` for the shipped Beagle at batch 1 and 16, each
-#      setting fixed and planned (`--speculate fixed,auto`, issue 34: auto
+#   4. `draftc bench spec` for the shipped Beagle at batch 1 and 16, budgets
+#      1 and 3 fixed and planned up to 3 (`--speculate fixed,auto`, issue 34: auto
 #      must not be slower than autoregressive decoding at batch 16), up to
 #      90 s (before transformers: on an H100 the stages below once left it
-#      no time);
+#      no time), with the planner's per-round trace in spec.err
+#      (DRAFTC_PLAN_DEBUG=rounds);
 #   5. transformers on the same converted weights: eager (f16, f32), and
 #      torch.compile with the static cache, mode="reduce-overhead" (f16,
 #      batch 1 and 64) only when 100 s are left for it (it compiled for
@@ -235,8 +236,13 @@ bench)
   spec_s=$(($(left) - 60))
   [ "$spec_s" -gt 90 ] && spec_s=90
   if [ "$spec_s" -gt 20 ]; then
-    timeout "$spec_s" draftc bench spec --backend cuda --prompts mt-bench --prompt-count 8 --model "$m" \
-      --batch 1,16 --budget 3 --max-tokens 32 --drafter models/beagle.draft --lookup off --lookup 2 --speculate fixed,auto \
+    # The planner's cost tables after each run and one line a round (budget,
+    # rows, draft / verify / commit times) go to spec.err: an auto run that
+    # loses to the fixed draft can be read from what the planner measured.
+    # Fixed budget 1 (one token) beside 3: the draft the planner's probes
+    # mostly are, measured on its own.
+    DRAFTC_PLAN_DEBUG=rounds timeout "$spec_s" draftc bench spec --backend cuda --prompts mt-bench --prompt-count 8 --model "$m" \
+      --batch 1,16 --budget 1,3 --max-tokens 32 --drafter models/beagle.draft --lookup off --lookup 2 --speculate fixed,auto \
       --out "$work/spec" --quiet 2>"$work/spec.err" >"$work/spec.md" || echo "spec: exit $? $(tail -3 "$work/spec.err")"
     { echo; cat "$work/spec.md"; } | tee -a "$report"
   else
