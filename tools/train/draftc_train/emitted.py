@@ -37,7 +37,10 @@ def emit(draft, sets=None):
     cmd = [draftc_bin(), "emit", str(draft), "--backend", "torch"]
     for k, v in (sets or {}).items():
         cmd += ["--set", f"{k}={v}"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    # The repository's target presets also serve a description kept
+    # elsewhere (`train --description`): draftc looks next to the file first.
+    env = {**os.environ, "DRAFTC_MODELS": os.environ.get("DRAFTC_MODELS", str(REPO / "models"))}
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"`{' '.join(cmd)}` failed:\n{r.stderr}")
     return r.stdout

@@ -437,6 +437,9 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--export-only", action="store_true",
                     help="export the --work checkpoint (implies --resume; an error without one)")
+    ap.add_argument("--description", type=Path, default=None, metavar="FILE",
+                    help="train this variant of the drafter's description instead of models/DRAFTER.draft "
+                         "(A/B runs; the drafter's recipe and name stay; with --no-export or --export-dir)")
     ap.add_argument("--no-export", action="store_true", help="train and evaluate, leave models/weights alone")
     ap.add_argument("--export-dir", type=Path, default=None, metavar="DIR",
                     help="export the weights, manifest and loss curve into DIR instead of models/weights "
@@ -500,7 +503,12 @@ def main(argv):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    draft = REPO / "models" / f"{args.drafter}.draft"
+    draft = args.description or REPO / "models" / f"{args.drafter}.draft"
+    if not Path(draft).is_file():
+        raise SystemExit(f"{draft}: no such description file")
+    if args.description and not (args.no_export or args.export_dir):
+        # models/weights/DRAFTER.* must stay the weights of models/DRAFTER.draft.
+        raise SystemExit("--description trains a variant: add --no-export or --export-dir DIR")
     mod = emitted.load(draft)
     r = recipe_of(args.drafter, mod)
     if args.lr is not None:
