@@ -443,7 +443,7 @@ def main(argv):
     ap.add_argument("--no-export", action="store_true", help="train and evaluate, leave models/weights alone")
     ap.add_argument("--export-dir", type=Path, default=None, metavar="DIR",
                     help="export the weights, manifest and loss curve into DIR instead of models/weights "
-                         "(the manifest still names models/DRAFTER.draft as the description)")
+                         "(the manifest names models/DRAFTER.draft, or --description's file, as the description)")
     ap.add_argument("--eval-init", action="store_true",
                     help="with --init-from: evaluate those weights on this run's held-out split before training "
                          "(the baseline of the result, on the same sequences)")
@@ -914,7 +914,7 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
     val = [e for e in log if "val_loss" in e]
     manifest = dict(
         drafter=args.drafter,
-        description=f"models/{args.drafter}.draft",
+        description=str(args.description or f"models/{args.drafter}.draft"),
         module_sha256=mod.SOURCE_SHA256,
         weights=path.name,
         weights_sha256=shards.sha256_file(path),
