@@ -638,15 +638,20 @@ pub fn generate_with_policy<R: Runtime>(
             p.observe_round(batch, emitted, round_s, !skip);
             if trace_rounds {
                 // DRAFTC_PLAN_DEBUG=rounds: one line a round, times in ms.
+                let c = draftc_ops::counters::snapshot().since(&counts0);
                 eprintln!(
                     "plan round {round}: seqs {batch} budget {budget} rows {rows} emitted {emitted} \
                      draft {:.3} pass+accept {:.3} commit+observe {:.3} round {:.3} \
-                     V(seqs) {:?} off {drafter_off}",
+                     V(seqs) {:?} off {drafter_off} launches {} flushes {} reads {} uploads {}",
                     draft_s * 1e3,
                     verify_s * 1e3,
                     (tv.elapsed().as_secs_f64() - verify_s) * 1e3,
                     round_s * 1e3,
                     p.verify_time(batch).map(|v| (v * 1e6).round() / 1e3),
+                    c.launches,
+                    c.flushes,
+                    c.reads,
+                    c.uploads,
                 );
             }
         }
