@@ -233,8 +233,15 @@ fn calibrate_on<R: Runtime>(
                     .filter(|e| e.0 == b)
                     .map(|(_, k, t)| format!("budget {k} {:.1} ms", t * 1e3))
                     .collect();
+                let plain = c
+                    .step
+                    .iter()
+                    .find(|e| e.0 == b)
+                    .map_or("not measured".to_string(), |(_, r)| {
+                        format!("{:.0} % of a round without draft", r * 100.0)
+                    });
                 eprintln!(
-                    "{name} batch {b}: round without draft: {}; drafter call: {}",
+                    "{name} batch {b}: round without draft: {}; drafter call: {}; plain decoder step: {plain}",
                     v.join(", "),
                     d.join(", ")
                 );

@@ -284,11 +284,45 @@ pub fn warm_up<R: Runtime>(
             &mut |_, _| {},
         )?;
     }
-    super::generate(target, requests, 2, sampling, None, &mut |_, _| {})?;
-    if let (DraftPolicy::Planned(p), DraftPolicy::Planned(w)) = (policy, &cycle) {
+    // The plain decoder at this batch: compiled for the baseline, and timed
+    // for the planner, whose drafter-off choice runs it (the engine's
+    // no-draft round also feeds the drafter and keeps its books, and can
+    // cost more: docs/bench/cuda-h200/2026-11-27c).
+    let plain = super::generate(
+        target,
+        requests,
+        PLAIN_STEPS.min(room).max(2),
+        sampling,
+        None,
+        &mut |_, _| {},
+    )?;
+    if let (DraftPolicy::Planned(p), DraftPolicy::Planned(w)) = (policy, &mut cycle) {
+        if let Some(t) = plain_step(&plain.stats.decode_pass_s) {
+            w.observe_plain_step(requests.len(), t);
+        }
         p.adopt_costs(w);
     }
     Ok(())
+}
+
+/// Tokens the warm-up's plain decoder makes: its first decode pass may
+/// compile (a run without a baseline before it), the others are timed.
+const PLAIN_STEPS: usize = 5;
+
+/// The median of the decode passes after the first (`None` with fewer than
+/// two after it).
+fn plain_step(passes: &[f64]) -> Option<f64> {
+    let mut t: Vec<f64> = passes
+        .iter()
+        .skip(1)
+        .copied()
+        .filter(|x| x.is_finite())
+        .collect();
+    if t.len() < 2 {
+        return None;
+    }
+    t.sort_by(f64::total_cmp);
+    Some(t[(t.len() - 1) / 2])
 }
 
 /// [`generate_speculative`] with each round's draft sized by `policy`.

@@ -119,6 +119,10 @@ pub(super) const WARM_BASE: [usize; 11] = [0, 1, 0, 0, 1, 0, 0, 0, 0, 0, 1];
 pub struct Costs {
     pub verify: Vec<(usize, f64)>,
     pub draft: Vec<(usize, usize, f64)>,
+    /// The plain decoder's step over the no-draft round, by sequences
+    /// (`Planner::observe_plain_step`; absent from files written before it).
+    #[serde(default)]
+    pub step: Vec<(usize, f64)>,
 }
 
 impl Costs {
@@ -132,7 +136,12 @@ impl Costs {
             self.draft.retain(|e| (e.0, e.1) != (b, k));
             self.draft.push((b, k, t));
         }
+        for &(b, r) in &other.step {
+            self.step.retain(|e| e.0 != b);
+            self.step.push((b, r));
+        }
         self.verify.sort_by_key(|e| e.0);
         self.draft.sort_by_key(|e| (e.0, e.1));
+        self.step.sort_by_key(|e| e.0);
     }
 }

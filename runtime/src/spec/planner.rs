@@ -10,8 +10,12 @@
 //! * time `D(b, d)·[d > 0] + V(n)`, `n = Σ (1 + k_i)` rows verified;
 //!   `D` is the drafter call, `V` everything else of the round (the target
 //!   pass, acceptance, the KV commit and the drafter's observation of the
-//!   committed rows), so a round with no draft is the plain autoregressive
-//!   step through the same code;
+//!   committed rows), so a round with no draft is an autoregressive step
+//!   through the same code. The plain decoder's own step (the drafter off)
+//!   can cost less: on an H200 the engine's no-draft round took 2.1–2.3 ms
+//!   where the decoder took 1.9 ms (docs/bench/cuda-h200/2026-11-27c). The
+//!   warm-up times it, and every on/off decision and the predicted speedup
+//!   compare with it ([`Planner::baseline_time`]);
 //! * tokens `b + Σ_i Σ_{j ≤ k_i} P_i(j)`, with `P_i(j) = Π_{m ≤ j} α_i(m)`
 //!   the chance that sequence `i` accepts its first `j` draft tokens
 //!   (Leviathan et al. 2023's expected length, per depth instead of one `α`).
@@ -169,6 +173,9 @@ pub struct Planner {
     verify: BTreeMap<usize, Ema>,
     /// Drafter call time by (sequences, budget).
     draft: BTreeMap<(usize, usize), Ema>,
+    /// The plain decoder's step over the no-draft round, by sequences
+    /// ([`Planner::observe_plain_step`]).
+    step_ratio: BTreeMap<usize, f64>,
     global: DepthCounts,
     seqs: HashMap<usize, DepthCounts>,
     rounds: usize,
@@ -286,6 +293,7 @@ impl Planner {
             cfg,
             verify: BTreeMap::new(),
             draft: BTreeMap::new(),
+            step_ratio: BTreeMap::new(),
             global: DepthCounts::default(),
             seqs: HashMap::new(),
             rounds: 0,
@@ -398,8 +406,9 @@ impl Planner {
     /// without the drafter, as [`Planner::plan`] would have planned them
     /// (a run that started off is autoregressive decoding).
     pub fn rounds_off(&mut self, seqs: usize, steps: usize, seq_rounds: usize) {
-        if let Some(v0) = self.verify_time(seqs) {
-            // Planned as an off planner plans: one token a sequence in `V`.
+        if let Some(v0) = self.baseline_time(seqs) {
+            // Planned as an off planner plans: one token a sequence in a
+            // plain decoder's step.
             self.predicted.0 += steps as f64;
             self.predicted.1 += steps as f64 * v0;
             self.predicted_rounds += steps;
@@ -462,6 +471,7 @@ impl Planner {
                 .iter()
                 .map(|(&(b, k), e)| (b, k, e.value))
                 .collect(),
+            step: self.step_ratio.iter().map(|(&b, &r)| (b, r)).collect(),
         }
     }
 
@@ -487,6 +497,9 @@ impl Planner {
                 self.draft.insert((b, k), sample(t));
             }
         }
+        for &(b, r) in &c.step {
+            self.set_step_ratio(b, r);
+        }
     }
 
     /// Takes the cost tables and the global acceptance estimates of
@@ -495,6 +508,7 @@ impl Planner {
     pub fn adopt_costs(&mut self, other: &Planner) {
         self.verify.clone_from(&other.verify);
         self.draft.clone_from(&other.draft);
+        self.step_ratio.clone_from(&other.step_ratio);
         self.global = other.global.clone();
         self.depth_cap = other.depth_cap;
     }
@@ -689,7 +703,7 @@ impl Planner {
             return fixed(0, None, false);
         }
         if self.is_off(b) {
-            let v0 = self.verify_time(b);
+            let v0 = self.baseline_time(b);
             return fixed(0, v0.map(|v| (b as f64, v)), true);
         }
         if let Some(k) = self.calibration() {
@@ -767,11 +781,11 @@ impl Planner {
     }
 
     /// Whether the best draft for sequences with acceptance `reach` is
-    /// `factor` times faster than no draft (`None` while no-draft rounds
-    /// have no cost yet).
+    /// `factor` times faster than the drafter off, the plain decoder's step
+    /// (`None` while no-draft rounds have no cost yet).
     fn beats_no_draft(&self, reach: &[Vec<f64>], factor: f64) -> Option<bool> {
         let seqs = reach.len() as f64;
-        let v0 = self.verify_time(reach.len())?;
+        let v0 = self.baseline_time(reach.len())?;
         Some(
             self.best_draft(reach)
                 .is_some_and(|(rate, ..)| rate > factor * seqs / v0),
@@ -794,9 +808,14 @@ impl Planner {
             .map(|j| format!("{:.2}", self.alpha(usize::MAX, j)))
             .collect();
         format!(
-            "planner: verify rows [{}], draft [{}], global acceptance by depth [{}], by confidence [{}], attention {:.3} µs a row per key at context {:.0}, predicted speedup {:?} at {seqs} sequences",
+            "planner: verify rows [{}], draft [{}], plain step / no-draft round [{}], global acceptance by depth [{}], by confidence [{}], attention {:.3} µs a row per key at context {:.0}, predicted speedup {:?} at {seqs} sequences",
             v.join(" "),
             d.join(" "),
+            self.step_ratio
+                .iter()
+                .map(|(b, r)| format!("{b}:{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
             a.join(" "),
             self.describe_confidence(),
             self.attention_cost() * 1e6,
@@ -920,7 +939,7 @@ impl Planner {
         }
         if self.window.2 >= REALITY_WINDOW {
             let (t, s, _) = std::mem::take(&mut self.window);
-            if let Some(v0) = self.verify_time(seqs) {
+            if let Some(v0) = self.baseline_time(seqs) {
                 // Two windows in a row must fall short (one is noise on a
                 // shared host as often as not).
                 let short = t / s < REALITY_MARGIN * seqs as f64 / v0;
@@ -932,10 +951,10 @@ impl Planner {
         }
     }
 
-    /// The speedup the planner expects of the rounds it planned, over its
-    /// own no-draft round time (`V(b)`) at `seqs` sequences.
+    /// The speedup the planner expects of the rounds it planned, over the
+    /// plain decoder's step at `seqs` sequences ([`Planner::baseline_time`]).
     pub fn predicted_speedup(&self, seqs: usize) -> Option<f64> {
-        let v0 = self.verify_time(seqs)?;
+        let v0 = self.baseline_time(seqs)?;
         if self.predicted_rounds == 0 {
             return None;
         }

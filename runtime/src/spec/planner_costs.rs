@@ -1,11 +1,47 @@
 //! The planner's cost tables read back (`Planner::verify_time`,
-//! `Planner::draft_time`): a row count's or a drafter call's own average,
-//! the least-squares line through the table where it has none, and the
-//! guards against samples that caught a compile or a catch-up.
+//! `Planner::draft_time`, `Planner::baseline_time`): a row count's or a
+//! drafter call's own average, the least-squares line through the table
+//! where it has none, the guards against samples that caught a compile or a
+//! catch-up, and the plain decoder's step as a share of the no-draft round.
 
 use super::{Ema, Planner, SETTLED, SPIKE, SUSPECT, SUSPECT_REACH};
 
+/// The least a plain decoder's step is taken to cost, as a share of the
+/// no-draft round (a smaller measured share is a noisy sample).
+const STEP_RATIO_MIN: f64 = 0.5;
+
 impl Planner {
+    /// Seconds of the plain decoder's step at `seqs` sequences: what a
+    /// round costs with the drafter off, the baseline every on/off decision
+    /// and the predicted speedup compare with. The no-draft round's time
+    /// ([`Planner::verify_time`]) scaled by the share the warm-up measured
+    /// ([`Planner::observe_plain_step`]; 1 where none was measured).
+    pub fn baseline_time(&self, seqs: usize) -> Option<f64> {
+        let v0 = self.verify_time(seqs)?;
+        Some(v0 * self.step_ratio.get(&seqs).copied().unwrap_or(1.0))
+    }
+
+    /// The plain decoder took `seconds` a step at `seqs` sequences (the
+    /// warm-up times it right after its planned rounds, at their context):
+    /// kept as a share of this planner's no-draft round at that batch, in
+    /// `[STEP_RATIO_MIN, 1]`. Nothing is kept before a no-draft round was
+    /// measured.
+    pub fn observe_plain_step(&mut self, seqs: usize, seconds: f64) {
+        if let Some(v0) = self.verify_time(seqs) {
+            if seconds.is_finite() && seconds > 0.0 {
+                self.set_step_ratio(seqs, seconds / v0);
+            }
+        }
+    }
+
+    /// Keeps `ratio` (clamped) as the plain step's share at `seqs`.
+    pub(super) fn set_step_ratio(&mut self, seqs: usize, ratio: f64) {
+        if seqs > 0 && ratio.is_finite() && ratio > 0.0 {
+            self.step_ratio
+                .insert(seqs, ratio.clamp(STEP_RATIO_MIN, 1.0));
+        }
+    }
+
     /// Predicted round time without a draft over `rows` rows: the row
     /// count's own average once it was measured twice (a kernel's cost is
     /// a step function of its rows: lavapipe's linears block rows by 1, 2,

@@ -336,13 +336,16 @@ fn costs_round_trip_and_seed_a_planner() {
     r.seed_costs(&Costs {
         verify: vec![(0, 1.0), (3, f64::NAN), (2, -1.0)],
         draft: vec![(0, 1, 1.0)],
+        step: vec![(0, 0.9), (1, f64::NAN)],
     });
     assert_eq!(r.costs(), Costs::default());
     let mut m = c.clone();
     m.merge(&Costs {
         verify: vec![(4, 0.5), (9, 0.2)],
         draft: vec![],
+        step: vec![(1, 0.8)],
     });
+    assert_eq!(m.step, vec![(1, 0.8)]);
     assert_eq!(m.verify.len(), 4);
     assert!(m.verify.contains(&(4, 0.5)));
 }
@@ -443,6 +446,75 @@ fn drafts_are_planned_no_deeper_than_the_drafter_goes() {
 /// Batch 1 on a GPU (the H100 traces of docs/bench/cuda-h100/2026-11-26):
 /// a round costs about the same at 1 to 4 rows, a drafter call a quarter
 /// of it.
+/// The H200's batch-1 costs (docs/bench/cuda-h200/2026-11-27c): a round
+/// without a draft 2.2 ms, a one-token draft 0.5 ms; the plain decoder's
+/// step 1.9 ms.
+fn h200_b1_planner(plain: Option<f64>) -> Planner {
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    for (n, t) in [(1, 2.2e-3), (2, 2.2e-3), (3, 2.36e-3), (4, 2.6e-3)] {
+        for _ in 0..4 {
+            p.observe_verify(n, t);
+        }
+    }
+    for (k, t) in [(1, 0.5e-3), (2, 0.9e-3), (3, 1.2e-3)] {
+        for _ in 0..4 {
+            p.observe_draft(1, k, t, true);
+        }
+    }
+    if let Some(t) = plain {
+        p.observe_plain_step(1, t);
+    }
+    // 35 % of first draft tokens accepted.
+    for i in 0..40 {
+        p.observe_seq(9, 1, usize::from(i % 20 < 7));
+    }
+    p
+}
+
+#[test]
+fn the_drafter_stays_on_only_where_it_beats_the_plain_decoder() {
+    // A one-token draft (1.35 tokens in 2.7 ms) beats the engine's no-draft
+    // round (1 in 2.2 ms) by 10 %, but not the plain decoder (1 in 1.9 ms).
+    let mut unaware = h200_b1_planner(None);
+    assert!(!unaware.start_run(1), "no plain step measured: drafts");
+    let mut p = h200_b1_planner(Some(1.9e-3));
+    assert!((p.baseline_time(1).unwrap() - 1.9e-3).abs() < 1e-9);
+    // Each round still chooses between a draft and a no-draft round.
+    assert!((p.verify_time(1).unwrap() - 2.2e-3).abs() < 1e-9);
+    assert!(
+        p.start_run(1),
+        "started with a drafter slower than the decoder"
+    );
+    // The ratio travels with the stored costs.
+    let mut q = Planner::new(PlannerConfig::auto(3)).unwrap();
+    q.seed_costs(&p.costs());
+    let share = q.baseline_time(1).unwrap() / q.verify_time(1).unwrap();
+    assert!((share - 1.9 / 2.2).abs() < 1e-9, "{share}");
+    // A plain step slower than the round (noise) is the round; one far
+    // faster is held at half of it.
+    let mut slow = h200_b1_planner(Some(3.0e-3));
+    assert!((slow.baseline_time(1).unwrap() - 2.2e-3).abs() < 1e-9);
+    assert!(!slow.start_run(1));
+    let fast = h200_b1_planner(Some(0.1e-3));
+    assert!((fast.baseline_time(1).unwrap() - 1.1e-3).abs() < 1e-9);
+}
+
+#[test]
+fn the_predicted_speedup_is_over_the_plain_decoder() {
+    let mut p = h200_b1_planner(None);
+    // Ten off rounds: planned as the plain decoder's steps, so 1x over it
+    // whatever its cost.
+    p.rounds_off(1, 10, 10);
+    assert!((p.predicted_speedup(1).unwrap() - 1.0).abs() < 1e-9);
+    let mut q = h200_b1_planner(Some(1.9e-3));
+    q.predicted = (13.0, 10.0 * 2.7e-3);
+    q.predicted_rounds = 10;
+    // 1.3 tokens in 2.7 ms against 1 in 1.9 ms: 0.915x (1.06x over the
+    // engine's no-draft round).
+    let x = q.predicted_speedup(1).unwrap();
+    assert!((x - 1.3 * 1.9 / 2.7).abs() < 1e-9, "{x}");
+}
+
 fn gpu_b1_planner() -> Planner {
     let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
     for (n, t) in [(1, 3.0e-3), (2, 3.0e-3), (3, 3.1e-3), (4, 3.2e-3)] {
