@@ -443,24 +443,31 @@ fn drafts_are_planned_no_deeper_than_the_drafter_goes() {
     assert!(p.plan(&[0, 1, 2, 3]).draft_budget() <= 2);
 }
 
-/// Batch 1 on a GPU (the H100 traces of docs/bench/cuda-h100/2026-11-26):
-/// a round costs about the same at 1 to 4 rows, a drafter call a quarter
-/// of it.
-/// The H200's batch-1 costs (docs/bench/cuda-h200/2026-11-27c): a round
-/// without a draft 2.2 ms, a one-token draft 0.5 ms; the plain decoder's
-/// step 1.9 ms.
-fn h200_b1_planner(plain: Option<f64>) -> Planner {
+/// A batch-1 planner that measured each `(rows, seconds)` of `verify` and
+/// each `(budget, seconds)` of `draft` four times.
+fn batch1_planner(verify: &[(usize, f64)], draft: &[(usize, f64)]) -> Planner {
     let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
-    for (n, t) in [(1, 2.2e-3), (2, 2.2e-3), (3, 2.36e-3), (4, 2.6e-3)] {
+    for &(n, t) in verify {
         for _ in 0..4 {
             p.observe_verify(n, t);
         }
     }
-    for (k, t) in [(1, 0.5e-3), (2, 0.9e-3), (3, 1.2e-3)] {
+    for &(k, t) in draft {
         for _ in 0..4 {
             p.observe_draft(1, k, t, true);
         }
     }
+    p
+}
+
+/// The H200's batch-1 costs (docs/bench/cuda-h200/2026-11-27c): a round
+/// without a draft 2.2 ms, a one-token draft 0.5 ms; the plain decoder's
+/// step 1.9 ms.
+fn h200_b1_planner(plain: Option<f64>) -> Planner {
+    let mut p = batch1_planner(
+        &[(1, 2.2e-3), (2, 2.2e-3), (3, 2.36e-3), (4, 2.6e-3)],
+        &[(1, 0.5e-3), (2, 0.9e-3), (3, 1.2e-3)],
+    );
     if let Some(t) = plain {
         p.observe_plain_step(1, t);
     }
@@ -515,18 +522,14 @@ fn the_predicted_speedup_is_over_the_plain_decoder() {
     assert!((x - 1.3 * 1.9 / 2.7).abs() < 1e-9, "{x}");
 }
 
+/// Batch 1 on a GPU (the H100 traces of docs/bench/cuda-h100/2026-11-26):
+/// a round costs about the same at 1 to 4 rows, a drafter call a quarter
+/// of it.
 fn gpu_b1_planner() -> Planner {
-    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
-    for (n, t) in [(1, 3.0e-3), (2, 3.0e-3), (3, 3.1e-3), (4, 3.2e-3)] {
-        for _ in 0..4 {
-            p.observe_verify(n, t);
-        }
-    }
-    for (k, t) in [(1, 0.7e-3), (2, 1.1e-3), (3, 1.2e-3)] {
-        for _ in 0..4 {
-            p.observe_draft(1, k, t, true);
-        }
-    }
+    let mut p = batch1_planner(
+        &[(1, 3.0e-3), (2, 3.0e-3), (3, 3.1e-3), (4, 3.2e-3)],
+        &[(1, 0.7e-3), (2, 1.1e-3), (3, 1.2e-3)],
+    );
     p.rounds = 4;
     p
 }
