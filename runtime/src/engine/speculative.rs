@@ -284,14 +284,18 @@ pub fn warm_up<R: Runtime>(
             &mut |_, _| {},
         )?;
     }
-    // The plain decoder at this batch: compiled for the baseline, and timed
-    // for the planner, whose drafter-off choice runs it (the engine's
+    // The plain decoder at this batch: compiled for the baseline, and, for
+    // a planner, timed: its drafter-off choice runs it (the engine's
     // no-draft round also feeds the drafter and keeps its books, and can
     // cost more: docs/bench/cuda-h200/2026-11-27c).
+    let plain_tokens = match policy {
+        DraftPolicy::Planned(_) => PLAIN_STEPS.min(room).max(2),
+        DraftPolicy::Fixed(_) => 2,
+    };
     let plain = super::generate(
         target,
         requests,
-        PLAIN_STEPS.min(room).max(2),
+        plain_tokens,
         sampling,
         None,
         &mut |_, _| {},
