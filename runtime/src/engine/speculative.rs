@@ -26,6 +26,7 @@ use super::select::{select_tokens, select_tokens_into, Sampling, SelectOut};
 use super::target::{EngineError, TargetModel};
 use super::Request;
 use crate::exec::{SeqStep, Step};
+use crate::spec::median::{median, Middle};
 use crate::spec::{DraftTree, PlanMode, Planner, PlannerConfig};
 
 /// How a speculative run sizes each round's draft.
@@ -316,17 +317,13 @@ const PLAIN_STEPS: usize = 5;
 /// The median of the decode passes after the first (`None` with fewer than
 /// two after it).
 fn plain_step(passes: &[f64]) -> Option<f64> {
-    let mut t: Vec<f64> = passes
+    let t: Vec<f64> = passes
         .iter()
         .skip(1)
         .copied()
         .filter(|x| x.is_finite())
         .collect();
-    if t.len() < 2 {
-        return None;
-    }
-    t.sort_by(f64::total_cmp);
-    Some(t[(t.len() - 1) / 2])
+    (t.len() >= 2).then(|| median(&t, Middle::Lower))
 }
 
 /// [`generate_speculative`] with each round's draft sized by `policy`.

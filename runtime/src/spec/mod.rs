@@ -6,6 +6,7 @@
 //! | [`tree`] | [`DraftTree`] and its builders (chain, static, EAGLE-2 dynamic, DuoDecoding multi-sequence), the per-round node budget, greedy acceptance on the host | 000, 002, 003 |
 //! | [`builder`] | [`TreeBuilder`]: every tree shape built level by level, so a drafter expands a whole level (of every sequence) in one pass | 002, 003 |
 //! | [`prompt_lookup`] | n-gram drafting from the token history (`--drafter prompt-lookup`) | 003 (PLD baseline) |
+//! | [`median`] | the median of timing samples, of an even count the side that never favours speculation | |
 //! | [`budget`] | hardware-aware draft length from measured verify/draft times and acceptance | 003 §3.1 |
 //! | `plan_config` | the planner's settings ([`PlannerConfig`], [`PlanMode`], the warm-up's cycle) and its stored cost tables (`planner::Costs`) | |
 //! | [`planner`] | `--speculate auto`: each round's draft budget per sequence, down to none, from costs measured on the device and acceptance per depth estimated online | 004 §2, SpecDec++, SmartSpec |
@@ -14,6 +15,7 @@
 
 pub mod budget;
 pub mod builder;
+pub mod median;
 mod plan_config;
 pub mod planner;
 pub mod prompt_lookup;

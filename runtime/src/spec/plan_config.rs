@@ -128,20 +128,18 @@ pub struct Costs {
 impl Costs {
     /// `other`'s entries replace this one's where both have a key.
     pub fn merge(&mut self, other: &Costs) {
-        for &(n, t) in &other.verify {
-            self.verify.retain(|e| e.0 != n);
-            self.verify.push((n, t));
-        }
-        for &(b, k, t) in &other.draft {
-            self.draft.retain(|e| (e.0, e.1) != (b, k));
-            self.draft.push((b, k, t));
-        }
-        for &(b, r) in &other.step {
-            self.step.retain(|e| e.0 != b);
-            self.step.push((b, r));
-        }
-        self.verify.sort_by_key(|e| e.0);
-        self.draft.sort_by_key(|e| (e.0, e.1));
-        self.step.sort_by_key(|e| e.0);
+        replace_by_key(&mut self.verify, &other.verify, |e| (e.0, 0));
+        replace_by_key(&mut self.draft, &other.draft, |e| (e.0, e.1));
+        replace_by_key(&mut self.step, &other.step, |e| (e.0, 0));
     }
+}
+
+/// `table` with `new`'s entries in place of those with the same key, sorted
+/// by key.
+fn replace_by_key<T: Copy>(table: &mut Vec<T>, new: &[T], key: impl Fn(&T) -> (usize, usize)) {
+    for e in new {
+        table.retain(|x| key(x) != key(e));
+        table.push(*e);
+    }
+    table.sort_by_key(|e| key(e));
 }
