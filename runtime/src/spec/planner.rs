@@ -202,8 +202,19 @@ pub struct Planner {
     /// deep (`None` until it returned a shallower one): MagicDec's chain
     /// ends at its `l` whatever the budget.
     depth_cap: Option<usize>,
+    /// Predicted tokens, seconds and rounds of the window's drafting rounds
+    /// that [`Planner::plan`] planned.
+    window_pred: (f64, f64, usize),
+    /// The prediction of the round planned last, if it drafted (until
+    /// [`Planner::observe_round`] takes it).
+    pending: Option<(f64, f64)>,
     /// The last reality check fell short.
     short_window: bool,
+    /// The drafter went off because a window emitted too few tokens, not
+    /// because it took too long ([`Planner::start_run`]).
+    off_by_acceptance: bool,
+    /// This run's drafter was switched back on by that rule.
+    rejudged: bool,
     /// Rounds planned since the drafter was switched off.
     off_rounds: usize,
     /// Rounds off after which a run at that batch size tries the drafter
@@ -307,7 +318,11 @@ impl Planner {
             off_at: None,
             window: (0.0, 0.0, 0),
             depth_cap: None,
+            window_pred: (0.0, 0.0, 0),
+            pending: None,
             short_window: false,
+            off_by_acceptance: false,
+            rejudged: false,
             off_rounds: 0,
             retry_after: RETRY_OFF,
             hopeless: false,
@@ -316,108 +331,6 @@ impl Planner {
             rooms: HashMap::new(),
             conf: Default::default(),
         })
-    }
-
-    /// Whether every measured drafter call at `seqs` sequences costs less
-    /// than [`FREE_DRAFT`] of a no-draft round.
-    fn free_drafter(&self, seqs: usize) -> bool {
-        let Some(v0) = self.verify_time(seqs) else {
-            return false;
-        };
-        let calls: Vec<f64> = self
-            .draft
-            .iter()
-            .filter(|((b, _), _)| *b == seqs)
-            .map(|(_, e)| e.value)
-            .collect();
-        !calls.is_empty() && calls.iter().all(|&t| t < FREE_DRAFT * v0)
-    }
-
-    /// Whether the drafter is off for a batch of `seqs` sequences (a run
-    /// that starts off does not feed the drafter its prompts either).
-    pub fn is_off(&self, seqs: usize) -> bool {
-        self.cfg.mode == PlanMode::Auto && self.off_at == Some(seqs)
-    }
-
-    /// Switches the drafter off at `seqs` sequences; hopeless when even
-    /// with half the rejections it now sees a draft would not gain
-    /// [`RETRY_GAIN`]: then its costs lose, not a hard stretch of text, and
-    /// a retry would only pay its own rounds again.
-    fn switch_off(&mut self, seqs: usize) {
-        self.off_at = Some(seqs);
-        self.off_rounds = 0;
-        let mut p = 1.0;
-        let hopeful: Vec<f64> = (0..self.cfg.max_budget)
-            .map(|j| {
-                p *= 1.0 - (1.0 - self.alpha(usize::MAX, j)) / 2.0;
-                p
-            })
-            .collect();
-        self.hopeless = self.beats_no_draft(&vec![hopeful; seqs], RETRY_GAIN) == Some(false);
-    }
-
-    /// Whether a run of `seqs` sequences starts with the drafter off:
-    /// [`Planner::is_off`], unless it has been off for [`RETRY_OFF`]
-    /// rounds (doubling with each retry), when this run tries it again;
-    /// never for a hopeless drafter (MagicDec on a 135M target: it
-    /// accepts almost everything, and its draft steps still cost too much).
-    ///
-    /// A run also starts off when, at the measured costs, no draft would
-    /// pay even if every draft token were accepted, or would not at the
-    /// batch's average acceptance as estimated so far (a warm-up's, at
-    /// least [`START_TRIALS`] first-depth trials): the off rule applied
-    /// before the first round instead of after four (MagicDec on
-    /// lavapipe: a one-token draft costs a target pass).
-    pub fn start_run(&mut self, seqs: usize) -> bool {
-        if self.is_off(seqs) && !self.hopeless && self.off_rounds >= self.retry_after {
-            self.off_at = None;
-            self.off_rounds = 0;
-            self.retry_after *= 2;
-            self.losing = 0;
-            self.window = (0.0, 0.0, 0);
-            self.short_window = false;
-        }
-        let costs_known = (1..=self.cfg.max_budget).any(|d| self.draft_time(seqs, d).is_some());
-        let never = || {
-            self.beats_no_draft(&vec![vec![1.0; self.cfg.max_budget]; seqs], DRAFT_MARGIN)
-                == Some(false)
-        };
-        // The off rule at round 0, on the warm-up's acceptance estimates.
-        let not_on_average = || {
-            self.global.at(0).1 >= START_TRIALS
-                && self.beats_no_draft(
-                    &vec![self.reach(usize::MAX, self.cfg.max_budget); seqs],
-                    DRAFT_MARGIN,
-                ) == Some(false)
-        };
-        if self.cfg.mode == PlanMode::Auto
-            && !self.is_off(seqs)
-            && !self.free_drafter(seqs)
-            && costs_known
-            && (never() || not_on_average())
-        {
-            self.off_at = Some(seqs);
-            self.off_rounds = 0;
-        }
-        self.is_off(seqs)
-    }
-
-    /// Counts `steps` rounds (`seq_rounds` over the sequences) that ran
-    /// without the drafter, as [`Planner::plan`] would have planned them
-    /// (a run that started off is autoregressive decoding).
-    pub fn rounds_off(&mut self, seqs: usize, steps: usize, seq_rounds: usize) {
-        if let Some(v0) = self.baseline_time(seqs) {
-            // Planned as an off planner plans: one token a sequence in a
-            // plain decoder's step.
-            self.predicted.0 += steps as f64;
-            self.predicted.1 += steps as f64 * v0;
-            self.predicted_rounds += steps;
-        }
-        self.rounds += steps;
-        self.no_draft_rounds += steps;
-        self.since_draft += steps;
-        self.off_rounds += steps;
-        self.histogram[0] += seq_rounds;
     }
 
     pub fn config(&self) -> &PlannerConfig {
@@ -656,9 +569,10 @@ impl Planner {
                         self.losing + 1
                     };
                     if self.losing >= OFF_AFTER && !self.free_drafter(b) {
-                        self.switch_off(b);
+                        self.switch_off(b, false);
                     }
                 }
+                self.pending = plan.predicted.filter(|_| plan.draft_budget() > 0);
                 plan
             }
         };
@@ -921,36 +835,6 @@ impl Planner {
         Some(keep)
     }
 
-    /// A whole round (drafter call, target pass, acceptance, commit) emitted
-    /// `tokens` tokens for `seqs` sequences in `seconds`. Every
-    /// [`REALITY_WINDOW`] rounds in which the drafter ran, the realised rate
-    /// is compared with the no-draft rate `seqs / V(seqs)`; a window that fell
-    /// short switches the drafter off, whatever the model predicted (costs
-    /// it does not see, such as a drafter catching up on skipped rows, are
-    /// in the realised rate).
-    pub fn observe_round(&mut self, seqs: usize, tokens: usize, seconds: f64, drafted: bool) {
-        if self.cfg.mode != PlanMode::Auto || !seconds.is_finite() || self.off_at.is_some() {
-            return;
-        }
-        if drafted {
-            self.window.0 += tokens as f64;
-            self.window.1 += seconds;
-            self.window.2 += 1;
-        }
-        if self.window.2 >= REALITY_WINDOW {
-            let (t, s, _) = std::mem::take(&mut self.window);
-            if let Some(v0) = self.baseline_time(seqs) {
-                // Two windows in a row must fall short (one is noise on a
-                // shared host as often as not).
-                let short = t / s < REALITY_MARGIN * seqs as f64 / v0;
-                if short && self.short_window && !self.free_drafter(seqs) {
-                    self.switch_off(seqs);
-                }
-                self.short_window = short;
-            }
-        }
-    }
-
     /// The speedup the planner expects of the rounds it planned, over the
     /// plain decoder's step at `seqs` sequences ([`Planner::baseline_time`]).
     pub fn predicted_speedup(&self, seqs: usize) -> Option<f64> {
@@ -970,6 +854,8 @@ pub mod confidence;
 mod costs;
 #[path = "planner_horizon.rs"]
 pub mod horizon;
+#[path = "planner_off.rs"]
+mod off;
 use horizon::DrafterCall;
 
 #[cfg(test)]

@@ -560,6 +560,55 @@ fn a_hard_stretch_on_one_sequence_does_not_switch_the_drafter_off() {
     assert!(p.plan(&[1]).draft_budget() > 0);
 }
 
+/// Plans rounds for sequence `slot` until the drafter goes off (at most
+/// 100): each drafting round takes `slow` times its predicted seconds and
+/// emits `emitted` tokens (its predicted tokens, rounded up, if `None`).
+fn draft_until_off(p: &mut Planner, slot: usize, slow: f64, emitted: Option<usize>) {
+    for _ in 0..100 {
+        let plan = p.plan(&[slot]);
+        if plan.drafter_off {
+            return;
+        }
+        match plan.predicted {
+            Some((t, s)) if plan.draft_budget() > 0 => {
+                let n = emitted.unwrap_or(t.ceil() as usize);
+                p.observe_round(1, n, s * slow, true);
+            }
+            _ => p.observe_round(1, 1, 3.0e-3, false),
+        }
+    }
+}
+
+#[test]
+fn a_run_after_a_hard_stretch_judges_the_drafter_afresh_once() {
+    let mut p = gpu_b1_planner();
+    // Earlier sequences accepted half their first tokens: drafting pays.
+    for i in 0..40 {
+        p.observe_seq(9, 1, i % 2);
+    }
+    // This sequence's rounds took their predicted time and emitted one token
+    // each: short by acceptance, and off.
+    draft_until_off(&mut p, 0, 1.0, Some(1));
+    assert!(p.is_off(1));
+    assert!(
+        !p.start_run(1),
+        "the next run inherited a hard stretch's off"
+    );
+    // That run is hard too: now the drafter stays off until the retry.
+    draft_until_off(&mut p, 1, 1.0, Some(1));
+    assert!(p.is_off(1));
+    assert!(p.start_run(1), "judged afresh twice in a row");
+    // Off by its time (as many tokens as predicted, in twice the time):
+    // costs do not change with the sequences, and the next run starts off.
+    let mut q = gpu_b1_planner();
+    for i in 0..40 {
+        q.observe_seq(9, 1, i % 2);
+    }
+    draft_until_off(&mut q, 0, 2.0, None);
+    assert!(q.is_off(1));
+    assert!(q.start_run(1), "an off by costs was judged afresh");
+}
+
 #[test]
 fn an_off_drafter_is_tried_again_after_enough_rounds() {
     let mut p = gpu_b1_planner();

@@ -1,0 +1,196 @@
+//! When the planner's drafter is off: switching it off (losing rounds, the
+//! reality check of the realised rate), starting a run off, trying it again
+//! after [`RETRY_OFF`] rounds, and judging it afresh when a new run starts
+//! after a hard stretch of text switched it off.
+//!
+//! An off drafter is a batch size's state, and it outlives the run that set
+//! it. Why it went off decides how soon a new run may undo it:
+//! * **costs** (a window took longer than the model predicted, or no draft
+//!   pays at the global acceptance): the next runs start off until the
+//!   retry;
+//! * **acceptance** (a window's rounds took the predicted time but emitted
+//!   fewer tokens than predicted, by the larger factor): those sequences
+//!   were a hard stretch. The next run has other sequences, and starts on
+//!   if a draft pays at the global acceptance estimates. It does this once:
+//!   if that run also goes off by acceptance, the retry rule holds again.
+//!
+//!   On lavapipe one held-out prompt rejected Beagle's first ten
+//!   three-token drafts; the drafter went off and stayed off for the next
+//!   prompts' 64 rounds, and auto measured 1.09x where a fixed one-token
+//!   draft measured 1.26x (docs/bench/lavapipe/issue34-baseline-grid).
+
+use super::{
+    PlanMode, Planner, DRAFT_MARGIN, FREE_DRAFT, REALITY_MARGIN, REALITY_WINDOW, RETRY_GAIN,
+    START_TRIALS,
+};
+
+#[cfg(doc)]
+use super::RETRY_OFF;
+
+impl Planner {
+    /// Whether every measured drafter call at `seqs` sequences costs less
+    /// than [`FREE_DRAFT`] of a no-draft round.
+    pub(super) fn free_drafter(&self, seqs: usize) -> bool {
+        let Some(v0) = self.verify_time(seqs) else {
+            return false;
+        };
+        let calls: Vec<f64> = self
+            .draft
+            .iter()
+            .filter(|((b, _), _)| *b == seqs)
+            .map(|(_, e)| e.value)
+            .collect();
+        !calls.is_empty() && calls.iter().all(|&t| t < FREE_DRAFT * v0)
+    }
+
+    /// Whether the drafter is off for a batch of `seqs` sequences (a run
+    /// that starts off does not feed the drafter its prompts either).
+    pub fn is_off(&self, seqs: usize) -> bool {
+        self.cfg.mode == PlanMode::Auto && self.off_at == Some(seqs)
+    }
+
+    /// Switches the drafter off at `seqs` sequences; `by_acceptance`: a
+    /// window fell short by what it emitted, not by its time (module docs).
+    /// Hopeless when even with half the rejections it now sees a draft
+    /// would not gain [`RETRY_GAIN`]: then its costs lose, not a hard
+    /// stretch of text, and a retry would only pay its own rounds again.
+    pub(super) fn switch_off(&mut self, seqs: usize, by_acceptance: bool) {
+        self.off_at = Some(seqs);
+        self.off_rounds = 0;
+        self.off_by_acceptance = by_acceptance;
+        let mut p = 1.0;
+        let hopeful: Vec<f64> = (0..self.cfg.max_budget)
+            .map(|j| {
+                p *= 1.0 - (1.0 - self.alpha(usize::MAX, j)) / 2.0;
+                p
+            })
+            .collect();
+        self.hopeless = self.beats_no_draft(&vec![hopeful; seqs], RETRY_GAIN) == Some(false);
+    }
+
+    /// Turns the drafter back on, its off counters and reality windows
+    /// cleared.
+    fn switch_on(&mut self) {
+        self.off_at = None;
+        self.off_rounds = 0;
+        self.losing = 0;
+        self.window = (0.0, 0.0, 0);
+        self.window_pred = (0.0, 0.0, 0);
+        self.short_window = false;
+    }
+
+    /// Whether a run of `seqs` sequences starts with the drafter off:
+    /// [`Planner::is_off`], unless it has been off for [`RETRY_OFF`]
+    /// rounds (doubling with each retry), when this run tries it again, or
+    /// a hard stretch switched it off and a draft pays at the global
+    /// acceptance (module docs); never for a hopeless drafter (MagicDec on
+    /// a 135M target: it accepts almost everything, and its draft steps
+    /// still cost too much).
+    ///
+    /// A run also starts off when, at the measured costs, no draft would
+    /// pay even if every draft token were accepted, or would not at the
+    /// batch's average acceptance as estimated so far (a warm-up's, at
+    /// least [`START_TRIALS`] first-depth trials): the off rule applied
+    /// before the first round instead of after four (MagicDec on
+    /// lavapipe: a one-token draft costs a target pass).
+    pub fn start_run(&mut self, seqs: usize) -> bool {
+        if !self.is_off(seqs) {
+            self.rejudged = false;
+        } else if !self.hopeless && self.off_rounds >= self.retry_after {
+            self.switch_on();
+            self.retry_after *= 2;
+            self.rejudged = false;
+        } else if !self.hopeless
+            && self.off_by_acceptance
+            && !self.rejudged
+            && self.pays_on_average(seqs)
+        {
+            self.switch_on();
+            self.rejudged = true;
+        }
+        let costs_known = (1..=self.cfg.max_budget).any(|d| self.draft_time(seqs, d).is_some());
+        let never = || {
+            self.beats_no_draft(&vec![vec![1.0; self.cfg.max_budget]; seqs], DRAFT_MARGIN)
+                == Some(false)
+        };
+        // The off rule at round 0, on the warm-up's acceptance estimates.
+        let not_on_average = || {
+            self.global.at(0).1 >= START_TRIALS
+                && self.beats_no_draft(
+                    &vec![self.reach(usize::MAX, self.cfg.max_budget); seqs],
+                    DRAFT_MARGIN,
+                ) == Some(false)
+        };
+        if self.cfg.mode == PlanMode::Auto
+            && !self.is_off(seqs)
+            && !self.free_drafter(seqs)
+            && costs_known
+            && (never() || not_on_average())
+        {
+            self.off_at = Some(seqs);
+            self.off_rounds = 0;
+            self.off_by_acceptance = false;
+        }
+        self.is_off(seqs)
+    }
+
+    /// Counts `steps` rounds (`seq_rounds` over the sequences) that ran
+    /// without the drafter, as [`Planner::plan`] would have planned them
+    /// (a run that started off is autoregressive decoding).
+    pub fn rounds_off(&mut self, seqs: usize, steps: usize, seq_rounds: usize) {
+        if let Some(v0) = self.baseline_time(seqs) {
+            // Planned as an off planner plans: one token a sequence in a
+            // plain decoder's step.
+            self.predicted.0 += steps as f64;
+            self.predicted.1 += steps as f64 * v0;
+            self.predicted_rounds += steps;
+        }
+        self.rounds += steps;
+        self.no_draft_rounds += steps;
+        self.since_draft += steps;
+        self.off_rounds += steps;
+        self.histogram[0] += seq_rounds;
+    }
+
+    /// A whole round (drafter call, target pass, acceptance, commit) emitted
+    /// `tokens` tokens for `seqs` sequences in `seconds`. Every
+    /// [`REALITY_WINDOW`] rounds in which the drafter ran, the realised rate
+    /// is compared with the no-draft rate `seqs / V(seqs)`; a window that fell
+    /// short switches the drafter off, whatever the model predicted (costs
+    /// it does not see, such as a drafter catching up on skipped rows, are
+    /// in the realised rate). The window's predicted tokens and seconds
+    /// (of the rounds [`Planner::plan`] planned) say whether it fell short
+    /// by its acceptance or by its time (module docs).
+    pub fn observe_round(&mut self, seqs: usize, tokens: usize, seconds: f64, drafted: bool) {
+        let planned = self.pending.take();
+        if self.cfg.mode != PlanMode::Auto || !seconds.is_finite() || self.off_at.is_some() {
+            return;
+        }
+        if drafted {
+            self.window.0 += tokens as f64;
+            self.window.1 += seconds;
+            self.window.2 += 1;
+            if let Some((t, s)) = planned {
+                self.window_pred.0 += t;
+                self.window_pred.1 += s;
+                self.window_pred.2 += 1;
+            }
+        }
+        if self.window.2 >= REALITY_WINDOW {
+            let (t, s, n) = std::mem::take(&mut self.window);
+            let (pt, ps, pn) = std::mem::take(&mut self.window_pred);
+            if let Some(v0) = self.baseline_time(seqs) {
+                // Two windows in a row must fall short (one is noise on a
+                // shared host as often as not).
+                let short = t / s < REALITY_MARGIN * seqs as f64 / v0;
+                if short && self.short_window && !self.free_drafter(seqs) {
+                    // Emitted over predicted tokens below predicted over
+                    // realised time: acceptance lost more than time did.
+                    let by_acceptance = pn == n && pt > 0.0 && s > 0.0 && t / pt < ps / s;
+                    self.switch_off(seqs, by_acceptance);
+                }
+                self.short_window = short;
+            }
+        }
+    }
+}
