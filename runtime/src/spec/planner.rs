@@ -195,16 +195,13 @@ pub struct Planner {
     losing: usize,
     /// The batch size at which the drafter was switched off.
     off_at: Option<usize>,
-    /// Tokens, seconds and rounds of the drafting rounds since the last
-    /// reality check ([`Planner::observe_round`]).
-    window: (f64, f64, usize),
+    /// The drafting rounds since the last reality check
+    /// ([`Planner::observe_round`]).
+    window: off::Window,
     /// The deepest draft the drafter returned for a budget at least as
     /// deep (`None` until it returned a shallower one): MagicDec's chain
     /// ends at its `l` whatever the budget.
     depth_cap: Option<usize>,
-    /// Predicted tokens, seconds and rounds of the window's drafting rounds
-    /// that [`Planner::plan`] planned.
-    window_pred: (f64, f64, usize),
     /// The prediction of the round planned last, if it drafted (until
     /// [`Planner::observe_round`] takes it).
     pending: Option<(f64, f64)>,
@@ -316,9 +313,8 @@ impl Planner {
             predicted_rounds: 0,
             losing: 0,
             off_at: None,
-            window: (0.0, 0.0, 0),
+            window: Default::default(),
             depth_cap: None,
-            window_pred: (0.0, 0.0, 0),
             pending: None,
             short_window: false,
             off_by_acceptance: false,

@@ -27,6 +27,19 @@ use super::{
 #[cfg(doc)]
 use super::RETRY_OFF;
 
+/// A reality check's window: realised tokens, seconds and rounds of the
+/// drafting rounds, and the predicted tokens, seconds and rounds of those
+/// that [`Planner::plan`] planned.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Window {
+    tokens: f64,
+    seconds: f64,
+    rounds: usize,
+    pred_tokens: f64,
+    pred_seconds: f64,
+    pred_rounds: usize,
+}
+
 impl Planner {
     /// Whether every measured drafter call at `seqs` sequences costs less
     /// than [`FREE_DRAFT`] of a no-draft round.
@@ -74,8 +87,7 @@ impl Planner {
         self.off_at = None;
         self.off_rounds = 0;
         self.losing = 0;
-        self.window = (0.0, 0.0, 0);
-        self.window_pred = (0.0, 0.0, 0);
+        self.window = Window::default();
         self.short_window = false;
     }
 
@@ -114,13 +126,7 @@ impl Planner {
                 == Some(false)
         };
         // The off rule at round 0, on the warm-up's acceptance estimates.
-        let not_on_average = || {
-            self.global.at(0).1 >= START_TRIALS
-                && self.beats_no_draft(
-                    &vec![self.reach(usize::MAX, self.cfg.max_budget); seqs],
-                    DRAFT_MARGIN,
-                ) == Some(false)
-        };
+        let not_on_average = || self.global.at(0).1 >= START_TRIALS && !self.pays_on_average(seqs);
         if self.cfg.mode == PlanMode::Auto
             && !self.is_off(seqs)
             && !self.free_drafter(seqs)
@@ -167,26 +173,29 @@ impl Planner {
             return;
         }
         if drafted {
-            self.window.0 += tokens as f64;
-            self.window.1 += seconds;
-            self.window.2 += 1;
+            let w = &mut self.window;
+            w.tokens += tokens as f64;
+            w.seconds += seconds;
+            w.rounds += 1;
             if let Some((t, s)) = planned {
-                self.window_pred.0 += t;
-                self.window_pred.1 += s;
-                self.window_pred.2 += 1;
+                w.pred_tokens += t;
+                w.pred_seconds += s;
+                w.pred_rounds += 1;
             }
         }
-        if self.window.2 >= REALITY_WINDOW {
-            let (t, s, n) = std::mem::take(&mut self.window);
-            let (pt, ps, pn) = std::mem::take(&mut self.window_pred);
+        if self.window.rounds >= REALITY_WINDOW {
+            let w = std::mem::take(&mut self.window);
             if let Some(v0) = self.baseline_time(seqs) {
                 // Two windows in a row must fall short (one is noise on a
                 // shared host as often as not).
-                let short = t / s < REALITY_MARGIN * seqs as f64 / v0;
+                let short = w.tokens / w.seconds < REALITY_MARGIN * seqs as f64 / v0;
                 if short && self.short_window && !self.free_drafter(seqs) {
                     // Emitted over predicted tokens below predicted over
                     // realised time: acceptance lost more than time did.
-                    let by_acceptance = pn == n && pt > 0.0 && s > 0.0 && t / pt < ps / s;
+                    let by_acceptance = w.pred_rounds == w.rounds
+                        && w.pred_tokens > 0.0
+                        && w.seconds > 0.0
+                        && w.tokens / w.pred_tokens < w.pred_seconds / w.seconds;
                     self.switch_off(seqs, by_acceptance);
                 }
                 self.short_window = short;
