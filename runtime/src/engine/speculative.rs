@@ -710,8 +710,17 @@ pub fn generate_with_policy<R: Runtime>(
             .collect();
         stats.no_draft_rounds = p.no_draft_rounds() - no_draft0;
         stats.predicted_speedup = p.predicted_speedup(b);
+        let lengths: Vec<usize> = out.iter().map(Vec::len).collect();
+        let plain = p.end_run(&lengths, stats.decode_s);
         if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
             eprintln!("{}", p.describe(b));
+            if let Some(plain) = plain {
+                eprintln!(
+                    "planner: run of {b} sequences {:.3} s, the plain decoder's estimate {plain:.3} s{}",
+                    stats.decode_s,
+                    if p.is_off(b) { ": drafter off" } else { "" }
+                );
+            }
         }
     }
     Ok(SpecGeneration { tokens: out, stats })

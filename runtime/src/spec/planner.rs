@@ -855,5 +855,8 @@ mod off;
 use horizon::DrafterCall;
 
 #[cfg(test)]
+#[path = "planner_run_tests.rs"]
+mod run_tests;
+#[cfg(test)]
 #[path = "planner_tests.rs"]
 mod tests;

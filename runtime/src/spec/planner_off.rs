@@ -1,13 +1,14 @@
 //! When the planner's drafter is off: switching it off (losing rounds, the
-//! reality check of the realised rate), starting a run off, trying it again
+//! reality check of the realised rate, a batch run slower than the plain
+//! decoder would have been), starting a run off, trying it again
 //! after [`RETRY_OFF`] rounds, and judging it afresh when a new run starts
 //! after a hard stretch of text switched it off.
 //!
 //! An off drafter is a batch size's state, and it outlives the run that set
 //! it. Why it went off decides how soon a new run may undo it:
-//! * **costs** (a window took longer than the model predicted, or no draft
-//!   pays at the global acceptance): the next runs start off until the
-//!   retry;
+//! * **costs** (a window took longer than the model predicted, no draft
+//!   pays at the global acceptance, or a batch run took longer than the
+//!   plain decoder would have): the next runs start off until the retry;
 //! * **acceptance** (a window's rounds took the predicted time but emitted
 //!   fewer tokens than predicted, by the larger factor): those sequences
 //!   were a hard stretch. The next run has other sequences, and starts on
@@ -138,6 +139,52 @@ impl Planner {
             self.off_by_acceptance = false;
         }
         self.is_off(seqs)
+    }
+
+    /// A run of `lengths.len()` sequences in the speculative engine ended
+    /// after `seconds` of decoding, sequence `i` with `lengths[i]` tokens
+    /// (its first from the prefill). At two sequences or more, a run slower
+    /// than the plain decoder would have been on the same tokens, by more
+    /// than the reality check's margin, switches the drafter off at that
+    /// batch size, as a cost (the retry rule brings it back). Returns the plain decoder's estimated seconds
+    /// ([`Planner::plain_run_time`]) where the run was judged.
+    ///
+    /// The round model and the reality windows judge rounds, but a batch
+    /// runs until its last sequence is done: sequences that drafted finish
+    /// at different rounds and leave the batch's last rounds to a few of
+    /// them, at a higher cost per token, while the plain decoder keeps
+    /// sequences of equal length in step to the end. On lavapipe at four
+    /// sequences Beagle's drafted rounds gained about 8 % each, and its
+    /// runs measured 0.91–0.99x of autoregressive decoding over ten grids
+    /// (docs/bench/lavapipe). At one sequence the rounds are the run.
+    pub fn end_run(&mut self, lengths: &[usize], seconds: f64) -> Option<f64> {
+        let seqs = lengths.len();
+        if self.cfg.mode != PlanMode::Auto || seqs < 2 || self.is_off(seqs) {
+            return None;
+        }
+        let plain = self.plain_run_time(lengths)?;
+        if seconds.is_finite() && REALITY_MARGIN * seconds > plain {
+            self.switch_off(seqs, false);
+        }
+        Some(plain)
+    }
+
+    /// Seconds the plain decoder takes to emit `lengths[i]` tokens for
+    /// sequence `i` (the first from the prefill): a step for every token
+    /// after the first, over the sequences still going, each at
+    /// [`Planner::baseline_time`] (a batch size whose plain step was not
+    /// timed takes the whole batch's share of its no-draft round). `None`
+    /// while a row count's cost is unknown.
+    pub fn plain_run_time(&self, lengths: &[usize]) -> Option<f64> {
+        let whole = self.step_ratio.get(&lengths.len()).copied();
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        (1..longest)
+            .map(|r| {
+                let n = lengths.iter().filter(|&&l| l > r).count();
+                let ratio = self.step_ratio.get(&n).copied().or(whole).unwrap_or(1.0);
+                Some(self.verify_time(n)? * ratio)
+            })
+            .sum()
     }
 
     /// Counts `steps` rounds (`seq_rounds` over the sequences) that ran

@@ -7,19 +7,19 @@ use super::*;
 
 /// A simulated device and drafter: round time `draft(b, d) + verify(n)`,
 /// each drafted token accepted with probability `alpha[i]` of sequence `i`.
-struct Sim {
-    verify_a: f64,
-    verify_c: f64,
-    draft_a: f64,
-    draft_c: f64,
-    alpha: Vec<f64>,
-    rng: u64,
+pub(super) struct Sim {
+    pub(super) verify_a: f64,
+    pub(super) verify_c: f64,
+    pub(super) draft_a: f64,
+    pub(super) draft_c: f64,
+    pub(super) alpha: Vec<f64>,
+    pub(super) rng: u64,
     /// Verify time from lavapipe's measured table instead of the line.
-    table: bool,
+    pub(super) table: bool,
 }
 
 impl Sim {
-    fn verify(&self, rows: usize) -> f64 {
+    pub(super) fn verify(&self, rows: usize) -> f64 {
         if self.table {
             // Lavapipe's measured passes by rows (SmolLM2, f32): its
             // linears block rows by 4 and 8.
@@ -32,7 +32,7 @@ impl Sim {
         self.verify_a + self.verify_c * rows as f64
     }
 
-    fn draft(&self, d: usize) -> f64 {
+    pub(super) fn draft(&self, d: usize) -> f64 {
         if d == 0 {
             0.0
         } else {
@@ -40,7 +40,7 @@ impl Sim {
         }
     }
 
-    fn uniform(&mut self) -> f64 {
+    pub(super) fn uniform(&mut self) -> f64 {
         self.rng = self
             .rng
             .wrapping_mul(6_364_136_223_846_793_005)
@@ -757,111 +757,6 @@ fn context_enters_through_the_attention_term() {
         q.observe_verify(1, truth(1, c as f64) * noise);
     }
     assert_eq!(q.attention_cost(), 0.0);
-}
-
-/// Tokens/s over whole batch runs of `tokens` tokens a sequence (a run
-/// ends with its last sequence), `fixed` drafting `k` every round or,
-/// without it, planned by one planner kept over the runs.
-fn whole_runs(sim: &mut Sim, max: usize, fixed: Option<usize>, runs: usize, tokens: usize) -> f64 {
-    let b = sim.alpha.len();
-    let mut p = Planner::new(PlannerConfig::auto(max)).unwrap();
-    let (mut emitted, mut secs) = (0usize, 0.0);
-    for _ in 0..runs {
-        let mut room = vec![tokens; b];
-        loop {
-            let slots: Vec<usize> = (0..b).filter(|&i| room[i] > 0).collect();
-            if slots.is_empty() {
-                break;
-            }
-            p.set_rooms(slots.iter().map(|&i| (i, room[i])));
-            let budgets: Vec<usize> = match fixed {
-                Some(k) => vec![k; slots.len()],
-                None => p.plan(&slots).budgets,
-            };
-            // Never past the room: the bonus needs one slot.
-            let budgets: Vec<usize> = budgets
-                .iter()
-                .zip(&slots)
-                .map(|(&k, &i)| k.min(room[i] - 1))
-                .collect();
-            let d = budgets.iter().copied().max().unwrap_or(0);
-            let rows: usize = budgets.iter().map(|k| 1 + k).sum();
-            let (dt, vt) = (sim.draft(d), sim.verify(rows));
-            if d > 0 {
-                p.observe_draft(slots.len(), d, dt, true);
-            }
-            p.observe_verify(rows, vt);
-            secs += dt + vt;
-            for (&i, &k) in slots.iter().zip(&budgets) {
-                let mut a = 0;
-                while a < k && sim.uniform() < sim.alpha[i] {
-                    a += 1;
-                }
-                p.observe_seq(i, k, a);
-                let n = (a + 1).min(room[i]);
-                room[i] -= n;
-                emitted += n;
-            }
-        }
-    }
-    emitted as f64 / secs
-}
-
-fn lavapipe_batch4(alpha: f64, rng: u64) -> Sim {
-    // Lavapipe at four sequences: 116 ms for four rows, 152 ms for eight
-    // (docs/speculative.md's traces), a 10 ms one-token drafter call.
-    Sim {
-        verify_a: 0.080,
-        verify_c: 0.009,
-        draft_a: 0.0,
-        draft_c: 0.010,
-        alpha: vec![alpha; 4],
-        rng,
-        table: false,
-    }
-}
-
-#[test]
-fn over_whole_batch_runs_auto_does_not_draft_what_does_not_pay() {
-    // One token accepted 45 % of the time: a round drafting one token for
-    // all four sequences predicts 1.04x, within the planner's margin; over
-    // 31-token runs, which end with their slowest sequence, fixed drafts
-    // lose.
-    let ar = whole_runs(&mut lavapipe_batch4(0.45, 3), 3, Some(0), 40, 31);
-    let fixed1 = whole_runs(&mut lavapipe_batch4(0.45, 3), 3, Some(1), 40, 31);
-    let auto = whole_runs(&mut lavapipe_batch4(0.45, 3), 3, None, 40, 31);
-    assert!(fixed1 < ar, "fixed 1 {fixed1} autoregressive {ar}");
-    assert!(auto >= 0.99 * ar, "auto {auto} autoregressive {ar}");
-    // Where drafts pay over the run, auto drafts.
-    let ar = whole_runs(&mut lavapipe_batch4(0.75, 4), 3, Some(0), 40, 31);
-    let fixed1 = whole_runs(&mut lavapipe_batch4(0.75, 4), 3, Some(1), 40, 31);
-    let auto = whole_runs(&mut lavapipe_batch4(0.75, 4), 3, None, 40, 31);
-    assert!(fixed1 > 1.05 * ar, "fixed 1 {fixed1} autoregressive {ar}");
-    assert!(auto >= 0.95 * fixed1, "auto {auto} fixed 1 {fixed1}");
-}
-
-#[test]
-fn a_sequence_that_races_ahead_does_not_leave_the_batch_to_finish_alone() {
-    // Prompt lookup at four sequences on lavapipe's measured pass times
-    // (three rows cost nearly what four do): one sequence copies (92 % of
-    // its draft tokens accepted), three accept 30 %. Drafting the copying
-    // sequence pays per round, but it finishes early and leaves the three
-    // others to run their last rounds alone. Without the batch-end check
-    // this planner made 0.93x of autoregressive decoding.
-    let lookup = || Sim {
-        verify_a: 0.0,
-        verify_c: 0.0,
-        draft_a: 0.0,
-        draft_c: 0.00002,
-        alpha: vec![0.92, 0.3, 0.3, 0.3],
-        rng: 3,
-        table: true,
-    };
-    let ar = whole_runs(&mut lookup(), 3, Some(0), 60, 31);
-    let fixed1 = whole_runs(&mut lookup(), 3, Some(1), 60, 31);
-    let auto = whole_runs(&mut lookup(), 3, None, 60, 31);
-    assert!(fixed1 < ar, "fixed 1 {fixed1} autoregressive {ar}");
-    assert!(auto >= 0.96 * ar, "auto {auto} autoregressive {ar}");
 }
 
 #[test]
