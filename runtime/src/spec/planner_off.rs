@@ -146,17 +146,19 @@ impl Planner {
     /// (its first from the prefill). At two sequences or more, a run slower
     /// than the plain decoder would have been on the same tokens, by more
     /// than the reality check's margin, switches the drafter off at that
-    /// batch size, as a cost (the retry rule brings it back). Returns the plain decoder's estimated seconds
-    /// ([`Planner::plain_run_time`]) where the run was judged.
+    /// batch size, as a cost (the retry rule brings it back). Returns the
+    /// plain decoder's estimated seconds ([`Planner::plain_run_time`])
+    /// where the run was judged.
     ///
     /// The round model and the reality windows judge rounds, but a batch
     /// runs until its last sequence is done: sequences that drafted finish
     /// at different rounds and leave the batch's last rounds to a few of
     /// them, at a higher cost per token, while the plain decoder keeps
     /// sequences of equal length in step to the end. On lavapipe at four
-    /// sequences Beagle's drafted rounds gained about 8 % each, and its
-    /// runs measured 0.91–0.99x of autoregressive decoding over ten grids
-    /// (docs/bench/lavapipe). At one sequence the rounds are the run.
+    /// sequences Beagle's drafted rounds each gained a little, and its runs
+    /// measured 0.89–0.99x of autoregressive decoding over ten grids of
+    /// successive planner versions (docs/speculative.md, "A batch run
+    /// judged whole"). At one sequence the rounds are the run.
     pub fn end_run(&mut self, lengths: &[usize], seconds: f64) -> Option<f64> {
         let seqs = lengths.len();
         if self.cfg.mode != PlanMode::Auto || seqs < 2 || self.is_off(seqs) {
