@@ -105,14 +105,20 @@ impl Planner {
     /// batch's average acceptance as estimated so far (a warm-up's, at
     /// least [`START_TRIALS`] first-depth trials): the off rule applied
     /// before the first round instead of after four (MagicDec on
-    /// lavapipe: a one-token draft costs a target pass).
+    /// lavapipe: a one-token draft costs a target pass). A retry is exempt
+    /// from the acceptance half of that rule: it would otherwise undo every
+    /// retry of a drafter that the losing rounds switched off, whose global
+    /// estimates do not pay by definition, and the drafter would never be
+    /// tried again.
     pub fn start_run(&mut self, seqs: usize) -> bool {
+        let mut retry = false;
         if !self.is_off(seqs) {
             self.rejudged = false;
         } else if !self.hopeless && self.off_rounds >= self.retry_after {
             self.switch_on();
             self.retry_after *= 2;
             self.rejudged = false;
+            retry = true;
         } else if !self.hopeless
             && self.off_by_acceptance
             && !self.rejudged
@@ -126,8 +132,11 @@ impl Planner {
             self.beats_no_draft(&vec![vec![1.0; self.cfg.max_budget]; seqs], DRAFT_MARGIN)
                 == Some(false)
         };
-        // The off rule at round 0, on the warm-up's acceptance estimates.
-        let not_on_average = || self.global.at(0).1 >= START_TRIALS && !self.pays_on_average(seqs);
+        // The off rule at round 0, on the warm-up's acceptance estimates;
+        // not for a retry, whose estimates are the ones that switched the
+        // drafter off: the retry is there to measure them again.
+        let not_on_average =
+            || !retry && self.global.at(0).1 >= START_TRIALS && !self.pays_on_average(seqs);
         if self.cfg.mode == PlanMode::Auto
             && !self.is_off(seqs)
             && !self.free_drafter(seqs)

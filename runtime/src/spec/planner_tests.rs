@@ -853,3 +853,28 @@ fn the_drafters_confidence_cuts_the_tokens_that_do_not_pay() {
     assert!(p.alpha_at_confidence(0, 0, 0.95) > p.alpha(0, 0));
     assert!(p.alpha_at_confidence(0, 1, 0.15) < p.alpha(0, 1));
 }
+
+#[test]
+fn a_retry_drafts_although_the_estimates_that_switched_it_off_do_not_pay() {
+    let mut p = gpu_b1_planner();
+    // Half the first tokens accepted, then a long stretch of rejections:
+    // the losing rounds switch the drafter off, with many trials behind
+    // a global estimate that does not pay.
+    for r in 0..20 {
+        let k = p.plan(&[0]).draft_budget();
+        p.observe_seq(0, k, usize::from(r % 2 == 0).min(k));
+    }
+    assert!(!p.is_off(1));
+    for _ in 0..60 {
+        let k = p.plan(&[0]).draft_budget();
+        p.observe_seq(0, k, 0);
+    }
+    assert!(p.is_off(1) && !p.pays_on_average(1) && !p.hopeless);
+    assert!(p.global.at(0).1 >= START_TRIALS);
+    assert!(p.start_run(1), "tried again too soon");
+    for _ in 0..RETRY_OFF {
+        p.plan(&[0]);
+    }
+    assert!(!p.start_run(1), "the retry was undone at round 0");
+    assert!(p.plan(&[0]).draft_budget() > 0, "the retry drafts");
+}
