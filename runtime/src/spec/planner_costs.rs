@@ -17,8 +17,14 @@ impl Planner {
     /// ([`Planner::verify_time`]) scaled by the share the warm-up measured
     /// ([`Planner::observe_plain_step`]; 1 where none was measured).
     pub fn baseline_time(&self, seqs: usize) -> Option<f64> {
+        self.baseline_time_or(seqs, 1.0)
+    }
+
+    /// [`Planner::baseline_time`], with `ratio` as the plain step's share
+    /// where none was timed at `seqs` sequences.
+    pub(super) fn baseline_time_or(&self, seqs: usize, ratio: f64) -> Option<f64> {
         let v0 = self.verify_time(seqs)?;
-        Some(v0 * self.step_ratio.get(&seqs).copied().unwrap_or(1.0))
+        Some(v0 * self.step_ratio.get(&seqs).copied().unwrap_or(ratio))
     }
 
     /// The plain decoder took `seconds` a step at `seqs` sequences (the

@@ -187,13 +187,12 @@ impl Planner {
     /// timed takes the whole batch's share of its no-draft round). `None`
     /// while a row count's cost is unknown.
     pub fn plain_run_time(&self, lengths: &[usize]) -> Option<f64> {
-        let whole = self.step_ratio.get(&lengths.len()).copied();
+        let whole = self.step_ratio.get(&lengths.len()).copied().unwrap_or(1.0);
         let longest = lengths.iter().copied().max().unwrap_or(0);
         (1..longest)
             .map(|r| {
-                let n = lengths.iter().filter(|&&l| l > r).count();
-                let ratio = self.step_ratio.get(&n).copied().or(whole).unwrap_or(1.0);
-                Some(self.verify_time(n)? * ratio)
+                let going = lengths.iter().filter(|&&l| l > r).count();
+                self.baseline_time_or(going, whole)
             })
             .sum()
     }
