@@ -143,9 +143,11 @@ impl Planner {
             && costs_known
             && (never() || not_on_average())
         {
-            self.off_at = Some(seqs);
-            self.off_rounds = 0;
-            self.off_by_acceptance = false;
+            // As the losing rounds switch it off, hopeless included: a
+            // drafter whose drafts lose even at half its rejections is not
+            // retried (MagicDec: a retry drafted one losing round in the
+            // main job's third timed run).
+            self.switch_off(seqs, false);
         }
         self.is_off(seqs)
     }

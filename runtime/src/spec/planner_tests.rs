@@ -878,3 +878,33 @@ fn a_retry_drafts_although_the_estimates_that_switched_it_off_do_not_pay() {
     assert!(!p.start_run(1), "the retry was undone at round 0");
     assert!(p.plan(&[0]).draft_budget() > 0, "the retry drafts");
 }
+
+#[test]
+fn a_run_started_off_by_drafts_that_lose_at_any_acceptance_is_not_retried() {
+    // MagicDec in the README's main job on lavapipe: a one-token draft
+    // costs a target pass (139 ms against a 141 ms round), and 92 % of
+    // first tokens are accepted. No draft pays, so its runs start off; a
+    // retry would only pay a losing draft again (it drafted one round in
+    // the main job's third timed run, and printed 0.99x).
+    let mut p = batch1_planner(
+        &[(1, 0.141), (2, 0.149), (3, 0.168), (5, 0.209)],
+        &[(1, 0.139), (2, 0.277), (4, 0.589)],
+    );
+    for i in 0..12 {
+        p.observe_seq(9, 3, if i % 12 == 0 { 0 } else { 3 });
+    }
+    assert!(p.start_run(1), "a drafter that loses was started on");
+    assert!(p.hopeless, "off at round 0 but not hopeless");
+    for _ in 0..4 * RETRY_OFF {
+        p.plan(&[0]);
+    }
+    assert!(p.start_run(1), "a hopeless drafter was tried again");
+    // A drafter off at round 0 on its acceptance, which half its
+    // rejections would make pay, is tried again.
+    let mut q = h200_b1_planner(Some(1.9e-3));
+    assert!(q.start_run(1) && !q.hopeless);
+    for _ in 0..RETRY_OFF {
+        q.plan(&[0]);
+    }
+    assert!(!q.start_run(1), "never tried again");
+}
