@@ -68,7 +68,7 @@ fn whole_runs(sim: &mut Sim, max: usize, fixed: Option<usize>, runs: usize, toke
 
 fn lavapipe_batch4(alpha: f64, rng: u64) -> Sim {
     // Lavapipe at four sequences: 116 ms for four rows, 152 ms for eight
-    // (docs/speculative.md's traces), a 10 ms one-token drafter call.
+    // (docs/planner-measured.md's traces), a 10 ms one-token drafter call.
     Sim {
         verify_a: 0.080,
         verify_c: 0.009,
