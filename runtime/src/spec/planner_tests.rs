@@ -891,7 +891,7 @@ fn a_run_started_off_by_drafts_that_lose_at_any_acceptance_is_not_retried() {
         &[(1, 0.139), (2, 0.277), (4, 0.589)],
     );
     for i in 0..12 {
-        p.observe_seq(9, 3, if i % 12 == 0 { 0 } else { 3 });
+        p.observe_seq(9, 3, if i == 0 { 0 } else { 3 });
     }
     assert!(p.start_run(1), "a drafter that loses was started on");
     assert!(p.hopeless, "off at round 0 but not hopeless");
