@@ -8,11 +8,12 @@
 //! then for every drafter × budget a warm-up of budget + 2 tokens (kernel
 //! JIT for the drafter's shapes and the verification pass's) and a timed
 //! speculative run. With `--repeat N` the timed runs of every configuration
-//! are repeated N times, an autoregressive run before each repeat, and one
-//! more after the last. Each run's speedup is paired: its rate over the
-//! autoregressive rate at the time it ran (interpolated between the runs
-//! before and after its repeat), so a host that slows down for a minute
-//! slows both sides of the ratio; the reported speedup is the median of a
+//! are repeated N times. An autoregressive run comes before each drafter's
+//! runs in every repeat, and one more after the last. Each run's speedup is
+//! paired: its rate over the autoregressive rate at the time it ran
+//! (interpolated between the baselines before and after its drafter's
+//! runs), so a host that slows down for a minute slows both sides of the
+//! ratio; the reported speedup is the median of a
 //! configuration's paired speedups (of an even count, the lower middle),
 //! its tokens/s the median of its rates, so single runs on a noisy host
 //! neither make nor break a speedup. Reported per
@@ -219,10 +220,44 @@ pub fn paired_speedups(rates: &[f64], at: &[f64], ar: &[f64], ar_at: &[f64]) -> 
         .collect()
 }
 
+/// One timed run of a batch size's schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Slot {
+    /// An autoregressive run.
+    Baseline,
+    /// Configuration `config`'s timed run of repeat `rep` (in repeat 0
+    /// after its warm-up).
+    Run { rep: usize, config: usize },
+}
+
+/// The timed runs after the reference autoregressive run, for
+/// configurations of drafters `groups` (each configuration's index in
+/// `--drafter`, configurations of one drafter adjacent): every repeat runs
+/// every configuration in order, with an autoregressive run before each
+/// drafter's configurations (but the very first, which follows the
+/// reference run). A configuration is thus at most one drafter's runs from
+/// a baseline, not a whole repeat.
+fn schedule(groups: &[usize], repeat: usize) -> Vec<Slot> {
+    let mut slots = Vec::new();
+    for rep in 0..repeat {
+        for (config, &group) in groups.iter().enumerate() {
+            let starts_group = config == 0 || groups[config - 1] != group;
+            if starts_group && (rep > 0 || config > 0) {
+                slots.push(Slot::Baseline);
+            }
+            slots.push(Slot::Run { rep, config });
+        }
+    }
+    slots
+}
+
 /// One configuration over the repeats: its drafter, its policy and what
 /// its runs measured.
 struct Measured<R: Runtime> {
     label: String,
+    /// Which of `--drafter` it runs (its index): a baseline is timed
+    /// before each drafter's configurations.
+    group: usize,
     choice: DrafterChoice,
     mode: &'static str,
     drafter: Box<dyn crate::engine::Drafter<R>>,
@@ -348,7 +383,8 @@ pub fn run_spec<R: Runtime>(
     };
     let runs: usize = cfg.drafters.iter().map(|c| budgets_of(c).len()).sum();
     let repeat = cfg.repeat;
-    let total = cfg.batches.len() * (1 + runs) * repeat;
+    // Per batch and repeat: a baseline before each drafter's runs.
+    let total = cfg.batches.len() * (cfg.drafters.len() + runs) * repeat;
     let mut done = 0;
     let mut points = Vec::new();
     for &b in &cfg.batches {
@@ -376,7 +412,7 @@ pub fn run_spec<R: Runtime>(
         // Every configuration keeps its drafter and policy over the
         // repeats (a planner goes on learning, as in a server).
         let mut configs: Vec<Measured<R>> = Vec::new();
-        for choice in &cfg.drafters {
+        for (group, choice) in cfg.drafters.iter().enumerate() {
             for (budget, planned) in budgets_of(choice) {
                 let choice = DrafterChoice {
                     budget,
@@ -388,6 +424,7 @@ pub fn run_spec<R: Runtime>(
                     crate::cli::generate::speculate_policy(mode, budget, choice.concurrent)?;
                 configs.push(Measured {
                     label: format!("{} budget {budget} {mode}", choice.name),
+                    group,
                     choice,
                     mode,
                     drafter: built.drafter,
@@ -400,62 +437,62 @@ pub fn run_spec<R: Runtime>(
                 });
             }
         }
-        for rep in 0..repeat {
-            if rep > 0 {
-                // Autoregressive runs between the repeats: each
-                // configuration is timed beside the baseline, not minutes
-                // from it.
-                progress.step(
-                    done,
-                    total,
-                    &format!("batch {b}: autoregressive baseline ({})", rep + 1),
-                );
-                ar_runs.push(again(&mut target, &groups, cfg.max_tokens, &base_tokens)?);
-                ar_at.push(clock.elapsed().as_secs_f64());
-                done += 1;
-            }
-            for m in &mut configs {
-                let of = if repeat > 1 {
-                    format!(" (run {} of {repeat})", rep + 1)
-                } else {
-                    String::new()
-                };
-                progress.step(done, total, &format!("batch {b}: {}{of}", m.label));
-                if rep == 0 {
-                    // Warm-up on the first group: every shape compiles
-                    // here, and a planned run measures its start-up costs.
-                    warm_up(
-                        &mut target,
-                        m.drafter.as_mut(),
-                        &groups[0],
-                        &Sampling::GREEDY,
-                        &mut m.policy,
-                    )
-                    .map_err(err)?;
+        let groups_of: Vec<usize> = configs.iter().map(|m| m.group).collect();
+        for slot in schedule(&groups_of, repeat) {
+            let (rep, m) = match slot {
+                Slot::Baseline => {
+                    progress.step(
+                        done,
+                        total,
+                        &format!("batch {b}: autoregressive baseline ({})", ar_runs.len() + 1),
+                    );
+                    ar_runs.push(again(&mut target, &groups, cfg.max_tokens, &base_tokens)?);
+                    ar_at.push(clock.elapsed().as_secs_f64());
+                    done += 1;
+                    continue;
                 }
-                let mut s = SpecStats::default();
-                let mut tokens = Vec::new();
-                for requests in &groups {
-                    let spec = generate_with_policy(
-                        &mut target,
-                        m.drafter.as_mut(),
-                        requests,
-                        cfg.max_tokens,
-                        &Sampling::GREEDY,
-                        &mut m.policy,
-                        None,
-                        &mut |_, _| {},
-                    )
-                    .map_err(err)?;
-                    s.merge(&spec.stats);
-                    tokens.extend(spec.tokens);
-                }
-                m.rates.push(s.decode_tokens_per_s());
-                m.at.push(clock.elapsed().as_secs_f64());
-                m.lossless &= tokens == base_tokens;
-                m.stats.merge(&s);
-                done += 1;
+                Slot::Run { rep, config } => (rep, &mut configs[config]),
+            };
+            let of = if repeat > 1 {
+                format!(" (run {} of {repeat})", rep + 1)
+            } else {
+                String::new()
+            };
+            progress.step(done, total, &format!("batch {b}: {}{of}", m.label));
+            if rep == 0 {
+                // Warm-up on the first group: every shape compiles
+                // here, and a planned run measures its start-up costs.
+                warm_up(
+                    &mut target,
+                    m.drafter.as_mut(),
+                    &groups[0],
+                    &Sampling::GREEDY,
+                    &mut m.policy,
+                )
+                .map_err(err)?;
             }
+            let mut s = SpecStats::default();
+            let mut tokens = Vec::new();
+            for requests in &groups {
+                let spec = generate_with_policy(
+                    &mut target,
+                    m.drafter.as_mut(),
+                    requests,
+                    cfg.max_tokens,
+                    &Sampling::GREEDY,
+                    &mut m.policy,
+                    None,
+                    &mut |_, _| {},
+                )
+                .map_err(err)?;
+                s.merge(&spec.stats);
+                tokens.extend(spec.tokens);
+            }
+            m.rates.push(s.decode_tokens_per_s());
+            m.at.push(clock.elapsed().as_secs_f64());
+            m.lossless &= tokens == base_tokens;
+            m.stats.merge(&s);
+            done += 1;
         }
         // A last baseline after the drafters: a noisy host (lavapipe
         // shares its cores) shows as different rates; speedups are over
@@ -727,6 +764,39 @@ impl SpecPoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_baseline_runs_before_each_drafters_runs_in_every_repeat() {
+        use Slot::{Baseline as B, Run};
+        let r = |rep, config| Run { rep, config };
+        // Two drafters: three configurations, then two; two repeats.
+        let got = schedule(&[0, 0, 0, 1, 1], 2);
+        let want = [
+            r(0, 0),
+            r(0, 1),
+            r(0, 2),
+            B,
+            r(0, 3),
+            r(0, 4),
+            B,
+            r(1, 0),
+            r(1, 1),
+            r(1, 2),
+            B,
+            r(1, 3),
+            r(1, 4),
+        ];
+        assert_eq!(got, want);
+        // One drafter, one repeat: no baseline beyond the reference run.
+        assert_eq!(schedule(&[0, 0], 1), [r(0, 0), r(0, 1)]);
+        // The progress count: a baseline per drafter and repeat, the
+        // reference run standing for the first.
+        let baselines = schedule(&[0, 1, 2, 3], 3)
+            .iter()
+            .filter(|s| **s == B)
+            .count();
+        assert_eq!(baselines + 1, 4 * 3);
+    }
 
     #[test]
     fn a_run_is_paired_with_the_baseline_of_its_time() {
