@@ -677,12 +677,18 @@ pub fn generate_with_policy<R: Runtime>(
                 eprintln!(
                     "plan round {round}: seqs {batch} budget {budget} rows {rows} emitted {emitted} \
                      draft {:.3} pass+accept {:.3} commit+observe {:.3} round {:.3} \
-                     V(seqs) {:?} off {drafter_off} launches {} flushes {} reads {} uploads {}",
+                     V(seqs) {:?} off {drafter_off}{} launches {} flushes {} reads {} uploads {}",
                     draft_s * 1e3,
                     verify_s * 1e3,
                     (tv.elapsed().as_secs_f64() - verify_s) * 1e3,
                     round_s * 1e3,
                     p.verify_time(batch).map(|v| (v * 1e6).round() / 1e3),
+                    // Why it is off, or went off in this round.
+                    match (drafter_off, p.off_why(batch)) {
+                        (true, Some(w)) => format!(" ({w})"),
+                        (false, Some(w)) => format!(", then off ({w})"),
+                        (_, None) => String::new(),
+                    },
                     c.launches,
                     c.flushes,
                     c.reads,

@@ -205,11 +205,11 @@ pub struct Planner {
     /// The prediction of the round planned last, if it drafted (until
     /// [`Planner::observe_round`] takes it).
     pending: Option<(f64, f64)>,
-    /// The last reality check fell short.
-    short_window: bool,
-    /// The drafter went off because a window emitted too few tokens, not
-    /// because it took too long ([`Planner::start_run`]).
-    off_by_acceptance: bool,
+    /// The last reality check's window, if it fell short.
+    short_window: Option<off::Window>,
+    /// Why the drafter went off ([`Planner::start_run`] undoes an off by
+    /// acceptance sooner).
+    off_why: off::OffWhy,
     /// This run's drafter was switched back on by that rule.
     rejudged: bool,
     /// Rounds planned since the drafter was switched off.
@@ -244,6 +244,14 @@ pub const REALITY_WINDOW: usize = 8;
 /// A window must fall this far below the no-draft rate to switch the
 /// drafter off (host noise on a shared machine is a few per cent).
 const REALITY_MARGIN: f64 = 0.97;
+/// Two short windows whose rounds took their predicted time switch the
+/// drafter off by acceptance only if they emitted fewer tokens than
+/// predicted by more than this many standard deviations of the accepted
+/// draft tokens (a count taken as Poisson: its variance its predicted
+/// mean). A drafter that gains a few per cent at a depth-1 acceptance of
+/// 0.29 (SpecFormer at batch 1 on lavapipe) has two windows in a row fall
+/// short from binomial noise alone about once a run.
+const ACCEPT_NOISE_SD: f64 = 2.0;
 /// A drafter whose calls cost less than this share of a no-draft round is
 /// never switched off: nothing is saved, and after drafting the planner
 /// verifies only what pays (prompt lookup).
@@ -316,8 +324,8 @@ impl Planner {
             window: Default::default(),
             depth_cap: None,
             pending: None,
-            short_window: false,
-            off_by_acceptance: false,
+            short_window: None,
+            off_why: off::OffWhy::default(),
             rejudged: false,
             off_rounds: 0,
             retry_after: RETRY_OFF,
@@ -565,7 +573,7 @@ impl Planner {
                         self.losing + 1
                     };
                     if self.losing >= OFF_AFTER && !self.free_drafter(b) {
-                        self.switch_off(b, false);
+                        self.switch_off(b, off::OffWhy::Losing);
                     }
                 }
                 self.pending = plan.predicted.filter(|_| plan.draft_budget() > 0);
@@ -851,7 +859,7 @@ mod costs;
 #[path = "planner_horizon.rs"]
 pub mod horizon;
 #[path = "planner_off.rs"]
-mod off;
+pub mod off;
 use horizon::DrafterCall;
 
 #[cfg(test)]

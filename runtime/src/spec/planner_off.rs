@@ -14,6 +14,8 @@
 //!   were a hard stretch. The next run has other sequences, and starts on
 //!   if a draft pays at the global acceptance estimates. It does this once:
 //!   if that run also goes off by acceptance, the retry rule holds again.
+//!   Windows short by acceptance within the binomial noise of what the plan
+//!   predicted do not count: a marginal drafter would go off at random.
 //!
 //!   On lavapipe one held-out prompt rejected Beagle's first ten
 //!   three-token drafts; the drafter went off and stayed off for the next
@@ -21,24 +23,91 @@
 //!   draft measured 1.26x (docs/bench/lavapipe/issue34-baseline-grid).
 
 use super::{
-    PlanMode, Planner, DRAFT_MARGIN, FREE_DRAFT, REALITY_MARGIN, REALITY_WINDOW, RETRY_GAIN,
-    START_TRIALS,
+    PlanMode, Planner, ACCEPT_NOISE_SD, DRAFT_MARGIN, FREE_DRAFT, REALITY_MARGIN, REALITY_WINDOW,
+    RETRY_GAIN, START_TRIALS,
 };
 
 #[cfg(doc)]
 use super::RETRY_OFF;
 
+/// Why the drafter went off: the rule that switched it off, which also
+/// decides how soon a new run may undo it (module docs). Shown in the
+/// round trace (`DRAFTC_PLAN_DEBUG=rounds`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OffWhy {
+    /// [`OFF_AFTER`](super::OFF_AFTER) planned rounds in a row in which no
+    /// draft paid at the batch's average acceptance.
+    #[default]
+    Losing,
+    /// A run started off: at the measured costs no draft pays, or none at
+    /// the acceptance estimated so far.
+    AtStart,
+    /// Two reality windows in a row fell short by their time.
+    WindowTime,
+    /// Two reality windows in a row fell short by what they emitted (a
+    /// hard stretch of text).
+    WindowAcceptance,
+    /// A batch run took longer than the plain decoder would have.
+    BatchRun,
+}
+
+impl std::fmt::Display for OffWhy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OffWhy::Losing => "losing rounds",
+            OffWhy::AtStart => "at the run's start",
+            OffWhy::WindowTime => "short windows, by time",
+            OffWhy::WindowAcceptance => "short windows, by acceptance",
+            OffWhy::BatchRun => "a batch run slower than the plain decoder",
+        })
+    }
+}
+
 /// A reality check's window: realised tokens, seconds and rounds of the
 /// drafting rounds, and the predicted tokens, seconds and rounds of those
 /// that [`Planner::plan`] planned.
 #[derive(Clone, Copy, Debug, Default)]
-pub(super) struct Window {
+pub struct Window {
     tokens: f64,
     seconds: f64,
     rounds: usize,
     pred_tokens: f64,
     pred_seconds: f64,
     pred_rounds: usize,
+}
+
+impl Window {
+    /// Both windows' sums.
+    fn plus(&self, o: &Window) -> Window {
+        Window {
+            tokens: self.tokens + o.tokens,
+            seconds: self.seconds + o.seconds,
+            rounds: self.rounds + o.rounds,
+            pred_tokens: self.pred_tokens + o.pred_tokens,
+            pred_seconds: self.pred_seconds + o.pred_seconds,
+            pred_rounds: self.pred_rounds + o.pred_rounds,
+        }
+    }
+
+    /// Why windows that fell short (these sums, of `seqs` sequences) switch
+    /// the drafter off: by acceptance when emitted over predicted tokens is
+    /// below predicted over realised time (acceptance lost more than time
+    /// did), else by time. `None` when short by acceptance but within
+    /// [`ACCEPT_NOISE_SD`] of the predicted draft tokens: the plan priced
+    /// that noise in.
+    fn why_short(&self, seqs: usize) -> Option<OffWhy> {
+        let by_acceptance = self.pred_rounds == self.rounds
+            && self.pred_tokens > 0.0
+            && self.seconds > 0.0
+            && self.tokens / self.pred_tokens < self.pred_seconds / self.seconds;
+        if !by_acceptance {
+            return Some(OffWhy::WindowTime);
+        }
+        // Beyond the one token a sequence-round emits without a draft.
+        let drafted = (self.pred_tokens - (self.pred_rounds * seqs) as f64).max(0.0);
+        let shortfall = self.pred_tokens - self.tokens;
+        (shortfall > ACCEPT_NOISE_SD * drafted.sqrt()).then_some(OffWhy::WindowAcceptance)
+    }
 }
 
 impl Planner {
@@ -63,15 +132,19 @@ impl Planner {
         self.cfg.mode == PlanMode::Auto && self.off_at == Some(seqs)
     }
 
-    /// Switches the drafter off at `seqs` sequences; `by_acceptance`: a
-    /// window fell short by what it emitted, not by its time (module docs).
+    /// Why the drafter is off at `seqs` sequences, if it is.
+    pub fn off_why(&self, seqs: usize) -> Option<OffWhy> {
+        self.is_off(seqs).then_some(self.off_why)
+    }
+
+    /// Switches the drafter off at `seqs` sequences, for `why`.
     /// Hopeless when even with half the rejections it now sees a draft
     /// would not gain [`RETRY_GAIN`]: then its costs lose, not a hard
     /// stretch of text, and a retry would only pay its own rounds again.
-    pub(super) fn switch_off(&mut self, seqs: usize, by_acceptance: bool) {
+    pub(super) fn switch_off(&mut self, seqs: usize, why: OffWhy) {
         self.off_at = Some(seqs);
         self.off_rounds = 0;
-        self.off_by_acceptance = by_acceptance;
+        self.off_why = why;
         let mut p = 1.0;
         let hopeful: Vec<f64> = (0..self.cfg.max_budget)
             .map(|j| {
@@ -89,7 +162,7 @@ impl Planner {
         self.off_rounds = 0;
         self.losing = 0;
         self.window = Window::default();
-        self.short_window = false;
+        self.short_window = None;
     }
 
     /// Whether a run of `seqs` sequences starts with the drafter off:
@@ -120,7 +193,7 @@ impl Planner {
             self.rejudged = false;
             retry = true;
         } else if !self.hopeless
-            && self.off_by_acceptance
+            && self.off_why == OffWhy::WindowAcceptance
             && !self.rejudged
             && self.pays_on_average(seqs)
         {
@@ -147,7 +220,7 @@ impl Planner {
             // drafter whose drafts lose even at half its rejections is not
             // retried (MagicDec: a retry drafted one losing round in the
             // main job's third timed run).
-            self.switch_off(seqs, false);
+            self.switch_off(seqs, OffWhy::AtStart);
         }
         self.is_off(seqs)
     }
@@ -177,7 +250,7 @@ impl Planner {
         }
         let plain = self.plain_run_time(lengths)?;
         if seconds.is_finite() && REALITY_MARGIN * seconds > plain {
-            self.switch_off(seqs, false);
+            self.switch_off(seqs, OffWhy::BatchRun);
         }
         Some(plain)
     }
@@ -223,9 +296,11 @@ impl Planner {
     /// is compared with the no-draft rate `seqs / V(seqs)`; a window that fell
     /// short switches the drafter off, whatever the model predicted (costs
     /// it does not see, such as a drafter catching up on skipped rows, are
-    /// in the realised rate). The window's predicted tokens and seconds
-    /// (of the rounds [`Planner::plan`] planned) say whether it fell short
-    /// by its acceptance or by its time (module docs).
+    /// in the realised rate). The two windows' predicted tokens and seconds
+    /// (of the rounds [`Planner::plan`] planned) say whether they fell
+    /// short by their acceptance or by their time (module docs); short by
+    /// acceptance, they switch it off only beyond the acceptance noise
+    /// that the plan priced in ([`ACCEPT_NOISE_SD`]).
     pub fn observe_round(&mut self, seqs: usize, tokens: usize, seconds: f64, drafted: bool) {
         let planned = self.pending.take();
         if self.cfg.mode != PlanMode::Auto || !seconds.is_finite() || self.off_at.is_some() {
@@ -248,16 +323,18 @@ impl Planner {
                 // Two windows in a row must fall short (one is noise on a
                 // shared host as often as not).
                 let short = w.tokens / w.seconds < REALITY_MARGIN * seqs as f64 / v0;
-                if short && self.short_window && !self.free_drafter(seqs) {
-                    // Emitted over predicted tokens below predicted over
-                    // realised time: acceptance lost more than time did.
-                    let by_acceptance = w.pred_rounds == w.rounds
-                        && w.pred_tokens > 0.0
-                        && w.seconds > 0.0
-                        && w.tokens / w.pred_tokens < w.pred_seconds / w.seconds;
-                    self.switch_off(seqs, by_acceptance);
+                // Short by acceptance within its noise gives no reason:
+                // the later window is the next check's first.
+                let why = match self.short_window {
+                    Some(last) if short && !self.free_drafter(seqs) => {
+                        last.plus(&w).why_short(seqs)
+                    }
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    self.switch_off(seqs, why);
                 }
-                self.short_window = short;
+                self.short_window = short.then_some(w);
             }
         }
     }
