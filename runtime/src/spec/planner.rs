@@ -249,8 +249,12 @@ const REALITY_MARGIN: f64 = 0.97;
 /// predicted by more than this many standard deviations of the accepted
 /// draft tokens (a count taken as Poisson: its variance its predicted
 /// mean). A drafter that gains a few per cent at a depth-1 acceptance of
-/// 0.29 (SpecFormer at batch 1 on lavapipe) has two windows in a row fall
-/// short from binomial noise alone about once a run.
+/// 0.29 (SpecFormer at batch 1 on lavapipe, one-token drafts) has a window
+/// fall short when it accepts at most one token in eight rounds (rounds a
+/// per cent over their predicted time), which the
+/// binomial count gives 0.28 of windows, so two in a row about one pair in
+/// twelve; its traced cells went off by acceptance two and three times in
+/// three runs each (docs/bench/lavapipe/issue34-eighth-grid).
 const ACCEPT_NOISE_SD: f64 = 2.0;
 /// A drafter whose calls cost less than this share of a no-draft round is
 /// never switched off: nothing is saved, and after drafting the planner

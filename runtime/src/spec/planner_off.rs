@@ -67,7 +67,7 @@ impl std::fmt::Display for OffWhy {
 /// drafting rounds, and the predicted tokens, seconds and rounds of those
 /// that [`Planner::plan`] planned.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Window {
+pub(super) struct Window {
     tokens: f64,
     seconds: f64,
     rounds: usize,
