@@ -1,7 +1,8 @@
 //! Planner tests over whole batch runs: a batch runs until its last
 //! sequence is done, so the planner is judged on the run's rate, not its
 //! rounds' (the batch-end check of `planner_horizon.rs` and the run check
-//! of `Planner::end_run`).
+//! of `Planner::end_run`), and its predicted speedup against the one
+//! such runs realise.
 
 use super::tests::Sim;
 use super::*;
@@ -182,4 +183,59 @@ fn the_run_check_compares_with_the_plain_decoder_on_the_same_tokens() {
     p.end_run(&[40], 100.0);
     assert!(!p.is_off(1));
     assert_eq!(p.end_run(&[40], 100.0), None);
+}
+
+#[test]
+fn the_predicted_speedup_counts_the_draft_lookup_actually_proposed() {
+    // Prompt lookup at batch 1 on lavapipe (the ninth grid's trace): a
+    // pass of 140 ms plus 6 ms a row, drafting for free, proposing where
+    // the history matches (44 % of rounds), each token accepted at 0.38.
+    let mut sim = Sim {
+        verify_a: 0.140,
+        verify_c: 0.006,
+        draft_a: 0.0,
+        draft_c: 0.0,
+        alpha: vec![0.38],
+        rng: 7,
+        table: false,
+    };
+    let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
+    // The costs a warm-up measures.
+    for rows in 1..=4 {
+        p.observe_verify(rows, sim.verify(rows));
+        if rows < 4 {
+            p.observe_draft(1, rows, 0.0, true);
+        }
+    }
+    p.observe_plain_step(1, sim.verify(1));
+    let (mut emitted, mut secs) = (0usize, 0.0);
+    for _ in 0..3000 {
+        let k = p.plan(&[0]).budgets[0];
+        let mut rows = 1;
+        let mut accepted = 0;
+        if k > 0 {
+            let proposed = if sim.uniform() < 0.44 { k } else { 0 };
+            p.observe_depth(k, proposed);
+            let keep = p
+                .verify_counts(&[0], &[proposed], 0.0, None)
+                .map_or(proposed, |c| c[0]);
+            p.observe_draft(1, k, 0.0, true);
+            while accepted < keep && sim.uniform() < sim.alpha[0] {
+                accepted += 1;
+            }
+            rows += keep;
+            p.observe_seq(0, keep, accepted);
+        }
+        let t = sim.verify(rows);
+        p.observe_verify(rows, t);
+        p.observe_round(1, accepted + 1, t, k > 0);
+        emitted += accepted + 1;
+        secs += t;
+    }
+    let measured = emitted as f64 / secs * sim.verify(1);
+    let predicted = p.predicted_speedup(1).unwrap();
+    assert!(
+        (predicted / measured - 1.0).abs() < 0.05,
+        "predicted {predicted:.3}x, realised {measured:.3}x"
+    );
 }
