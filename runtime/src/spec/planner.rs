@@ -860,9 +860,11 @@ impl Planner {
     /// `reach[i]`) is expected to add and its verify pass, beside the
     /// drafter seconds `plan` predicted. Prompt lookup proposes only where
     /// the history matches, so a round planned at one token often verifies
-    /// none; counted as planned, its predicted speedup stood 19 % over the
-    /// measured one at batch 1 in the ninth lavapipe grid. The reality
-    /// windows keep the plan's prediction.
+    /// none. Counted as planned, its predicted speedup at batch 1 on
+    /// lavapipe was 1.28x against 1.15x measured. Counted again here, it
+    /// was 1.12x against 1.13x: the same command, one change
+    /// (docs/bench/lavapipe/issue34-lookup-prediction). The reality windows
+    /// keep the plan's prediction.
     fn predict_again(&mut self, reach: &[Vec<f64>], keep: &[usize]) {
         let Some((t, s, draft_s)) = self.counted.take() else {
             return;
