@@ -191,10 +191,11 @@ pub struct Planner {
     /// Sums over planned rounds of predicted tokens and seconds.
     predicted: (f64, f64),
     predicted_rounds: usize,
-    /// The round planned last, as counted in `predicted`: its tokens,
-    /// seconds and predicted drafter seconds, until
-    /// [`Planner::verify_counts`] predicts it again on the draft in hand.
-    counted: Option<(f64, f64, f64)>,
+    /// The predicted drafter seconds of the round planned last, if it
+    /// drafted (its tokens and seconds are `pending`), until
+    /// [`Planner::verify_counts`] predicts the round again on the draft in
+    /// hand.
+    planned_draft_s: Option<f64>,
     /// Consecutive planned rounds in which no draft was predicted to pay.
     losing: usize,
     /// The batch size at which the drafter was switched off.
@@ -327,7 +328,7 @@ impl Planner {
             no_draft_rounds: 0,
             predicted: (0.0, 0.0),
             predicted_rounds: 0,
-            counted: None,
+            planned_draft_s: None,
             losing: 0,
             off_at: None,
             window: Default::default(),
@@ -600,17 +601,17 @@ impl Planner {
         for &k in &plan.budgets {
             self.histogram[k.min(max)] += 1;
         }
-        self.counted = None;
         if let Some((t, s)) = plan.predicted {
             self.predicted.0 += t / b.max(1) as f64;
             self.predicted.1 += s;
             self.predicted_rounds += 1;
-            // The verify pass priced in: `b` rows and the planned tokens.
-            let rows = b + plan.budgets.iter().sum::<usize>();
-            if let Some(v) = self.verify_time(rows) {
-                self.counted = Some((t, s, (s - v).max(0.0)));
-            }
         }
+        // A drafting round's seconds less the verify pass priced in (`b`
+        // rows and the planned tokens).
+        let rows = b + plan.budgets.iter().sum::<usize>();
+        self.planned_draft_s = self
+            .pending
+            .and_then(|(_, s)| Some((s - self.verify_time(rows)?).max(0.0)));
         plan
     }
 
@@ -866,7 +867,7 @@ impl Planner {
     /// (docs/bench/lavapipe/issue34-lookup-prediction). The reality windows
     /// keep the plan's prediction.
     fn predict_again(&mut self, reach: &[Vec<f64>], keep: &[usize]) {
-        let Some((t, s, draft_s)) = self.counted.take() else {
+        let (Some((t, s)), Some(draft_s)) = (self.pending, self.planned_draft_s.take()) else {
             return;
         };
         let b = keep.len();
