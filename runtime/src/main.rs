@@ -40,6 +40,13 @@ enum Command {
     Calibrate(cli::calibrate::CalibrateArgs),
     /// Paper 004's throughput multiplier τ/Δt over a (batch, context) grid (table + SVG plot).
     PerfModel(cli::perf_model::PerfModelArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API with continuous
+    /// batching (`draftc serve --help`; runs `draftc-serve`, built beside `draftc`).
+    #[command(disable_help_flag = true)]
+    Serve {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,5 +71,6 @@ fn main() -> ExitCode {
         Command::Bench(args) => cli::bench::run(args),
         Command::PerfModel(args) => cli::perf_model::run(args),
         Command::Calibrate(args) => cli::calibrate::run(args),
+        Command::Serve { args } => cli::serve::run(args),
     }
 }

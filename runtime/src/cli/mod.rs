@@ -12,5 +12,6 @@ pub mod generate;
 pub mod inspect;
 pub mod perf_model;
 pub mod plan;
+pub mod serve;
 pub mod source;
 pub mod tuned;

@@ -8,6 +8,7 @@
 //! | `target.rs` | [`TargetModel`]: config → graph → plan → executor, KV caches, prefill in chunks |
 //! | `select.rs` | [`Sampling`], [`select_tokens`]: picking next tokens from logits rows on the device |
 //! | `autoregressive.rs` | [`generate`]: batched decoding, per-sequence stop, [`GenStats`] |
+//! | `continuous.rs` | [`Engine`]: continuous batching — sequences join and leave at round boundaries, each with its own sampling, seed and stop ids; prompt chunks ride in the decoding pass; per-sequence drafts (`draftc serve`) |
 //! | `drafters.rs` | the [`Drafter`] trait: prompt lookup, self-speculation (MagicDec) |
 //! | `parallel_drafter.rs` | [`ParallelDrafter`]: SpecFormer / Medusa, observation gathered per pass and run at the next draft |
 //! | `autoregressive_drafter.rs` | [`AutoregressiveDrafter`]: Beagle / SPIRe over memory streams, trees built level by level |
@@ -18,6 +19,7 @@
 mod autoregressive;
 mod autoregressive_drafter;
 mod concurrent;
+mod continuous;
 mod drafters;
 mod eagle_drafter;
 mod lookup_first;
@@ -31,6 +33,9 @@ pub use autoregressive_drafter::AutoregressiveDrafter;
 pub use concurrent::{
     best_path, reroot, BudgetPolicy, ConcurrentDrafter, DraftRequest, DraftWorker, LmDrafter,
     SyncTokenDrafter, TokenDrafter,
+};
+pub use continuous::{
+    check_request, Emitted, Engine, EngineConfig, EngineStats, Finish, SeqParams,
 };
 pub use drafters::{
     model_drafter, Committed, Drafter, PromptLookupDrafter, SelfSpecDrafter, SeqView,

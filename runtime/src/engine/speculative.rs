@@ -186,7 +186,7 @@ pub struct SpecGeneration {
 
 /// Drops nodes whose token is outside the vocabulary (and their subtrees),
 /// then keeps the best `budget` nodes.
-fn sanitize(tree: DraftTree, vocab: usize, budget: usize) -> DraftTree {
+pub(super) fn sanitize(tree: DraftTree, vocab: usize, budget: usize) -> DraftTree {
     let mut out = DraftTree::new();
     let mut map: Vec<Option<usize>> = vec![None; tree.len()];
     for (i, n) in tree.nodes().iter().enumerate() {

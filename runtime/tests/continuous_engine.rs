@@ -1,0 +1,320 @@
+//! The continuous-batching engine (`engine::Engine`, issue 53) on the tiny
+//! random target: sequences that join at different rounds, share the batch
+//! with others and leave early give exactly the tokens each gives alone —
+//! greedy against autoregressive decoding, with no drafter, prompt lookup
+//! and Beagle; sampled with a seed, whatever runs beside it and whether or
+//! not anything is drafted. Cancellation frees the slot at once, and a long
+//! prompt is prefilled in chunks while the others keep decoding.
+
+mod tiny;
+
+use tiny::*;
+
+use draftc_codegen::PlanDType;
+use draftc_ops::testing::wgpu_client;
+use draftc_runtime::engine::TargetModel;
+use draftc_runtime::engine::{
+    generate, model_drafter, DraftPolicy, Drafter, Emitted, Engine, EngineConfig, Finish,
+    PromptLookupDrafter, Sampling, SeqParams,
+};
+use draftc_runtime::exec::HostWeights;
+use draftc_runtime::spec::PromptLookup;
+
+fn greedy(max_tokens: usize) -> SeqParams {
+    SeqParams {
+        max_tokens,
+        sampling: Sampling::GREEDY,
+        stop_ids: Vec::new(),
+    }
+}
+
+fn beagle(t: &TargetModel<Wgpu>, tw: &HostWeights) -> Box<dyn Drafter<Wgpu>> {
+    let g = compile("beagle", &tiny_config());
+    let w = drafter_weights(t, tw, &g, None);
+    model_drafter(&wgpu_client(), &g, t, &w, PlanDType::F32, None).unwrap()
+}
+
+fn lookup() -> Box<dyn Drafter<Wgpu>> {
+    Box::new(PromptLookupDrafter {
+        lookup: PromptLookup::default(),
+        branches: 1,
+    })
+}
+
+/// Each prompt's greedy tokens alone (batch 1, autoregressive).
+fn solo(prompts: &[Vec<u32>], max: usize, sampling: &Sampling) -> Vec<Vec<u32>> {
+    let (mut t, _) = target(1);
+    prompts
+        .iter()
+        .map(|p| {
+            let r = [draftc_runtime::engine::Request { prompt: p.clone() }];
+            generate(&mut t, &r, max, sampling, None, &mut |_, _| {})
+                .unwrap()
+                .tokens
+                .remove(0)
+        })
+        .collect()
+}
+
+/// Runs `engine` until every request in `arrivals` (round it arrives at,
+/// prompt, params) is done; returns each request's tokens and finish.
+fn run(
+    engine: &mut Engine<Wgpu>,
+    arrivals: &[(usize, Vec<u32>, SeqParams)],
+) -> Vec<(Vec<u32>, Option<Finish>)> {
+    let mut out: Vec<(Vec<u32>, Option<Finish>)> = vec![(Vec::new(), None); arrivals.len()];
+    let mut waiting: Vec<usize> = (0..arrivals.len()).collect();
+    let mut round = 0;
+    while out.iter().any(|o| o.1.is_none()) {
+        waiting.retain(|&i| {
+            let (at, p, params) = &arrivals[i];
+            if *at <= round && engine.free_slots() > 0 {
+                engine.add(i as u64, p.clone(), params.clone()).unwrap();
+                false
+            } else {
+                true
+            }
+        });
+        for Emitted { id, tokens, finish } in engine.step().unwrap() {
+            let o = &mut out[id as usize];
+            o.0.extend(tokens);
+            o.1 = o.1.or(finish);
+        }
+        round += 1;
+        assert!(round < 10_000, "the engine does not finish");
+    }
+    assert_eq!(engine.running(), 0);
+    out
+}
+
+fn arrivals(n: usize, params: &dyn Fn(usize) -> SeqParams) -> Vec<(usize, Vec<u32>, SeqParams)> {
+    prompts(n)
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| ((i * 3) % 7, r.prompt, params(i)))
+        .collect()
+}
+
+#[test]
+fn greedy_sequences_joining_and_leaving_equal_their_solo_output() {
+    // Different budgets so sequences leave at different rounds.
+    let max = |i: usize| 6 + (i * 5) % 15;
+    let reqs = arrivals(8, &|i| greedy(max(i)));
+    let want: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|(_, p, s)| solo(std::slice::from_ref(p), s.max_tokens, &Sampling::GREEDY).remove(0))
+        .collect();
+    for which in ["none", "prompt-lookup", "beagle"] {
+        for policy in [DraftPolicy::Fixed(3), DraftPolicy::auto(3).unwrap()] {
+            // Four slots for eight requests: later ones wait for a free slot.
+            let (t, tw) = target(4);
+            let d = match which {
+                "none" => None,
+                "prompt-lookup" => Some(lookup()),
+                _ => Some(beagle(&t, &tw)),
+            };
+            let cfg = EngineConfig { prefill_chunk: 5 };
+            let mut e = Engine::new(t, d, policy, cfg);
+            let got = run(&mut e, &reqs);
+            for (i, (toks, finish)) in got.iter().enumerate() {
+                assert_eq!(toks, &want[i], "{which}: request {i}");
+                assert_eq!(*finish, Some(Finish::Length), "{which}: request {i}");
+            }
+            assert_eq!(e.free_slots(), 4);
+            if which == "beagle" {
+                assert_eq!(
+                    e.stats().draft_errors,
+                    0,
+                    "{:?}",
+                    e.stats().last_draft_error
+                );
+                assert!(e.stats().drafted > 0, "beagle drafted nothing");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stop_id_ends_a_sequence_and_is_kept() {
+    let p = prompts(1).remove(0).prompt;
+    let full = solo(std::slice::from_ref(&p), 12, &Sampling::GREEDY).remove(0);
+    let stop = full[4];
+    let first = full.iter().position(|&t| t == stop).unwrap();
+    let (t, _) = target(2);
+    let mut e = Engine::new(
+        t,
+        Some(lookup()),
+        DraftPolicy::Fixed(4),
+        EngineConfig::default(),
+    );
+    let params = SeqParams {
+        stop_ids: vec![stop],
+        ..greedy(12)
+    };
+    let got = run(&mut e, &[(0, p, params)]);
+    assert_eq!(got[0].0, full[..=first].to_vec());
+    assert_eq!(got[0].1, Some(Finish::Stop));
+}
+
+#[test]
+fn a_seeded_sampled_sequence_gives_the_same_tokens_whatever_runs_beside_it() {
+    let sampled = |seed: u64| SeqParams {
+        max_tokens: 16,
+        sampling: Sampling {
+            temperature: 0.9,
+            top_k: 0,
+            top_p: 1.0,
+            seed,
+        },
+        stop_ids: Vec::new(),
+    };
+    let p = prompts(3).remove(2).prompt;
+    // Alone, without a drafter.
+    let (t, _) = target(1);
+    let mut e = Engine::new(t, None, DraftPolicy::Fixed(0), EngineConfig::default());
+    let alone = run(&mut e, &[(0, p.clone(), sampled(42))]).remove(0).0;
+    // Beside greedy and other sampled sequences, with drafters.
+    let (t, tw) = target(4);
+    let d = beagle(&t, &tw);
+    let mut e = Engine::new(t, Some(d), DraftPolicy::Fixed(4), EngineConfig::default());
+    let mut reqs = arrivals(5, &|i| {
+        if i % 2 == 0 {
+            greedy(10)
+        } else {
+            sampled(i as u64)
+        }
+    });
+    reqs.insert(2, (1, p.clone(), sampled(42)));
+    let busy = run(&mut e, &reqs);
+    assert_eq!(busy[2].0, alone, "the batch changed a seeded sample");
+    let (t, _) = target(2);
+    let mut e = Engine::new(
+        t,
+        Some(lookup()),
+        DraftPolicy::Fixed(6),
+        EngineConfig::default(),
+    );
+    let looked = run(
+        &mut e,
+        &[(0, p.clone(), sampled(42)), (0, p.clone(), sampled(7))],
+    );
+    assert_eq!(looked[0].0, alone, "prompt lookup changed a seeded sample");
+    assert_ne!(looked[1].0, alone, "another seed gave the same sample");
+    // Top-k and top-p are the same rule with a cut distribution.
+    let cut = |seed| SeqParams {
+        sampling: Sampling {
+            top_k: 5,
+            top_p: 0.9,
+            ..sampled(seed).sampling
+        },
+        ..sampled(seed)
+    };
+    let (t, _) = target(1);
+    let mut e = Engine::new(t, None, DraftPolicy::Fixed(0), EngineConfig::default());
+    let plain = run(&mut e, &[(0, p.clone(), cut(3))]).remove(0).0;
+    let (t, tw) = target(3);
+    let d = beagle(&t, &tw);
+    let mut e = Engine::new(t, Some(d), DraftPolicy::Fixed(3), EngineConfig::default());
+    let reqs = [
+        (0, p.clone(), greedy(8)),
+        (0, p.clone(), cut(3)),
+        (2, p, cut(9)),
+    ];
+    assert_eq!(run(&mut e, &reqs)[1].0, plain);
+}
+
+#[test]
+fn cancelling_frees_the_slot_at_once() {
+    let (t, _) = target(2);
+    let mut e = Engine::new(
+        t,
+        Some(lookup()),
+        DraftPolicy::Fixed(2),
+        EngineConfig::default(),
+    );
+    let ps = prompts(3);
+    e.add(1, ps[0].prompt.clone(), greedy(50)).unwrap();
+    e.add(2, ps[1].prompt.clone(), greedy(50)).unwrap();
+    assert!(
+        e.add(3, ps[2].prompt.clone(), greedy(5)).is_err(),
+        "no slot is free"
+    );
+    e.step().unwrap();
+    e.step().unwrap();
+    assert!(e.kv_rows() > 0);
+    assert!(e.cancel(1));
+    assert!(!e.cancel(1), "cancelled twice");
+    assert_eq!((e.running(), e.free_slots()), (1, 1));
+    e.add(3, ps[2].prompt.clone(), greedy(5)).unwrap();
+    assert_eq!(e.cancel_all().len(), 2);
+    assert_eq!((e.running(), e.free_slots(), e.kv_rows()), (0, 2, 0));
+    assert!(e.step().unwrap().is_empty());
+}
+
+#[test]
+fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
+    let (t, _) = target(2);
+    let mut e = Engine::new(
+        t,
+        None,
+        DraftPolicy::Fixed(0),
+        EngineConfig { prefill_chunk: 4 },
+    );
+    let short = prompts(1).remove(0).prompt;
+    let long: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % 90).collect();
+    e.add(1, short.clone(), greedy(12)).unwrap();
+    e.step().unwrap(); // the short prompt's prefill and first token
+    e.add(2, long.clone(), greedy(4)).unwrap();
+    let mut got = (Vec::new(), Vec::new());
+    // The long prompt needs ceil(30 / 4) = 8 rounds; each of them still
+    // gives the decoding sequence its token.
+    for round in 0..8 {
+        let em = e.step().unwrap();
+        let one = em
+            .iter()
+            .find(|x| x.id == 1)
+            .expect("the short sequence decoded");
+        assert_eq!(one.tokens.len(), 1, "round {round}");
+        got.0.extend(one.tokens.clone());
+        let two: Vec<u32> = em
+            .iter()
+            .filter(|x| x.id == 2)
+            .flat_map(|x| x.tokens.clone())
+            .collect();
+        assert_eq!(
+            two.is_empty(),
+            round < 7,
+            "round {round}: the long prompt's first token"
+        );
+        got.1.extend(two);
+    }
+    while e.running() > 0 {
+        for x in e.step().unwrap() {
+            if x.id == 2 {
+                got.1.extend(x.tokens);
+            }
+        }
+    }
+    let want = solo(&[long], 4, &Sampling::GREEDY).remove(0);
+    assert_eq!(got.1, want);
+}
+
+#[test]
+fn requests_that_do_not_fit_are_refused_with_a_reason() {
+    let (t, _) = target_sized(1, PlanDType::F32, 7, 16);
+    let e = Engine::new(t, None, DraftPolicy::Fixed(0), EngineConfig::default());
+    let err = |p: &[u32], s: SeqParams| e.check(p, &s).unwrap_err().to_string();
+    assert!(err(&[1; 10], greedy(8)).contains("exceed the context"));
+    assert!(err(&[], greedy(1)).contains("no tokens"));
+    assert!(err(&[100_000], greedy(1)).contains("outside the vocabulary"));
+    assert!(err(&[1], greedy(0)).contains("at least 1"));
+    let hot = SeqParams {
+        sampling: Sampling {
+            temperature: -1.0,
+            ..Sampling::GREEDY
+        },
+        ..greedy(1)
+    };
+    assert!(err(&[1], hot).contains("temperature"));
+    e.check(&[1; 10], &greedy(5)).unwrap();
+}
