@@ -144,7 +144,7 @@ async fn loads(State(app): State<App>) -> Response {
     let rows = get(&g.kv_rows);
     let capacity = slots * app.shared.limits.max_model_len as u64;
     Json(json!({
-        "timestamp": now_s(),
+        "timestamp": crate::state::rfc3339(now_s()),
         "dp_rank_count": 1,
         "loads": [{
             "dp_rank": 0,
