@@ -58,7 +58,7 @@ fn chat_and_completions_answer_in_openais_shape_with_exact_usage() {
         u["prompt_tokens"].as_u64().unwrap(),
         u["completion_tokens"].as_u64().unwrap(),
     );
-    assert!(p > 5 && n >= 1 && n <= 10, "{u}");
+    assert!(p > 5 && (1..=10).contains(&n), "{u}");
     assert_eq!(u["total_tokens"].as_u64().unwrap(), p + n);
     // Completions: a raw prompt, `max_tokens` reached exactly.
     let body = json!({"model": MODEL, "prompt": "Once upon", "max_tokens": 7, "temperature": 0, "ignore_eos": true});

@@ -150,7 +150,7 @@ impl Server {
         let (code, text) = respond(r.send_bytes(body));
         (
             code,
-            serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text)),
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
         )
     }
 
