@@ -52,9 +52,6 @@ fn run_inner(args: ServeArgs) -> Result<(), String> {
     if args.max_model_len < 2 {
         return Err("--max-model-len must be at least 2".into());
     }
-    if args.no_spec && args.budget.is_some() {
-        return Err("--budget sizes drafts; --no-spec has none".into());
-    }
     if !(args.drain_timeout >= 0.0 && args.drain_timeout.is_finite()) {
         return Err("--drain-timeout must be a number of seconds >= 0".into());
     }

@@ -19,6 +19,7 @@ use draftc_runtime::engine::{
     generate, warm_up, DraftPolicy, Drafter, Engine, EngineConfig, Finish, Request, Sampling,
     SeqParams, TargetModel,
 };
+use draftc_runtime::model::tokenizer::ChatMessage;
 use draftc_runtime::model::ConvertedModel;
 use draftc_runtime::spec::TreeShape;
 use tokio::sync::mpsc::UnboundedSender;
@@ -138,9 +139,15 @@ fn load<R: Runtime>(
         // Compiles the kernels of a one-sequence run and, for a planner,
         // measures the round costs it starts from.
         eprintln!("warming up …");
+        // A chat request like the ones served (not an evaluation
+        // question), so the planner starts from acceptance on chat text.
         let prompt = model
             .tokenizer
-            .encode("The quick brown fox jumps over the lazy dog. The quick brown fox")
+            .encode_chat(&[ChatMessage::new(
+                "user",
+                "Give me three tips for staying focused while studying, with a short reason for each.",
+            )])
+            .or_else(|_| model.tokenizer.encode("The quick brown fox jumps over the lazy dog."))
             .map_err(|e| e.to_string())?;
         let prompt: Vec<u32> = prompt.into_iter().take(args.max_model_len / 2).collect();
         if !prompt.is_empty() {

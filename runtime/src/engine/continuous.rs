@@ -232,6 +232,13 @@ impl<R: Runtime> Engine<R> {
             ))
         })?;
         self.target.caches.reset(slot);
+        if let DraftPolicy::Planned(p) = &mut self.policy {
+            p.reset_seq(slot);
+        }
+        // A new stretch of the batch: the planner judges it afresh (its
+        // retry rule may switch an off drafter back on for it).
+        let batch = self.seqs.len() + 1;
+        self.start_stretch(batch);
         let synced = match &mut self.drafter {
             Some(d) if !self.drafter_off => {
                 d.reset(slot);
@@ -239,9 +246,6 @@ impl<R: Runtime> Engine<R> {
             }
             _ => false,
         };
-        if let DraftPolicy::Planned(p) = &mut self.policy {
-            p.reset_seq(slot);
-        }
         self.stats.prompt_tokens += prompt.len();
         self.seqs.push(Seq {
             id,
@@ -300,6 +304,27 @@ impl<R: Runtime> Engine<R> {
         }
     }
 
+    /// A planner's judgement of a batch of `batch` sequences starting now
+    /// (a join, a leave): whether the drafter is off for it.
+    fn start_stretch(&mut self, batch: usize) {
+        let DraftPolicy::Planned(p) = &mut self.policy else {
+            return;
+        };
+        if self.drafter.is_none() {
+            return;
+        }
+        self.planned_batch = batch;
+        let off = p.start_run(batch);
+        if off != self.drafter_off && std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
+            eprintln!(
+                "planner: batch of {batch}: drafter {}{}",
+                if off { "off" } else { "on" },
+                p.off_why(batch).map_or(String::new(), |w| format!(" ({w})"))
+            );
+        }
+        self.drafter_off = off;
+    }
+
     /// Per decoding sequence (indices into `seqs`), its draft budget.
     fn budgets(&mut self, decoding: &[usize]) -> Vec<usize> {
         let mut budgets = vec![0; decoding.len()];
@@ -314,12 +339,14 @@ impl<R: Runtime> Engine<R> {
                     }
                 }
             }
-            DraftPolicy::Planned(p) => {
+            DraftPolicy::Planned(_) => {
                 let batch = decoding.len();
                 if batch != self.planned_batch {
-                    self.planned_batch = batch;
-                    self.drafter_off = p.start_run(batch);
+                    self.start_stretch(batch);
                 }
+                let DraftPolicy::Planned(p) = &mut self.policy else {
+                    unreachable!()
+                };
                 if self.drafter_off || !decoding.iter().any(|&i| self.seqs[i].synced) {
                     p.rounds_off(batch, 1, batch);
                 } else {
@@ -336,6 +363,12 @@ impl<R: Runtime> Engine<R> {
                     }));
                     let plan = p.plan(&slots);
                     if plan.drafter_off {
+                        if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
+                            eprintln!(
+                                "planner: batch of {batch}: drafter off{}",
+                                p.off_why(batch).map_or(String::new(), |w| format!(" ({w})"))
+                            );
+                        }
                         self.drafter_off = true;
                     } else {
                         for ((b, &k), &i) in budgets.iter_mut().zip(&plan.budgets).zip(decoding) {
