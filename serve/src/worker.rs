@@ -16,12 +16,11 @@ use draftc_runtime::cli::drafter::{make_drafter, DrafterChoice};
 use draftc_runtime::cli::generate::{speculate_policy, DEFAULT_BUDGET};
 use draftc_runtime::device::{Backend, OnClient};
 use draftc_runtime::engine::{
-    generate, warm_up, DraftPolicy, Drafter, Engine, EngineConfig, Finish, Request, Sampling,
-    SeqParams, TargetModel,
+    DraftPolicy, Drafter, Engine, EngineConfig, Finish, Sampling, SeqParams, TargetModel,
 };
 use draftc_runtime::model::tokenizer::ChatMessage;
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::spec::TreeShape;
+use draftc_runtime::spec::{PlanMode, Planner, PlannerConfig, TreeShape};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::args::ServeArgs;
@@ -135,48 +134,89 @@ fn load<R: Runtime>(
         let d = make_drafter(client, &choice, model, &target, dtype)?.drafter;
         (Some(d), policy)
     };
-    if !args.no_warmup {
-        // Compiles the kernels of a one-sequence run and, for a planner,
-        // measures the round costs it starts from.
-        eprintln!("warming up …");
-        // A chat request like the ones served (not an evaluation
-        // question), so the planner starts from acceptance on chat text.
-        let prompt = model
-            .tokenizer
-            .encode_chat(&[ChatMessage::new(
-                "user",
-                "Give me three tips for staying focused while studying, with a short reason for each.",
-            )])
-            .or_else(|_| model.tokenizer.encode("The quick brown fox jumps over the lazy dog."))
-            .map_err(|e| e.to_string())?;
-        let prompt: Vec<u32> = prompt.into_iter().take(args.max_model_len / 2).collect();
-        if !prompt.is_empty() {
-            let requests = [Request { prompt }];
-            match drafter.as_mut() {
-                Some(d) => warm_up(
-                    &mut target,
-                    d.as_mut(),
-                    &requests,
-                    &Sampling::GREEDY,
-                    &mut policy,
-                ),
-                None => generate(
-                    &mut target,
-                    &requests,
-                    4,
-                    &Sampling::GREEDY,
-                    None,
-                    &mut |_, _| {},
-                )
-                .map(|_| ()),
-            }
-            .map_err(|e| format!("warm-up: {e}"))?;
-        }
-    }
     let cfg = EngineConfig {
         prefill_chunk: args.prefill_chunk,
     };
+    if !args.no_warmup {
+        let t0 = std::time::Instant::now();
+        let (t, d, p) = warm(target, drafter, policy, model, args, cfg)?;
+        (target, drafter, policy) = (t, d, p);
+        eprintln!("warmed up in {:.1} s", t0.elapsed().as_secs_f64());
+    }
     Ok(Engine::new(target, drafter, policy, cfg))
+}
+
+/// Runs the engine over a chat request at batch sizes 1, 2, 4, … up to
+/// `--max-running`, before serving: every kernel shape those batches meet
+/// compiles now (on lavapipe a new shape costs a fraction of a second
+/// inside a request otherwise), and a planner takes the round costs
+/// measured on the way (its cycle of draft budgets, as `draftc generate`'s
+/// warm-up), so it plans from the first request.
+type Parts<R> = (TargetModel<R>, Option<Box<dyn Drafter<R>>>, DraftPolicy);
+
+fn warm<R: Runtime>(
+    target: TargetModel<R>,
+    drafter: Option<Box<dyn Drafter<R>>>,
+    mut policy: DraftPolicy,
+    model: &ConvertedModel,
+    args: &ServeArgs,
+    cfg: EngineConfig,
+) -> Result<Parts<R>, String> {
+    eprintln!("warming up …");
+    // A chat request like the ones served (not an evaluation question).
+    let prompt = model
+        .tokenizer
+        .encode_chat(&[ChatMessage::new(
+            "user",
+            "Give me three tips for staying focused while studying, with a short reason for each.",
+        )])
+        .or_else(|_| model.tokenizer.encode("The quick brown fox jumps over the lazy dog."))
+        .map_err(|e| e.to_string())?;
+    let tokens = 24.min(args.max_model_len.saturating_sub(1) / 2).max(1);
+    let prompt: Vec<u32> = prompt
+        .into_iter()
+        .take(args.max_model_len.saturating_sub(tokens).max(1))
+        .collect();
+    let max = policy.max_budget();
+    let warm_policy = match &policy {
+        DraftPolicy::Planned(_) => {
+            let cfg = PlannerConfig {
+                mode: PlanMode::Cycle,
+                ..PlannerConfig::auto(max.max(1))
+            };
+            DraftPolicy::Planned(Box::new(Planner::new(cfg).map_err(|e| e.to_string())?))
+        }
+        DraftPolicy::Fixed(k) => DraftPolicy::Fixed(*k),
+    };
+    let mut engine = Engine::new(target, drafter, warm_policy, cfg);
+    let mut batch = 1;
+    let mut id = 0u64;
+    loop {
+        let b = batch.min(args.max_running);
+        for _ in 0..b {
+            id += 1;
+            let params = SeqParams {
+                max_tokens: tokens,
+                sampling: Sampling::GREEDY,
+                stop_ids: Vec::new(),
+            };
+            engine
+                .add(id, prompt.clone(), params)
+                .map_err(|e| format!("warm-up: {e}"))?;
+        }
+        while engine.running() > 0 {
+            engine.step().map_err(|e| format!("warm-up: {e}"))?;
+        }
+        if b == args.max_running {
+            break;
+        }
+        batch *= 2;
+    }
+    let (target, drafter, warmed) = engine.into_parts();
+    if let (DraftPolicy::Planned(p), DraftPolicy::Planned(w)) = (&mut policy, &warmed) {
+        p.adopt_costs(w);
+    }
+    Ok((target, drafter, policy))
 }
 
 /// Takes jobs and runs rounds until the job channel closes.

@@ -141,6 +141,8 @@ pub struct Engine<R: Runtime> {
     confident: bool,
     /// The last round drafted.
     drafted_last: bool,
+    /// `DRAFTC_ENGINE_TRACE` is set: a line a round on stderr.
+    trace: bool,
     selected: SelectOut,
 }
 
@@ -174,8 +176,18 @@ impl<R: Runtime> Engine<R> {
             drafter_off: false,
             confident,
             drafted_last: false,
+            trace: std::env::var_os("DRAFTC_ENGINE_TRACE").is_some(),
             selected: SelectOut::default(),
         }
+    }
+
+    /// The target, the drafter and the policy back (after a warm-up run).
+    pub fn into_parts(self) -> (TargetModel<R>, Option<Box<dyn Drafter<R>>>, DraftPolicy) {
+        (self.target, self.drafter, self.policy)
+    }
+
+    pub fn policy(&self) -> &DraftPolicy {
+        &self.policy
     }
 
     /// Sequences in the batch (prefilling or decoding).
@@ -687,6 +699,19 @@ impl<R: Runtime> Engine<R> {
                 p.observe_verify(decode_rows, tv.elapsed().as_secs_f64());
                 p.observe_round(batch, round_tokens, t0.elapsed().as_secs_f64(), drafted);
             }
+        }
+        if self.trace {
+            // DRAFTC_ENGINE_TRACE=1: one line a round, times in ms.
+            eprintln!(
+                "engine round {}: decoding {} (rows {decode_rows}), prompt rows {}, drafted {drafted}, \
+                 emitted {round_tokens}, draft {:.1} pass+choose {:.1} round {:.1}",
+                self.stats.rounds,
+                decoding.len(),
+                ids.len() - decode_rows,
+                draft_s * 1e3,
+                verify_s * 1e3,
+                t0.elapsed().as_secs_f64() * 1e3
+            );
         }
         self.drafted_last = drafted;
         self.stats.generated_tokens += round_tokens;
