@@ -2,7 +2,8 @@
 # N `draftc serve` replicas behind the SGLang Model Gateway (PyPI `smg`,
 # installed here into .venv-gateway), all on loopback:
 #
-#   bash tools/serve-cluster.sh N [--gateway-port P] [--replica-port-base B] [--run-dir D] [-- SERVE ARGS…]
+#   bash tools/serve-cluster.sh N [--gateway-port P] [--replica-port-base B] [--run-dir D]
+#                                 [--policy power_of_two|round_robin|…] [-- SERVE ARGS…]
 #
 # Replica i listens on B+i (default B = 8100), the gateway on P (default
 # 30000, its Prometheus exporter on P+1). SERVE ARGS go to every replica
@@ -19,20 +20,23 @@ shift
 gw_port=30000
 base=8100
 run_dir=""
+policy=power_of_two
 while [ $# -gt 0 ]; do
   case "$1" in
     --gateway-port) gw_port="$2"; shift 2 ;;
     --replica-port-base) base="$2"; shift 2 ;;
     --run-dir) run_dir="$2"; shift 2 ;;
+    --policy) policy="$2"; shift 2 ;;
     --) shift; break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
 run_dir="${run_dir:-$(mktemp -d /tmp/draftc-cluster.XXXXXX)}"
 mkdir -p "$run_dir"
-bin="${DRAFTC_BIN:-target/release/draftc}"
-if [ ! -x "$bin" ] || [ ! -x "$(dirname "$bin")/draftc-serve" ]; then
-  cargo build --release -p draftc-runtime -p draftc-serve >&2
+# DRAFTC_SERVE_BIN: a draftc-serve binary to run (the tests give theirs).
+serve_bin="${DRAFTC_SERVE_BIN:-target/release/draftc-serve}"
+if [ ! -x "$serve_bin" ]; then
+  cargo build --release -p draftc-serve >&2
 fi
 venv=.venv-gateway
 if [ ! -x "$venv/bin/smg" ]; then
@@ -50,7 +54,7 @@ trap 'exit 0' INT TERM
 urls=()
 for i in $(seq 1 "$n"); do
   port=$((base + i))
-  "$bin" serve --host 127.0.0.1 --port "$port" "$@" >"$run_dir/replica-$i.log" 2>&1 &
+  "$serve_bin" --host 127.0.0.1 --port "$port" "$@" >"$run_dir/replica-$i.log" 2>&1 &
   pids+=($!)
   echo "$!" >"$run_dir/replica-$i.pid"
   urls+=("http://127.0.0.1:$port")
@@ -64,7 +68,7 @@ for u in "${urls[@]}"; do
 done
 "$venv/bin/smg" launch --host 127.0.0.1 --port "$gw_port" \
   --worker-urls "${urls[@]}" \
-  --policy power_of_two --load-monitor-interval 1 \
+  --policy "$policy" --load-monitor-interval 1 \
   --worker-startup-check-interval 1 \
   --health-check-interval-secs 1 --health-failure-threshold 1 \
   --prometheus-host 127.0.0.1 --prometheus-port $((gw_port + 1)) \

@@ -3,7 +3,8 @@
 # the CPU, for CubeCL's wgpu runtime) when it is missing, then runs every
 # default test of the workspace, formatting and lints.
 #
-#   bash tools/test.sh            # default suite (no downloads)
+#   bash tools/test.sh            # default suite (downloads only the pinned
+#                                 # OpenAI client into .venv-serve)
 #   bash tools/test.sh --ignored  # also the slow tests (real model download)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,9 @@ if ! command -v cargo >/dev/null; then
 fi
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# The serving tests' client tools (the official OpenAI client, pinned, no
+# torch) in .venv-serve.
+bash tools/serve/venv.sh >/dev/null
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
@@ -29,6 +33,6 @@ fi
 echo "==> cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "==> lines of Rust per crate"
-for c in ir ops codegen runtime tests; do
+for c in ir ops codegen runtime serve tests; do
   printf '  %-8s %6s\n' "$c" "$(find "$c" -name '*.rs' -print0 | xargs -0 cat 2>/dev/null | wc -l)"
 done

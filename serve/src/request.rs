@@ -172,7 +172,7 @@ pub fn parse(body: &[u8], chat: bool, shared: &Shared) -> Result<Parsed, ApiErro
         },
         stop_ids: if ignore_eos { Vec::new() } else { vec![eos] },
     };
-    check_request(&prompt, &params, shared.model.config.vocab_size, max_len, 0)
+    check_request(&prompt, &params, shared.model.config.vocab_size, max_len)
         .map_err(|e| ApiError::invalid(prompt_field, e.to_string()))?;
     Ok(Parsed {
         model,

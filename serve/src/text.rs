@@ -60,7 +60,12 @@ impl TextOut {
         }
         // An id the tokenizer cannot decode adds no text.
         let piece = self.stream.push(tok, id).unwrap_or_default();
-        self.text.push_str(&piece);
+        self.push_text(&piece)
+    }
+
+    /// Appends decoded text; returns what may be sent now.
+    fn push_text(&mut self, piece: &str) -> String {
+        self.text.push_str(piece);
         if let Some(at) = self.first_stop() {
             self.text.truncate(at);
             self.finish = Some(FinishReason::Stop);
@@ -119,5 +124,65 @@ impl TextOut {
             }
         }
         hold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed(stops: &[&str], pieces: &[&str]) -> (Vec<String>, String, Option<FinishReason>) {
+        let mut t = TextOut::new(stops.iter().map(|s| s.to_string()).collect(), vec![]);
+        let mut sent = Vec::new();
+        for p in pieces {
+            if t.finish.is_some() {
+                break;
+            }
+            t.tokens += 1;
+            sent.push(t.push_text(p));
+        }
+        let rest = t.end(FinishReason::Length);
+        sent.push(rest);
+        (sent, t.text().to_string(), t.finish)
+    }
+
+    #[test]
+    fn text_without_stops_goes_out_as_it_comes() {
+        let (sent, text, f) = feed(&[], &["Hel", "lo", " wörld"]);
+        assert_eq!(sent, ["Hel", "lo", " wörld", ""]);
+        assert_eq!(text, "Hello wörld");
+        assert_eq!(f, Some(FinishReason::Length));
+    }
+
+    #[test]
+    fn a_stop_string_across_pieces_is_never_sent_in_part() {
+        let (sent, text, f) = feed(&["END"], &["ab E", "N", "Dcd"]);
+        assert_eq!(sent.concat(), "ab ");
+        assert!(sent.iter().all(|s| !s.contains('E')));
+        assert_eq!(text, "ab ");
+        assert_eq!(f, Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn held_text_that_was_not_a_stop_is_sent_later() {
+        let (sent, text, f) = feed(&["END"], &["ab E", "X", " EN"]);
+        assert_eq!(sent, ["ab ", "EX", " ", "EN"]);
+        assert_eq!(text, "ab EX EN");
+        assert_eq!(f, Some(FinishReason::Length));
+    }
+
+    #[test]
+    fn the_earliest_of_several_stops_wins_and_multibyte_stops_cut_on_boundaries() {
+        let (sent, text, _) = feed(&["zz", "é!"], &["caf", "é! then zz"]);
+        assert_eq!(text, "caf");
+        assert_eq!(sent.concat(), "caf");
+        let (_, text, _) = feed(&["zz", "é!"], &["a zz é!"]);
+        assert_eq!(text, "a ");
+    }
+
+    #[test]
+    fn empty_stop_strings_are_ignored() {
+        let (_, text, f) = feed(&[""], &["abc"]);
+        assert_eq!((text.as_str(), f), ("abc", Some(FinishReason::Length)));
     }
 }

@@ -170,7 +170,11 @@ fn warm<R: Runtime>(
             "user",
             "Give me three tips for staying focused while studying, with a short reason for each.",
         )])
-        .or_else(|_| model.tokenizer.encode("The quick brown fox jumps over the lazy dog."))
+        .or_else(|_| {
+            model
+                .tokenizer
+                .encode("The quick brown fox jumps over the lazy dog.")
+        })
         .map_err(|e| e.to_string())?;
     let tokens = 24.min(args.max_model_len.saturating_sub(1) / 2).max(1);
     let prompt: Vec<u32> = prompt

@@ -33,6 +33,8 @@
 #      torch.compile with the static cache, mode="reduce-overhead" (f16,
 #      batch 1 and 64) only when 100 s are left for it (it compiled for
 #      127 s on an H100 before its first row);
+#   5b. `draftc serve` with speculation off and on at concurrency 1, 4 and
+#      16 (tools/serve/bench.py), up to 120 s;
 #   6. the fixed Beagle tree again with its frontiers picked on the device
 #      (DRAFTC_TREE_PICKS=device; the host picks them by default), up to 40 s;
 #   7. compute-sanitizer memcheck, one run per kernel test module (attention
@@ -247,6 +249,25 @@ bench)
     { echo; cat "$work/spec.md"; } | tee -a "$report"
   else
     echo "speculative bench skipped: ${spec_s}s left for it" | tee -a "$report"
+  fi
+
+  say "serving benchmark (up to 120 s)"
+  sv_s=$(($(left) - 150))
+  [ "$sv_s" -gt 120 ] && sv_s=120
+  if [ "$sv_s" -gt 40 ] && [ -x "$stage/bin/draftc-serve" ]; then
+    # `draftc serve` with speculation off and on (the shipped Beagle, the
+    # planner up to its tuned budget), closed-loop streamed load at
+    # concurrency 1, 4 and 16, alternated per level (tools/serve/bench.py:
+    # standard library only; matplotlib draws the plot when present).
+    timeout "$sv_s" python3 tools/serve/bench.py --draftc "$stage/bin/draftc" --model "$m" \
+      --drafter models/beagle.draft --serve-arg=--backend --serve-arg=cuda --concurrency 1,4,16 \
+      --repeat 1 --max-tokens 64 --ready-timeout 60 --out "$work/serve" >"$work/serve.log" 2>&1 ||
+      echo "serving bench: exit $? $(tail -3 "$work/serve.log")"
+    { echo; echo "## Serving (draftc serve, Beagle against --no-spec)"; echo;
+      cat "$work/serve/bench.md" 2>/dev/null || tail -20 "$work/serve.log"; } | tee -a "$report"
+    [ -f "$work/serve/bench.png" ] && cp "$work/serve/bench.png" "$out/serve.png"
+  else
+    echo "serving bench skipped: ${sv_s}s left for it (or no draftc-serve staged)" | tee -a "$report"
   fi
 
   say "transformers (eager f16 and f32, torch.compile f16)"

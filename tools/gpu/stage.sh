@@ -4,7 +4,8 @@
 # in three carry folders small enough for one device call each (64 MiB):
 #   .gpu1/  draftc (release, --features cuda), xz-compressed; half the GGUF
 #   .gpu2/  the other half of the GGUF
-#   .gpu3/  the kernel tests (--features cuda-tests) as one binary, xz-compressed
+#   .gpu3/  the kernel tests (--features cuda-tests) as one binary and
+#           draftc-serve (`draftc serve`), xz-compressed
 # The folders are git-ignored (.git/info/exclude). The tracked tree travels
 # with every call too and is larger than what is left beside .gpu1 or .gpu2:
 # take those calls with `tools/gpu/slim.sh on 1` (call with .gpu1) and
@@ -21,9 +22,13 @@ grep -qsx '/.gpu1/' "$exclude" || printf '/.gpu1/\n/.gpu2/\n/.gpu3/\n' >>"$exclu
 rm -rf .gpu1 .gpu2 .gpu3
 mkdir -p .gpu1 .gpu2 .gpu3
 
-cargo build --release -p draftc-runtime --features cuda
+cargo build --release -p draftc-runtime -p draftc-serve --features cuda
 strip -o .gpu1/draftc target/release/draftc
 xz -T2 -6 .gpu1/draftc
+# The server binary `draftc serve` runs (beside draftc in the stage's bin/),
+# for run.sh's serving benchmark; it goes with the kernel tests.
+strip -o .gpu3/draftc-serve target/release/draftc-serve
+xz -T2 -6 .gpu3/draftc-serve
 
 # One binary holding every kernel test file (ops/tests/cuda_all.rs): thirteen
 # separately linked binaries would not fit a device call.

@@ -33,7 +33,6 @@ import sys
 import time
 import urllib.request
 
-from openai import AsyncOpenAI
 
 
 def free_port():
@@ -94,44 +93,86 @@ class Server:
                 self.proc.kill()
 
 
-async def one(client, model, prompt, max_tokens):
+async def one(port, model, prompt, max_tokens):
+    """One streamed chat request over a plain asyncio connection (the GPU
+    machine has no network to install a client library from)."""
+    body = json.dumps({
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }).encode()
     t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    status = (await reader.readline()).split()
+    if len(status) < 2 or status[1] != b"200":
+        raise RuntimeError(f"HTTP {status!r}")
+    chunked = False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b""):
+            break
+        if line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower():
+            chunked = True
     first = None
     usage = None
-    stream = await client.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        temperature=0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    async for ch in stream:
-        if first is None and ch.choices and ch.choices[0].delta.content:
-            first = time.perf_counter()
-        if ch.usage is not None:
-            usage = ch.usage
+    buf = b""
+
+    async def chunks():
+        if not chunked:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    return
+                yield data
+        while True:
+            size = int((await reader.readline()).strip() or b"0", 16)
+            if size == 0:
+                return
+            data = await reader.readexactly(size)
+            await reader.readline()
+            yield data
+
+    async for data in chunks():
+        buf += data
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                continue
+            ch = json.loads(event[6:])
+            if "error" in ch:
+                raise RuntimeError(ch["error"])
+            if first is None and ch.get("choices") and ch["choices"][0]["delta"].get("content"):
+                first = time.perf_counter()
+            if ch.get("usage"):
+                usage = ch["usage"]
+    writer.close()
     end = time.perf_counter()
-    n = usage.completion_tokens if usage else 0
+    n = usage["completion_tokens"] if usage else 0
     first = first or end
     itl = (end - first) / (n - 1) if n > 1 else None
     return {"ttft": first - t0, "e2e": end - t0, "tokens": n, "itl": itl}
 
 
 async def level(server, model, prompts, concurrency, requests, max_tokens):
-    client = AsyncOpenAI(base_url=server.base + "/v1", api_key="x", max_retries=0, timeout=1800)
     queue = list(range(requests))
     results = []
 
     async def worker():
         while queue:
             i = queue.pop(0)
-            results.append(await one(client, model, prompts[i % len(prompts)], max_tokens))
+            results.append(await one(server.port, model, prompts[i % len(prompts)], max_tokens))
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    await client.close()
     return wall, results
 
 

@@ -220,13 +220,7 @@ impl<R: Runtime> Engine<R> {
     /// Checks a request without adding it (the server answers 400 before
     /// queueing it).
     pub fn check(&self, prompt: &[u32], params: &SeqParams) -> Result<(), EngineError> {
-        check_request(
-            prompt,
-            params,
-            self.target.vocab,
-            self.max_len(),
-            self.target.max_rows,
-        )
+        check_request(prompt, params, self.target.vocab, self.max_len())
     }
 
     /// Adds a sequence to the batch; it joins the next round.
@@ -331,7 +325,8 @@ impl<R: Runtime> Engine<R> {
             eprintln!(
                 "planner: batch of {batch}: drafter {}{}",
                 if off { "off" } else { "on" },
-                p.off_why(batch).map_or(String::new(), |w| format!(" ({w})"))
+                p.off_why(batch)
+                    .map_or(String::new(), |w| format!(" ({w})"))
             );
         }
         self.drafter_off = off;
@@ -378,7 +373,8 @@ impl<R: Runtime> Engine<R> {
                         if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
                             eprintln!(
                                 "planner: batch of {batch}: drafter off{}",
-                                p.off_why(batch).map_or(String::new(), |w| format!(" ({w})"))
+                                p.off_why(batch)
+                                    .map_or(String::new(), |w| format!(" ({w})"))
                             );
                         }
                         self.drafter_off = true;
@@ -435,8 +431,10 @@ impl<R: Runtime> Engine<R> {
                     }
                 })
                 .collect();
-            let drafter = self.drafter.as_mut().expect("drafting needs a drafter");
-            let got = drafter.draft(&mut self.target, &views, budget);
+            let got = match self.drafter.as_mut() {
+                Some(d) => d.draft(&mut self.target, &views, budget),
+                None => Ok(Vec::new()),
+            };
             let got = match got {
                 Ok(t) if t.len() == views.len() => t,
                 Ok(t) => {
@@ -747,7 +745,6 @@ pub fn check_request(
     params: &SeqParams,
     vocab: usize,
     max_len: usize,
-    _max_rows: usize,
 ) -> Result<(), EngineError> {
     params.sampling.validate()?;
     if params.sampling.top_k > MAX_CANDIDATES {
