@@ -83,7 +83,7 @@ pub fn parse(body: &[u8], chat: bool, shared: &Shared) -> Result<Parsed, ApiErro
             "`max_tokens` must be at least 1",
         ));
     }
-    if prompt.len() + max_tokens > max_len {
+    if prompt.len().saturating_add(max_tokens) > max_len {
         return Err(ApiError::context_length(format!(
             "the prompt ({} tokens) and max_tokens ({max_tokens}) exceed this server's context of \
              {max_len} tokens",

@@ -42,7 +42,7 @@ fn body(i: usize, stream: bool) -> Value {
         "max_tokens": 12,
         "stream": stream,
     });
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         b["temperature"] = json!(0);
     } else {
         b["temperature"] = json!(0.8);

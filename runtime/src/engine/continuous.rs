@@ -764,7 +764,7 @@ pub fn check_request(
     if params.max_tokens == 0 {
         return Err(EngineError::Invalid("max_tokens must be at least 1".into()));
     }
-    if prompt.len() + params.max_tokens > max_len {
+    if prompt.len().saturating_add(params.max_tokens) > max_len {
         return Err(EngineError::Invalid(format!(
             "the prompt ({} tokens) and max_tokens ({}) exceed the context of {max_len} tokens",
             prompt.len(),
