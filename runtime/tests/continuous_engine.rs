@@ -119,7 +119,10 @@ fn greedy_sequences_joining_and_leaving_equal_their_solo_output() {
                 "prompt-lookup" => Some(lookup()),
                 _ => Some(beagle(&t, &tw)),
             };
-            let cfg = EngineConfig { prefill_chunk: 5 };
+            let cfg = EngineConfig {
+                prefill_chunk: 5,
+                ..EngineConfig::default()
+            };
             let mut e = Engine::new(t, d, policy, cfg);
             let got = run(&mut e, &reqs);
             for (i, (toks, finish)) in got.iter().enumerate() {
@@ -153,12 +156,25 @@ fn every_drafter_kind_is_lossless_under_continuous_batching() {
     for name in ["specformer", "magicdec", "medusa"] {
         let (t, tw) = target(3);
         let d = model(&t, &tw, name);
-        let mut e = Engine::new(t, Some(d), DraftPolicy::Fixed(3), EngineConfig { prefill_chunk: 6 });
+        let mut e = Engine::new(
+            t,
+            Some(d),
+            DraftPolicy::Fixed(3),
+            EngineConfig {
+                prefill_chunk: 6,
+                ..EngineConfig::default()
+            },
+        );
         let got = run(&mut e, &reqs);
         for (i, (toks, _)) in got.iter().enumerate() {
             assert_eq!(toks, &want[i], "{name}: request {i}");
         }
-        assert_eq!(e.stats().draft_errors, 0, "{name}: {:?}", e.stats().last_draft_error);
+        assert_eq!(
+            e.stats().draft_errors,
+            0,
+            "{name}: {:?}",
+            e.stats().last_draft_error
+        );
         assert!(e.stats().drafted > 0, "{name} drafted nothing");
     }
 }
@@ -173,10 +189,17 @@ fn eagle_is_lossless_under_continuous_batching() {
         .iter()
         .map(|(_, p, s)| {
             let r = [draftc_runtime::engine::Request { prompt: p.clone() }];
-            generate(&mut plain, &r, s.max_tokens, &Sampling::GREEDY, None, &mut |_, _| {})
-                .unwrap()
-                .tokens
-                .remove(0)
+            generate(
+                &mut plain,
+                &r,
+                s.max_tokens,
+                &Sampling::GREEDY,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap()
+            .tokens
+            .remove(0)
         })
         .collect();
     let d = model(&t, &tw, "eagle");
@@ -185,7 +208,12 @@ fn eagle_is_lossless_under_continuous_batching() {
     for (i, (toks, _)) in got.iter().enumerate() {
         assert_eq!(toks, &want[i], "eagle: request {i}");
     }
-    assert_eq!(e.stats().draft_errors, 0, "{:?}", e.stats().last_draft_error);
+    assert_eq!(
+        e.stats().draft_errors,
+        0,
+        "{:?}",
+        e.stats().last_draft_error
+    );
 }
 
 #[test]
@@ -312,7 +340,10 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
         t,
         None,
         DraftPolicy::Fixed(0),
-        EngineConfig { prefill_chunk: 4 },
+        EngineConfig {
+            prefill_chunk: 4,
+            ..EngineConfig::default()
+        },
     );
     let short = prompts(1).remove(0).prompt;
     let long: Vec<u32> = (0..30).map(|i| (i * 7 + 3) % 90).collect();
@@ -371,4 +402,51 @@ fn requests_that_do_not_fit_are_refused_with_a_reason() {
     };
     assert!(err(&[1], hot).contains("temperature"));
     e.check(&[1; 10], &greedy(5)).unwrap();
+}
+
+#[test]
+fn prompts_that_share_a_prefix_reuse_its_rows_and_decode_the_same() {
+    // A shared 14-token "system turn", then different questions.
+    let system: Vec<u32> = (0..14).map(|i| (i * 11 + 5) % 90).collect();
+    let reqs: Vec<(usize, Vec<u32>, SeqParams)> = prompts(6)
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let p: Vec<u32> = system.iter().chain(&r.prompt).copied().collect();
+            (i * 2, p, greedy(6 + i % 4))
+        })
+        .collect();
+    let want: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|(_, p, s)| solo(std::slice::from_ref(p), s.max_tokens, &Sampling::GREEDY).remove(0))
+        .collect();
+    for which in ["none", "prompt-lookup", "beagle"] {
+        // Three slots and the prefix cache's.
+        let (t, tw) = target(4);
+        let d = match which {
+            "none" => None,
+            "prompt-lookup" => Some(lookup()),
+            _ => Some(beagle(&t, &tw)),
+        };
+        let cfg = EngineConfig {
+            prefill_chunk: 8,
+            prefix_cache: true,
+        };
+        let mut e = Engine::new(t, d, DraftPolicy::Fixed(2), cfg);
+        assert_eq!(e.free_slots(), 3);
+        let got = run(&mut e, &reqs);
+        for (i, (toks, _)) in got.iter().enumerate() {
+            assert_eq!(toks, &want[i], "{which}: request {i}");
+        }
+        let reused = e.stats().prefix_rows;
+        if which == "beagle" {
+            assert_eq!(
+                reused, 0,
+                "a drafter that observes rows must see the whole prompt"
+            );
+        } else {
+            // Every request after the first shares at least the system turn.
+            assert!(reused >= 5 * system.len(), "{which}: {reused} rows reused");
+        }
+    }
 }

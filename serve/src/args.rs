@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// Prompt rows prefilled per round while other sequences decode.
     #[arg(long, default_value_t = 64)]
     pub prefill_chunk: usize,
+    /// Do not keep the last prompt's KV rows for the next prompt that shares
+    /// its prefix (a chat template's system turn).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
     /// Require `Authorization: Bearer KEY` on /v1 routes.
     #[arg(long, env = "DRAFTC_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,

@@ -99,6 +99,7 @@ pub struct EngineGauges {
     pub no_draft_rounds: AtomicU64,
     pub draft_proposed: AtomicU64,
     pub draft_accepted: AtomicU64,
+    pub prefix_rows: AtomicU64,
 }
 
 impl EngineGauges {

@@ -83,10 +83,11 @@ fn load<R: Runtime>(
     model: &ConvertedModel,
 ) -> Result<Engine<R>, String> {
     let dtype = draftc_runtime::device::resolve_dtype(&args.dtype, client)?;
+    // One slot more than --max-running for the prefix cache.
     let mut target = TargetModel::load(
         client,
         model,
-        args.max_running,
+        args.max_running + usize::from(!args.no_prefix_cache),
         args.max_model_len + 1,
         dtype,
     )
@@ -136,10 +137,17 @@ fn load<R: Runtime>(
     };
     let cfg = EngineConfig {
         prefill_chunk: args.prefill_chunk,
+        prefix_cache: !args.no_prefix_cache,
     };
     if !args.no_warmup {
         let t0 = std::time::Instant::now();
-        let (t, d, p) = warm(target, drafter, policy, model, args, cfg)?;
+        // Without the prefix cache: its copies would skip the prompt shapes
+        // that real traffic compiles.
+        let plain = EngineConfig {
+            prefix_cache: false,
+            ..cfg
+        };
+        let (t, d, p) = warm(target, drafter, policy, model, args, plain)?;
         (target, drafter, policy) = (t, d, p);
         eprintln!("warmed up in {:.1} s", t0.elapsed().as_secs_f64());
     }
@@ -303,5 +311,6 @@ fn serve_loop<R: Runtime>(mut engine: Engine<R>, shared: &Shared, jobs: &Receive
             .store(s.no_draft_rounds as u64, Ordering::Relaxed);
         g.draft_proposed.store(s.drafted as u64, Ordering::Relaxed);
         g.draft_accepted.store(s.accepted as u64, Ordering::Relaxed);
+        g.prefix_rows.store(s.prefix_rows as u64, Ordering::Relaxed);
     }
 }

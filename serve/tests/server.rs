@@ -195,6 +195,10 @@ fn eight_concurrent(args: &[&str]) {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(got, want, "{args:?}");
+    if args.contains(&"--no-spec") {
+        // The shared system turn came from the prefix cache.
+        assert!(s.metric("draftc_prefix_rows_reused_total") > 0.0);
+    }
 }
 
 #[test]

@@ -77,13 +77,24 @@ pub struct Emitted {
 pub struct EngineConfig {
     /// Prompt rows prefilled per round while other sequences decode.
     pub prefill_chunk: usize,
+    /// Keep the last prefilled prompt's KV rows in a slot of their own (the
+    /// target's last) and start a new prompt that shares a prefix with it
+    /// from a copy of those rows (a chat template's system turn), for
+    /// sequences no drafter observes.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { prefill_chunk: 64 }
+        EngineConfig {
+            prefill_chunk: 64,
+            prefix_cache: false,
+        }
     }
 }
+
+/// Shared prompt rows shorter than this are computed, not copied.
+const MIN_PREFIX: usize = 4;
 
 /// Counters since the engine started.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -97,6 +108,8 @@ pub struct EngineStats {
     /// Draft tokens verified and accepted.
     pub drafted: usize,
     pub accepted: usize,
+    /// Prompt rows copied from the prefix cache instead of computed.
+    pub prefix_rows: usize,
     /// Rounds whose drafter failed (each a plain decoding round).
     pub draft_errors: usize,
     pub last_draft_error: Option<String>,
@@ -143,6 +156,9 @@ pub struct Engine<R: Runtime> {
     drafted_last: bool,
     /// `DRAFTC_ENGINE_TRACE` is set: a line a round on stderr.
     trace: bool,
+    /// The prefix cache's slot and the prompt whose rows it holds.
+    prefix_slot: Option<usize>,
+    prefix_tokens: Vec<u32>,
     selected: SelectOut,
 }
 
@@ -161,13 +177,18 @@ impl<R: Runtime> Engine<R> {
             (Some(d), DraftPolicy::Planned(_)) => d.set_probabilities(true),
             _ => false,
         };
-        let free = (0..target.caches.slots()).rev().collect();
+        let slots = target.caches.slots();
+        let prefix_slot = (cfg.prefix_cache && slots >= 2).then_some(slots - 1);
+        let free = (0..slots - usize::from(prefix_slot.is_some()))
+            .rev()
+            .collect();
         Engine {
             target,
             drafter,
             policy,
             cfg: EngineConfig {
                 prefill_chunk: cfg.prefill_chunk.max(1),
+                ..cfg
             },
             seqs: Vec::new(),
             free,
@@ -177,6 +198,8 @@ impl<R: Runtime> Engine<R> {
             confident,
             drafted_last: false,
             trace: std::env::var_os("DRAFTC_ENGINE_TRACE").is_some(),
+            prefix_slot,
+            prefix_tokens: Vec::new(),
             selected: SelectOut::default(),
         }
     }
@@ -253,15 +276,61 @@ impl<R: Runtime> Engine<R> {
             _ => false,
         };
         self.stats.prompt_tokens += prompt.len();
+        let prefilled = self.reuse_prefix(slot, &prompt, synced)?;
         self.seqs.push(Seq {
             id,
             slot,
             prompt_len: prompt.len(),
-            prefilled: 0,
+            prefilled,
             tokens: prompt,
             params,
             synced,
         });
+        Ok(())
+    }
+
+    /// Copies the prompt rows `prompt` shares with the prefix cache into
+    /// `slot` (at least [`MIN_PREFIX`], never the last prompt row, whose
+    /// logits pick the first token); returns how many. Only for a sequence
+    /// no drafter observes: a drafter's own state would miss those rows.
+    fn reuse_prefix(
+        &mut self,
+        slot: usize,
+        prompt: &[u32],
+        synced: bool,
+    ) -> Result<usize, EngineError> {
+        let Some(ps) = self.prefix_slot else {
+            return Ok(0);
+        };
+        if synced && self.drafter.as_ref().is_some_and(|d| d.observes_rows()) {
+            return Ok(0);
+        }
+        let shared = prompt
+            .iter()
+            .zip(&self.prefix_tokens)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len() - 1);
+        if shared < MIN_PREFIX {
+            return Ok(0);
+        }
+        self.target.caches.copy_prefix(ps, slot, shared)?;
+        self.stats.prefix_rows += shared;
+        Ok(shared)
+    }
+
+    /// Keeps the prompt of the sequence in `slot` (its rows all in the
+    /// cache) as the prefix cache, unless it adds nothing to it.
+    fn store_prefix(&mut self, slot: usize, prompt: &[u32]) -> Result<(), EngineError> {
+        let Some(ps) = self.prefix_slot else {
+            return Ok(());
+        };
+        if self.prefix_tokens.starts_with(prompt) {
+            return Ok(());
+        }
+        self.target.caches.reset(ps);
+        self.target.caches.copy_prefix(slot, ps, prompt.len())?;
+        self.prefix_tokens = prompt.to_vec();
         Ok(())
     }
 
@@ -636,6 +705,13 @@ impl<R: Runtime> Engine<R> {
                 });
             }
             paths.push((s.slot, committed, keep));
+        }
+        for &(i, _, n) in &chunks {
+            let s = &self.seqs[i];
+            if s.prefilled + n == s.prompt_len && self.prefix_slot.is_some() {
+                let (slot, prompt) = (s.slot, s.tokens[..s.prompt_len].to_vec());
+                self.store_prefix(slot, &prompt)?;
+            }
         }
         for &(i, at, n) in &chunks {
             let s = &mut self.seqs[i];

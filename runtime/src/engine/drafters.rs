@@ -103,6 +103,14 @@ pub trait Drafter<R: Runtime> {
     /// Forget the sequence in `slot`.
     fn reset(&mut self, _slot: usize) {}
 
+    /// Whether it reads the target's passes over committed rows
+    /// ([`Drafter::observe`]); one that drafts from token ids alone (prompt
+    /// lookup) lets the engine reuse a cached prompt prefix without running
+    /// the target over it.
+    fn observes_rows(&self) -> bool {
+        true
+    }
+
     /// Its executor's per-kernel profile (`DRAFTC_PROFILE=1`), for drafters
     /// that run a graph of their own.
     fn profile(&self) -> Option<&crate::exec::Profile> {
@@ -146,6 +154,10 @@ pub struct PromptLookupDrafter {
 }
 
 impl<R: Runtime> Drafter<R> for PromptLookupDrafter {
+    fn observes_rows(&self) -> bool {
+        false
+    }
+
     fn name(&self) -> String {
         "prompt-lookup".into()
     }

@@ -191,6 +191,32 @@ impl<R: Runtime> CacheStore<R> {
         Ok(())
     }
 
+    /// Copies the first `n` rows of every cache of slot `from` into slot
+    /// `to`, which held nothing: a prompt prefix computed once and reused
+    /// (its K/V rows depend only on its tokens and positions).
+    pub fn copy_prefix(&mut self, from: usize, to: usize, n: usize) -> Result<(), ExecError> {
+        if from >= self.slots || to >= self.slots || from == to {
+            return Err(ExecError::Internal(format!(
+                "copy_prefix: slots {from} -> {to} of {}",
+                self.slots
+            )));
+        }
+        for (name, rows) in self.rows.iter_mut() {
+            let n = n.min(rows.pos[from].len()).min(self.capacity);
+            let src: Vec<u32> = (0..n).map(|i| (from * self.capacity + i) as u32).collect();
+            let dst: Vec<u32> = (0..n).map(|i| (to * self.capacity + i) as u32).collect();
+            if n > 0 {
+                for half in ["k", "v"] {
+                    if let Some(t) = self.halves.get(&format!("{name}.{half}")) {
+                        draftc_ops::kv::move_rows(&self.client, &src, &dst, t)?;
+                    }
+                }
+            }
+            rows.pos[to] = rows.pos[from][..n].to_vec();
+        }
+        Ok(())
+    }
+
     /// Forget everything in `slot`.
     pub fn reset(&mut self, slot: usize) {
         self.truncate(slot, 0);
