@@ -158,6 +158,11 @@ pub fn render(m: &Metrics, g: &EngineGauges) -> String {
             "Draft tokens accepted.",
             get(&g.draft_accepted),
         ),
+        (
+            "draftc_prefix_rows_reused_total",
+            "Prompt rows copied from the prefix cache instead of computed.",
+            get(&g.prefix_rows),
+        ),
     ];
     for (name, help, v) in counters {
         let _ = writeln!(
