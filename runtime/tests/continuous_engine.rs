@@ -450,3 +450,44 @@ fn prompts_that_share_a_prefix_reuse_its_rows_and_decode_the_same() {
         }
     }
 }
+
+/// A planner seeded with costs at which a draft never pays for one
+/// sequence and pays well for two (the opposite of a real device, to tell
+/// the engine's rule from the planner's own judgement).
+fn contrary_planner() -> DraftPolicy {
+    use draftc_runtime::spec::planner::Costs;
+    let mut p =
+        draftc_runtime::spec::Planner::new(draftc_runtime::spec::PlannerConfig::auto(3)).unwrap();
+    let verify = (1..=16).map(|r| (r, 1e-3)).collect();
+    let mut draft = Vec::new();
+    for k in 1..=3 {
+        draft.push((1, k, 10.0));
+        draft.push((2, k, 1e-6));
+    }
+    p.seed_costs(&Costs {
+        verify,
+        draft,
+        step: Vec::new(),
+    });
+    DraftPolicy::Planned(Box::new(p))
+}
+
+#[test]
+fn a_drafter_off_at_one_batch_size_stays_off_at_larger_ones() {
+    let ps = prompts(2);
+    let (t, tw) = target(2);
+    let d = beagle(&t, &tw);
+    let mut e = Engine::new(t, Some(d), contrary_planner(), EngineConfig::default());
+    e.add(1, ps[0].prompt.clone(), greedy(12)).unwrap();
+    e.add(2, ps[1].prompt.clone(), greedy(12)).unwrap();
+    // The first join was judged at batch 1: off. The second, at batch 2,
+    // stays off although the planner alone would draft there.
+    while e.running() > 0 {
+        e.step().unwrap();
+    }
+    assert_eq!(
+        e.stats().drafted,
+        0,
+        "drafted at batch 2 after going off at batch 1"
+    );
+}

@@ -93,6 +93,9 @@ impl Default for EngineConfig {
     }
 }
 
+/// Rounds a planner's off stays off at larger batch sizes, at first.
+const STICKY_OFF_ROUNDS: usize = 128;
+
 /// Shared prompt rows shorter than this are computed, not copied.
 const MIN_PREFIX: usize = 4;
 
@@ -156,6 +159,11 @@ pub struct Engine<R: Runtime> {
     drafted_last: bool,
     /// `DRAFTC_ENGINE_TRACE` is set: a line a round on stderr.
     trace: bool,
+    /// The smallest batch size the planner switched the drafter off at,
+    /// and the rounds it stays off at that size and above.
+    off_from: Option<usize>,
+    off_rounds_left: usize,
+    off_retry: usize,
     /// The prefix cache's slot and the prompt whose rows it holds.
     prefix_slot: Option<usize>,
     prefix_tokens: Vec<u32>,
@@ -198,6 +206,9 @@ impl<R: Runtime> Engine<R> {
             confident,
             drafted_last: false,
             trace: std::env::var_os("DRAFTC_ENGINE_TRACE").is_some(),
+            off_from: None,
+            off_rounds_left: 0,
+            off_retry: STICKY_OFF_ROUNDS,
             prefix_slot,
             prefix_tokens: Vec::new(),
             selected: SelectOut::default(),
@@ -389,7 +400,20 @@ impl<R: Runtime> Engine<R> {
             return;
         }
         self.planned_batch = batch;
-        let off = p.start_run(batch);
+        // The planner keeps one batch size off at a time (a static run has
+        // one); here the batch size moves every few rounds, and each new
+        // size would switch the drafter back on, draft losing rounds and
+        // prefill its joiners whole. Off at a batch size stays off at every
+        // larger one (a draft pays less the larger the batch) until
+        // `off_rounds_left` runs out (doubling each time, as the planner's
+        // own retries), when a larger batch is judged afresh.
+        let sticky = matches!(self.off_from, Some(b) if batch >= b && self.off_rounds_left > 0);
+        let off = sticky || p.start_run(batch);
+        if off && !sticky && self.off_from.is_none_or(|b| batch < b) {
+            self.off_from = Some(batch);
+            self.off_rounds_left = self.off_retry;
+            self.off_retry *= 2;
+        }
         if off != self.drafter_off && std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
             eprintln!(
                 "planner: batch of {batch}: drafter {}{}",
@@ -447,6 +471,11 @@ impl<R: Runtime> Engine<R> {
                             );
                         }
                         self.drafter_off = true;
+                        if self.off_from.is_none_or(|b| batch < b) {
+                            self.off_from = Some(batch);
+                            self.off_rounds_left = self.off_retry;
+                            self.off_retry *= 2;
+                        }
                     } else {
                         for ((b, &k), &i) in budgets.iter_mut().zip(&plan.budgets).zip(decoding) {
                             if self.seqs[i].synced {
@@ -470,6 +499,10 @@ impl<R: Runtime> Engine<R> {
     pub fn step(&mut self) -> Result<Vec<Emitted>, EngineError> {
         if self.seqs.is_empty() {
             return Ok(Vec::new());
+        }
+        self.off_rounds_left = self.off_rounds_left.saturating_sub(1);
+        if self.off_rounds_left == 0 {
+            self.off_from = None;
         }
         let t0 = Instant::now();
         let vocab = self.target.vocab;
