@@ -409,11 +409,6 @@ impl<R: Runtime> Engine<R> {
         // own retries), when a larger batch is judged afresh.
         let sticky = matches!(self.off_from, Some(b) if batch >= b && self.off_rounds_left > 0);
         let off = sticky || p.start_run(batch);
-        if off && !sticky && self.off_from.is_none_or(|b| batch < b) {
-            self.off_from = Some(batch);
-            self.off_rounds_left = self.off_retry;
-            self.off_retry *= 2;
-        }
         if off != self.drafter_off && std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
             eprintln!(
                 "planner: batch of {batch}: drafter {}{}",
@@ -423,6 +418,19 @@ impl<R: Runtime> Engine<R> {
             );
         }
         self.drafter_off = off;
+        if off && !sticky {
+            self.went_off(batch);
+        }
+    }
+
+    /// The planner switched the drafter off at `batch` sequences: off at
+    /// every larger batch too, for the next `off_retry` rounds.
+    fn went_off(&mut self, batch: usize) {
+        if self.off_from.is_none_or(|b| batch < b) {
+            self.off_from = Some(batch);
+            self.off_rounds_left = self.off_retry;
+            self.off_retry *= 2;
+        }
     }
 
     /// Per decoding sequence (indices into `seqs`), its draft budget.
@@ -444,45 +452,46 @@ impl<R: Runtime> Engine<R> {
                 if batch != self.planned_batch {
                     self.start_stretch(batch);
                 }
-                let DraftPolicy::Planned(p) = &mut self.policy else {
-                    unreachable!()
-                };
-                if self.drafter_off || !decoding.iter().any(|&i| self.seqs[i].synced) {
-                    p.rounds_off(batch, 1, batch);
-                } else {
-                    let slots: Vec<usize> = decoding.iter().map(|&i| self.seqs[i].slot).collect();
-                    let ctx = decoding
-                        .iter()
-                        .map(|&i| self.seqs[i].tokens.len())
-                        .sum::<usize>() as f64
-                        / batch as f64;
-                    p.set_context(ctx);
-                    p.set_rooms(decoding.iter().map(|&i| {
-                        let s = &self.seqs[i];
-                        (s.slot, s.params.max_tokens - s.generated())
-                    }));
-                    let plan = p.plan(&slots);
-                    if plan.drafter_off {
-                        if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
-                            eprintln!(
-                                "planner: batch of {batch}: drafter off{}",
-                                p.off_why(batch)
-                                    .map_or(String::new(), |w| format!(" ({w})"))
-                            );
-                        }
-                        self.drafter_off = true;
-                        if self.off_from.is_none_or(|b| batch < b) {
-                            self.off_from = Some(batch);
-                            self.off_rounds_left = self.off_retry;
-                            self.off_retry *= 2;
-                        }
+                let mut went_off = false;
+                if let DraftPolicy::Planned(p) = &mut self.policy {
+                    if self.drafter_off || !decoding.iter().any(|&i| self.seqs[i].synced) {
+                        p.rounds_off(batch, 1, batch);
                     } else {
-                        for ((b, &k), &i) in budgets.iter_mut().zip(&plan.budgets).zip(decoding) {
-                            if self.seqs[i].synced {
-                                *b = k;
+                        let slots: Vec<usize> =
+                            decoding.iter().map(|&i| self.seqs[i].slot).collect();
+                        let ctx = decoding
+                            .iter()
+                            .map(|&i| self.seqs[i].tokens.len())
+                            .sum::<usize>() as f64
+                            / batch as f64;
+                        p.set_context(ctx);
+                        p.set_rooms(decoding.iter().map(|&i| {
+                            let s = &self.seqs[i];
+                            (s.slot, s.params.max_tokens - s.generated())
+                        }));
+                        let plan = p.plan(&slots);
+                        if plan.drafter_off {
+                            if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
+                                eprintln!(
+                                    "planner: batch of {batch}: drafter off{}",
+                                    p.off_why(batch)
+                                        .map_or(String::new(), |w| format!(" ({w})"))
+                                );
+                            }
+                            self.drafter_off = true;
+                            went_off = true;
+                        } else {
+                            for ((b, &k), &i) in budgets.iter_mut().zip(&plan.budgets).zip(decoding)
+                            {
+                                if self.seqs[i].synced {
+                                    *b = k;
+                                }
                             }
                         }
                     }
+                }
+                if went_off {
+                    self.went_off(batch);
                 }
             }
         }
