@@ -230,3 +230,17 @@ fn generate_runs_the_tuned_settings_of_shipped_weights() {
     assert!(!err.contains("settings tuned"), "{err}");
     assert_eq!(given, plain);
 }
+
+#[test]
+fn serve_runs_the_server_binary_beside_draftc_or_says_how_to_build_it() {
+    let out = draftc(&["serve", "--help"]);
+    let (so, se) = (text(&out.stdout), text(&out.stderr));
+    let beside = Path::new(env!("CARGO_BIN_EXE_draftc")).with_file_name("draftc-serve");
+    if beside.is_file() {
+        assert!(out.status.success(), "{se}");
+        assert!(so.contains("--max-running") && so.contains("--api-key"), "{so}");
+    } else {
+        assert_eq!(out.status.code(), Some(1));
+        assert!(se.contains("draftc-serve") && se.contains("cargo build"), "{se}");
+    }
+}

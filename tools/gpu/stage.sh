@@ -2,10 +2,10 @@
 # Here (with a Rust toolchain): builds what tools/gpu/run.sh runs on a lent
 # NVIDIA machine, which has no Rust toolchain and no network, and stages it
 # in three carry folders small enough for one device call each (64 MiB):
-#   .gpu1/  draftc (release, --features cuda), xz-compressed; half the GGUF
+#   .gpu1/  draftc and draftc-serve (release, --features cuda), xz-compressed;
+#           half the GGUF
 #   .gpu2/  the other half of the GGUF
-#   .gpu3/  the kernel tests (--features cuda-tests) as one binary and
-#           draftc-serve (`draftc serve`), xz-compressed
+#   .gpu3/  the kernel tests (--features cuda-tests) as one binary, xz-compressed
 # The folders are git-ignored (.git/info/exclude). The tracked tree travels
 # with every call too and is larger than what is left beside .gpu1 or .gpu2:
 # take those calls with `tools/gpu/slim.sh on 1` (call with .gpu1) and
@@ -26,9 +26,10 @@ cargo build --release -p draftc-runtime -p draftc-serve --features cuda
 strip -o .gpu1/draftc target/release/draftc
 xz -T2 -6 .gpu1/draftc
 # The server binary `draftc serve` runs (beside draftc in the stage's bin/),
-# for run.sh's serving benchmark; it goes with the kernel tests.
-strip -o .gpu3/draftc-serve target/release/draftc-serve
-xz -T2 -6 .gpu3/draftc-serve
+# for run.sh's serving benchmark. In call 1, which has room for it (slim
+# `on 1` leaves about 3 MB of tracked files beside .gpu1's 55 MB).
+strip -o .gpu1/draftc-serve target/release/draftc-serve
+xz -T2 -6 .gpu1/draftc-serve
 
 # One binary holding every kernel test file (ops/tests/cuda_all.rs): thirteen
 # separately linked binaries would not fit a device call.
