@@ -238,9 +238,15 @@ fn serve_runs_the_server_binary_beside_draftc_or_says_how_to_build_it() {
     let beside = Path::new(env!("CARGO_BIN_EXE_draftc")).with_file_name("draftc-serve");
     if beside.is_file() {
         assert!(out.status.success(), "{se}");
-        assert!(so.contains("--max-running") && so.contains("--api-key"), "{so}");
+        assert!(
+            so.contains("--max-running") && so.contains("--api-key"),
+            "{so}"
+        );
     } else {
         assert_eq!(out.status.code(), Some(1));
-        assert!(se.contains("draftc-serve") && se.contains("cargo build"), "{se}");
+        assert!(
+            se.contains("draftc-serve") && se.contains("cargo build"),
+            "{se}"
+        );
     }
 }
