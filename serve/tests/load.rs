@@ -6,10 +6,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
@@ -68,27 +65,10 @@ fn text(s: &Server, b: &Value) -> String {
 }
 
 fn hang_up(s: &Server, i: usize) {
-    let addr = s.base.trim_start_matches("http://").to_string();
-    let mut c = TcpStream::connect(&addr).unwrap();
     let mut b = body(i, true);
     b["max_tokens"] = json!(60);
     b["ignore_eos"] = json!(true);
-    let b = b.to_string();
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
-        b.len()
-    )
-    .unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
-        match c.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => seen.extend_from_slice(&buf[..n]),
-        }
-    }
+    drop(s.raw_stream_started("/v1/completions", &b));
 }
 
 #[test]

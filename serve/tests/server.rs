@@ -6,9 +6,8 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
-use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
@@ -305,25 +304,10 @@ fn an_api_key_is_required_when_set() {
 
 /// Starts a streamed request and reads until its first content chunk.
 fn start_stream(s: &Server, max: usize) -> TcpStream {
-    let addr = s.base.trim_start_matches("http://").to_string();
-    let mut c = TcpStream::connect(&addr).unwrap();
     let body = json!({"model": MODEL, "prompt": "Once upon a time", "max_tokens": max,
-        "temperature": 0, "ignore_eos": true, "stream": true})
-    .to_string();
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("\"text\"") {
-        let n = c.read(&mut buf).unwrap();
-        assert!(n > 0, "the stream ended early");
-        seen.extend_from_slice(&buf[..n]);
-    }
+        "temperature": 0, "ignore_eos": true, "stream": true});
+    let (c, started) = s.raw_stream_started("/v1/completions", &body);
+    assert!(started, "the stream ended early");
     c
 }
 
@@ -371,17 +355,8 @@ fn a_full_queue_answers_429_with_retry_after() {
 
 /// A streamed request that is sent and not read.
 fn start_stream_nowait(s: &Server) -> TcpStream {
-    let addr = s.base.trim_start_matches("http://").to_string();
-    let mut c = TcpStream::connect(&addr).unwrap();
-    let body =
-        json!({"model": MODEL, "prompt": "Hi", "max_tokens": 50, "stream": true}).to_string();
-    write!(
-        c,
-        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    c
+    let body = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 50, "stream": true});
+    s.raw_post("/v1/completions", &body)
 }
 
 #[test]

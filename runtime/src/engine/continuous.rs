@@ -531,17 +531,7 @@ impl<R: Runtime> Engine<R> {
         let drafted = budget > 0 && !drafting.is_empty();
         let mut draft_s = 0.0;
         if drafted {
-            let views: Vec<SeqView<'_>> = drafting
-                .iter()
-                .map(|&i| {
-                    let s = &self.seqs[i];
-                    SeqView {
-                        slot: s.slot,
-                        tokens: &s.tokens,
-                        committed: s.tokens.len() - 1,
-                    }
-                })
-                .collect();
+            let views = views(&self.seqs, &drafting);
             let got = match self.drafter.as_mut() {
                 Some(d) => d.draft(&mut self.target, &views, budget),
                 None => Ok(Vec::new()),
@@ -651,17 +641,7 @@ impl<R: Runtime> Engine<R> {
             return Ok(Vec::new());
         }
         if drafted {
-            let views: Vec<SeqView<'_>> = drafting
-                .iter()
-                .map(|&i| {
-                    let s = &self.seqs[i];
-                    SeqView {
-                        slot: s.slot,
-                        tokens: &s.tokens,
-                        committed: s.tokens.len() - 1,
-                    }
-                })
-                .collect();
+            let views = views(&self.seqs, &drafting);
             let dtrees: Vec<DraftTree> = drafting
                 .iter()
                 .map(|i| trees[decoding.iter().position(|d| d == i).unwrap_or(0)].clone())
@@ -838,6 +818,20 @@ impl<R: Runtime> Engine<R> {
         }
         Ok(emitted)
     }
+}
+
+/// What the drafter sees of the sequences `idx` (indices into `seqs`).
+fn views<'a>(seqs: &'a [Seq], idx: &[usize]) -> Vec<SeqView<'a>> {
+    idx.iter()
+        .map(|&i| {
+            let s = &seqs[i];
+            SeqView {
+                slot: s.slot,
+                tokens: &s.tokens,
+                committed: s.tokens.len() - 1,
+            }
+        })
+        .collect()
 }
 
 /// Appends `new` to `s` up to its stop id or token budget; what was kept

@@ -191,6 +191,37 @@ impl Server {
         }
     }
 
+    /// Sends `body` to `path` on a raw connection (a client that may hang
+    /// up or never read) and returns the connection unread.
+    pub fn raw_post(&self, path: &str, body: &Value) -> std::net::TcpStream {
+        use std::io::Write;
+        let addr = self.base.trim_start_matches("http://").to_string();
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        let b = body.to_string();
+        write!(
+            c,
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        c
+    }
+
+    /// [`Server::raw_post`], read until the first streamed text (or the end).
+    pub fn raw_stream_started(&self, path: &str, body: &Value) -> (std::net::TcpStream, bool) {
+        let mut c = self.raw_post(path, body);
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("\"text\"") {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => return (c, false),
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        (c, true)
+    }
+
     pub fn signal(&self, sig: i32) {
         // SAFETY: sending a signal to our own child process.
         unsafe {
