@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -42,6 +42,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/loads", get(loads))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -115,23 +116,36 @@ async fn health(State(app): State<App>) -> Response {
     (code, Json(body)).into_response()
 }
 
+/// The served model as `/v1/models` lists it.
+fn model_card(shared: &Shared) -> Value {
+    let l = &shared.limits;
+    json!({
+        "id": l.served_model_name,
+        "object": "model",
+        "created": shared.started,
+        "owned_by": "draftc",
+        "root": l.served_model_name,
+        "max_model_len": l.max_model_len,
+    })
+}
+
 async fn models(State(app): State<App>, headers: HeaderMap) -> Response {
     if let Err(e) = authorize(&headers, &app.shared) {
         return e.into_response();
     }
-    let l = &app.shared.limits;
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": l.served_model_name,
-            "object": "model",
-            "created": app.shared.started,
-            "owned_by": "draftc",
-            "root": l.served_model_name,
-            "max_model_len": l.max_model_len,
-        }]
-    }))
-    .into_response()
+    Json(json!({"object": "list", "data": [model_card(&app.shared)]})).into_response()
+}
+
+/// `GET /v1/models/{id}` (the OpenAI client's `models.retrieve`).
+async fn model(State(app): State<App>, headers: HeaderMap, Path(id): Path<String>) -> Response {
+    if let Err(e) = authorize(&headers, &app.shared) {
+        return e.into_response();
+    }
+    let served = &app.shared.limits.served_model_name;
+    if &id != served {
+        return ApiError::model_not_found(&id, served).into_response();
+    }
+    Json(model_card(&app.shared)).into_response()
 }
 
 /// The load report the SGLang Model Gateway's load-aware policies read.

@@ -50,6 +50,8 @@ def main():
     models = c.models.list()
     check([m.id for m in models.data] == [a.model], "models.list names the served model")
     check(models.data[0].owned_by == "draftc", "owned_by is draftc")
+    check(c.models.retrieve(a.model).id == a.model, "models.retrieve")
+    raises(openai.NotFoundError, "retrieving an unknown model", lambda: c.models.retrieve("gpt-4o"))
 
     r = c.chat.completions.create(model=a.model, messages=msgs, max_tokens=16, temperature=0)
     text = r.choices[0].message.content
