@@ -44,6 +44,14 @@ if [ ! -x "$venv/bin/smg" ]; then
   python3 -m venv "$venv" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check smg==1.13.0 >&2
 fi
+# 200 from URL? (python3, which the gateway's virtualenv needs anyway: no curl)
+ok() {
+  python3 -c 'import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=5).status == 200 else 1)
+except Exception:
+    sys.exit(1)' "$1"
+}
 pids=()
 stop() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -61,10 +69,10 @@ for i in $(seq 1 "$n"); do
 done
 for u in "${urls[@]}"; do
   for _ in $(seq 1 2400); do
-    if curl -fs "$u/health" >/dev/null 2>&1; then break; fi
+    if ok "$u/health"; then break; fi
     sleep 0.5
   done
-  curl -fs "$u/health" >/dev/null || { echo "replica $u did not become ready (logs in $run_dir)" >&2; exit 1; }
+  ok "$u/health" || { echo "replica $u did not become ready (logs in $run_dir)" >&2; exit 1; }
 done
 "$venv/bin/smg" launch --host 127.0.0.1 --port "$gw_port" \
   --worker-urls "${urls[@]}" \
@@ -76,7 +84,7 @@ done
 pids+=($!)
 echo "$!" >"$run_dir/gateway.pid"
 for _ in $(seq 1 600); do
-  if curl -fs "http://127.0.0.1:$gw_port/v1/models" >/dev/null 2>&1; then break; fi
+  if ok "http://127.0.0.1:$gw_port/v1/models"; then break; fi
   sleep 0.2
 done
 echo "gateway http://127.0.0.1:$gw_port over ${urls[*]} (logs and pids in $run_dir)"
