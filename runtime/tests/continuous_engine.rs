@@ -491,3 +491,42 @@ fn a_drafter_off_at_one_batch_size_stays_off_at_larger_ones() {
         "drafted at batch 2 after going off at batch 1"
     );
 }
+
+#[test]
+fn with_drafts_every_seed_samples_the_tokens_it_samples_without() {
+    // The sample's distribution is the sampling kernel's (ops' tests); with
+    // drafts the engine must give, seed by seed, exactly the no-draft
+    // tokens, so drafting cannot move the distribution.
+    let sampled = |seed: u64| SeqParams {
+        max_tokens: 10,
+        sampling: Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed,
+        },
+        stop_ids: Vec::new(),
+    };
+    let ps = prompts(4);
+    let reqs: Vec<(usize, Vec<u32>, SeqParams)> = (0..24u64)
+        .map(|seed| (0, ps[seed as usize % 4].prompt.clone(), sampled(seed)))
+        .collect();
+    let (t, _) = target(8);
+    let mut plain = Engine::new(t, None, DraftPolicy::Fixed(0), EngineConfig::default());
+    let want = run(&mut plain, &reqs);
+    let (t, tw) = target(8);
+    let d = beagle(&t, &tw);
+    let mut drafted = Engine::new(t, Some(d), DraftPolicy::Fixed(3), EngineConfig::default());
+    let got = run(&mut drafted, &reqs);
+    assert!(drafted.stats().accepted > 0, "no draft token was accepted");
+    for (seed, (w, g)) in want.iter().zip(&got).enumerate() {
+        assert_eq!(w.0, g.0, "seed {seed}");
+    }
+    // Different seeds do sample differently.
+    let distinct: std::collections::BTreeSet<&Vec<u32>> = want.iter().map(|w| &w.0).collect();
+    assert!(
+        distinct.len() > 12,
+        "{} distinct samples of 24",
+        distinct.len()
+    );
+}
