@@ -72,10 +72,10 @@ fn run_inner(args: ServeArgs) -> Result<(), String> {
     let max_model_len = args
         .max_model_len
         .min(model.config.max_position_embeddings.max(2));
-    let served = args.served_model_name.clone().unwrap_or_else(|| {
-        dir.file_name()
-            .map_or("draftc".into(), |n| n.to_string_lossy().into_owned())
-    });
+    let served = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_model_name(&dir));
     let limits = Limits {
         served_model_name: served.clone(),
         max_queued: args.max_queued,
@@ -130,6 +130,38 @@ fn run_inner(args: ServeArgs) -> Result<(), String> {
     })
     .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// The name clients send for the model in `dir`: the directory's name, or
+/// its parent's when the directory is named after a dtype (`draftc fetch`
+/// converts into `…/smollm2-135m-instruct/float32`).
+pub fn default_model_name(dir: &std::path::Path) -> String {
+    let name = |p: &std::path::Path| p.file_name().map(|n| n.to_string_lossy().into_owned());
+    match name(dir) {
+        Some(n)
+            if ["float32", "float16", "bfloat16", "f32", "f16", "bf16"].contains(&n.as_str()) =>
+        {
+            dir.parent().and_then(name).unwrap_or(n)
+        }
+        Some(n) => n,
+        None => "draftc".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn the_default_model_name_skips_a_dtype_directory() {
+        let name = super::default_model_name;
+        assert_eq!(
+            name(Path::new("/c/smollm2-135m-instruct/float32")),
+            "smollm2-135m-instruct"
+        );
+        assert_eq!(name(Path::new("models/my-llama")), "my-llama");
+        assert_eq!(name(Path::new("/")), "draftc");
+    }
 }
 
 /// Resolves once SIGTERM or SIGINT came and the running requests finished
