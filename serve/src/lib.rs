@@ -148,22 +148,6 @@ pub fn default_model_name(dir: &std::path::Path) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use std::path::Path;
-
-    #[test]
-    fn the_default_model_name_skips_a_dtype_directory() {
-        let name = super::default_model_name;
-        assert_eq!(
-            name(Path::new("/c/smollm2-135m-instruct/float32")),
-            "smollm2-135m-instruct"
-        );
-        assert_eq!(name(Path::new("models/my-llama")), "my-llama");
-        assert_eq!(name(Path::new("/")), "draftc");
-    }
-}
-
 /// Resolves once SIGTERM or SIGINT came and the running requests finished
 /// (or `drain` passed); meanwhile `/health` says 503 and new work is
 /// refused. A hard exit follows shortly after, so a connection that does
@@ -211,5 +195,21 @@ async fn signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn the_default_model_name_skips_a_dtype_directory() {
+        let name = super::default_model_name;
+        assert_eq!(
+            name(Path::new("/c/smollm2-135m-instruct/float32")),
+            "smollm2-135m-instruct"
+        );
+        assert_eq!(name(Path::new("models/my-llama")), "my-llama");
+        assert_eq!(name(Path::new("/")), "draftc");
     }
 }
