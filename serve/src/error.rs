@@ -133,6 +133,15 @@ impl ApiError {
         )
     }
 
+    /// A route asked with a method it does not take (`GET` on a completions route).
+    pub fn method_not_allowed() -> ApiError {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "this route does not take that method".into(),
+        )
+    }
+
     /// The JSON body (also sent as a stream's error event).
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {

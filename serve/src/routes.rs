@@ -47,6 +47,7 @@ pub fn router(app: App) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::not_found_route() })
+        .method_not_allowed_fallback(|| async { ApiError::method_not_allowed() })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }

@@ -281,6 +281,13 @@ fn every_error_class_gets_its_status_and_openais_shape() {
     assert_eq!(err(c, &r, None), 413);
     let (c, _) = s.get("/v1/nothing");
     assert_eq!(c, 404);
+    // Every refusal is OpenAI-shaped, a wrong method included.
+    let (c, body) = s.get("/v1/chat/completions");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err(c, &r, None), 405);
+    let (c, body) = s.get("/v1/nothing");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err(c, &r, None), 404);
     // Nothing above reached the engine.
     assert_eq!(s.metric("draftc_running_sequences"), 0.0);
     assert_eq!(s.get("/health").0, 200);
