@@ -20,7 +20,7 @@ use draftc_runtime::engine::{
 };
 use draftc_runtime::model::tokenizer::ChatMessage;
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::spec::{PlanMode, Planner, PlannerConfig, TreeShape};
+use draftc_runtime::spec::{PlanMode, Planner, PlannerConfig};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::args::ServeArgs;
@@ -95,19 +95,12 @@ fn load<R: Runtime>(
     let (mut drafter, mut policy): (Option<Box<dyn Drafter<R>>>, DraftPolicy) = if args.no_spec {
         (None, DraftPolicy::Fixed(0))
     } else {
-        let mut choice = DrafterChoice {
-            name: args.drafter.clone(),
-            weights: args.drafter_weights.clone(),
-            budget: args.budget.unwrap_or(DEFAULT_BUDGET),
-            branches: 1,
-            tree: match &args.tree {
-                Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
-                None => None,
-            },
-            concurrent: false,
-            confidence: None,
-            lookup: None,
-        };
+        let mut choice = DrafterChoice::plain(
+            &args.drafter,
+            &args.drafter_weights,
+            args.budget.unwrap_or(DEFAULT_BUDGET),
+            args.tree.as_deref(),
+        )?;
         if args.tree.is_none() && args.budget.is_none() {
             let class = draftc_runtime::device::profile(client).class;
             if let Some(t) = draftc_runtime::cli::tuned::tuned_for(&choice, class)? {

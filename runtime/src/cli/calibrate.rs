@@ -190,19 +190,7 @@ fn calibrate_on<R: Runtime>(
         TargetModel::load(client, model, max_b, capacity, dtype).map_err(|e| e.to_string())?;
     let device = crate::bench::device_name(client);
     for name in &args.drafters {
-        let choice = DrafterChoice {
-            name: name.clone(),
-            weights: "shipped".into(),
-            budget: args.budget,
-            branches: 1,
-            tree: match &args.tree {
-                Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
-                None => None,
-            },
-            concurrent: false,
-            confidence: None,
-            lookup: None,
-        };
+        let choice = DrafterChoice::plain(name, "shipped", args.budget, args.tree.as_deref())?;
         let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
         let key = cost_key(&device, model, dtype.name(), &choice);
         let mut all = Costs::default();

@@ -56,6 +56,32 @@ pub struct DrafterChoice {
     pub lookup: Option<usize>,
 }
 
+impl DrafterChoice {
+    /// `name` with `weights`, drafting up to `budget` tokens a round in
+    /// `tree` (a `--tree` value; the file's own when `None`), on the
+    /// calling thread, with no confidence cut and no lookup in front.
+    pub fn plain(
+        name: &str,
+        weights: &str,
+        budget: usize,
+        tree: Option<&str>,
+    ) -> Result<DrafterChoice, String> {
+        Ok(DrafterChoice {
+            name: name.to_string(),
+            weights: weights.to_string(),
+            budget,
+            branches: 1,
+            tree: match tree {
+                Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
+                None => None,
+            },
+            concurrent: false,
+            confidence: None,
+            lookup: None,
+        })
+    }
+}
+
 /// `--lookup` values: `N` (the shortest n-gram match, 1 to 3) or `off`.
 pub fn parse_lookup(s: &str) -> Result<Option<usize>, String> {
     let max = crate::engine::LOOKUP_MAX_NGRAM;

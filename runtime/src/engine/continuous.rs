@@ -159,6 +159,8 @@ pub struct Engine<R: Runtime> {
     drafted_last: bool,
     /// `DRAFTC_ENGINE_TRACE` is set: a line a round on stderr.
     trace: bool,
+    /// `DRAFTC_PLAN_DEBUG` is set: the drafter's on/off switches on stderr.
+    plan_debug: bool,
     /// The smallest batch size the planner switched the drafter off at,
     /// and the rounds it stays off at that size and above.
     off_from: Option<usize>,
@@ -206,6 +208,7 @@ impl<R: Runtime> Engine<R> {
             confident,
             drafted_last: false,
             trace: std::env::var_os("DRAFTC_ENGINE_TRACE").is_some(),
+            plan_debug: std::env::var_os("DRAFTC_PLAN_DEBUG").is_some(),
             off_from: None,
             off_rounds_left: 0,
             off_retry: STICKY_OFF_ROUNDS,
@@ -409,7 +412,7 @@ impl<R: Runtime> Engine<R> {
         // own retries), when a larger batch is judged afresh.
         let sticky = matches!(self.off_from, Some(b) if batch >= b && self.off_rounds_left > 0);
         let off = sticky || p.start_run(batch);
-        if off != self.drafter_off && std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
+        if off != self.drafter_off && self.plan_debug {
             eprintln!(
                 "planner: batch of {batch}: drafter {}{}",
                 if off { "off" } else { "on" },
@@ -471,7 +474,7 @@ impl<R: Runtime> Engine<R> {
                         }));
                         let plan = p.plan(&slots);
                         if plan.drafter_off {
-                            if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
+                            if self.plan_debug {
                                 eprintln!(
                                     "planner: batch of {batch}: drafter off{}",
                                     p.off_why(batch)
@@ -682,11 +685,9 @@ impl<R: Runtime> Engine<R> {
         let choice_of = |row: usize| -> u32 { by_row.get(row).copied().unwrap_or(0) };
         let verify_s = tv.elapsed().as_secs_f64();
         // 4. Accept and commit.
-        let mut emitted: Vec<Emitted> = Vec::new();
+        let mut gave = RoundOut::default();
         let mut paths = Vec::new();
         let mut committed_rows: Vec<Committed> = Vec::new();
-        let mut finished: Vec<usize> = Vec::new();
-        let mut round_tokens = 0usize;
         let mut per_seq = Vec::new();
         for (j, &(i, at, n)) in placed.iter().enumerate() {
             let tree = &trees[j];
@@ -708,15 +709,7 @@ impl<R: Runtime> Engine<R> {
                 .map(|&k| tree.nodes()[k].token)
                 .chain(std::iter::once(a.bonus))
                 .collect();
-            let (toks, finish) = take_tokens(s, &new);
-            round_tokens += toks.len();
-            emitted.push(Emitted {
-                id: s.id,
-                tokens: toks,
-                finish,
-            });
-            if finish.is_some() {
-                finished.push(i);
+            if gave.push(i, s, &new) {
                 continue;
             }
             if s.synced {
@@ -746,17 +739,7 @@ impl<R: Runtime> Engine<R> {
             }
             s.prefilled += n;
             if s.prefilled == s.prompt_len {
-                let first = choice_of(at + n - 1);
-                let (toks, finish) = take_tokens(s, &[first]);
-                round_tokens += toks.len();
-                emitted.push(Emitted {
-                    id: s.id,
-                    tokens: toks,
-                    finish,
-                });
-                if finish.is_some() {
-                    finished.push(i);
-                }
+                gave.push(i, s, &[choice_of(at + n - 1)]);
             }
         }
         self.target.caches.compact_all(&paths)?;
@@ -766,7 +749,7 @@ impl<R: Runtime> Engine<R> {
                 d.verified(verify_s, draft_tokens, &per_seq);
             }
             // Finished sequences leave before the drafter sees them.
-            let gone: Vec<usize> = finished.iter().map(|&i| self.seqs[i].slot).collect();
+            let gone: Vec<usize> = gave.finished.iter().map(|&i| self.seqs[i].slot).collect();
             committed_rows.retain(|c| !gone.contains(&c.slot));
             if !committed_rows.is_empty() {
                 d.observe(self.target.client(), &out, &committed_rows)?;
@@ -793,30 +776,31 @@ impl<R: Runtime> Engine<R> {
                     p.observe_draft(batch, budget, draft_s, self.drafted_last);
                 }
                 p.observe_verify(decode_rows, tv.elapsed().as_secs_f64());
-                p.observe_round(batch, round_tokens, t0.elapsed().as_secs_f64(), drafted);
+                p.observe_round(batch, gave.tokens, t0.elapsed().as_secs_f64(), drafted);
             }
         }
         if self.trace {
             // DRAFTC_ENGINE_TRACE=1: one line a round, times in ms.
             eprintln!(
                 "engine round {}: decoding {} (rows {decode_rows}), prompt rows {}, drafted {drafted}, \
-                 emitted {round_tokens}, draft {:.1} pass+choose {:.1} round {:.1}",
+                 emitted {}, draft {:.1} pass+choose {:.1} round {:.1}",
                 self.stats.rounds,
                 decoding.len(),
                 ids.len() - decode_rows,
+                gave.tokens,
                 draft_s * 1e3,
                 verify_s * 1e3,
                 t0.elapsed().as_secs_f64() * 1e3
             );
         }
         self.drafted_last = drafted;
-        self.stats.generated_tokens += round_tokens;
-        finished.sort_unstable();
-        for &i in finished.iter().rev() {
+        self.stats.generated_tokens += gave.tokens;
+        gave.finished.sort_unstable();
+        for &i in gave.finished.iter().rev() {
             let s = self.seqs.remove(i);
             self.release(s.slot);
         }
-        Ok(emitted)
+        Ok(gave.emitted)
     }
 }
 
@@ -832,6 +816,34 @@ fn views<'a>(seqs: &'a [Seq], idx: &[usize]) -> Vec<SeqView<'a>> {
             }
         })
         .collect()
+}
+
+/// What a round gave its sequences.
+#[derive(Default)]
+struct RoundOut {
+    emitted: Vec<Emitted>,
+    /// Indices (into the engine's sequences) of those that ended.
+    finished: Vec<usize>,
+    /// Tokens emitted in all.
+    tokens: usize,
+}
+
+impl RoundOut {
+    /// Sequence `i` (`s`) emits `new` up to its stop id or token budget;
+    /// returns whether it ended.
+    fn push(&mut self, i: usize, s: &mut Seq, new: &[u32]) -> bool {
+        let (tokens, finish) = take_tokens(s, new);
+        self.tokens += tokens.len();
+        self.emitted.push(Emitted {
+            id: s.id,
+            tokens,
+            finish,
+        });
+        if finish.is_some() {
+            self.finished.push(i);
+        }
+        finish.is_some()
+    }
 }
 
 /// Appends `new` to `s` up to its stop id or token budget; what was kept
