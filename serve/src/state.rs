@@ -83,18 +83,14 @@ impl Shared {
             });
     }
 
-    /// The engine cannot serve (load failed, or it died).
+    /// The engine cannot serve (load failed, it died, or a round failed and
+    /// its requests got 500): `/health` reports it.
     pub fn fail(&self, msg: String) {
         eprintln!("error: {msg}");
         if let Ok(mut f) = self.failure.lock() {
             *f = Some(msg);
         }
         self.health.store(Health::Failed as u8, Ordering::SeqCst);
-    }
-
-    /// A round failed: its requests got 500; `/health` reports it.
-    pub fn record_engine_error(&self, msg: String) {
-        self.fail(msg);
     }
 
     pub fn failure(&self) -> Option<String> {

@@ -286,12 +286,11 @@ fn serve_loop<R: Runtime>(mut engine: Engine<R>, shared: &Shared, jobs: &Receive
                 // The caches may be dirty: every running request fails
                 // (500) and the engine starts over empty.
                 let msg = format!("engine error: {err}");
-                eprintln!("{msg}");
                 for (_, tx) in live.drain() {
                     let _ = tx.send(Ev::Failed(msg.clone()));
                 }
                 engine.cancel_all();
-                shared.record_engine_error(msg);
+                shared.fail(msg);
             }
         }
         let s = engine.stats();

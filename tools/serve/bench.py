@@ -189,6 +189,11 @@ def main():
     ap.add_argument("--draftc", default="target/release/draftc")
     ap.add_argument("--model", help="a converted model directory (default: draftc's default model)")
     ap.add_argument("--drafter", default="models/beagle.draft")
+    ap.add_argument(
+        "--second",
+        help="instead of --drafter, these `draftc serve` arguments for the second server (an A/B of one "
+        "setting against the first server, e.g. \"--no-spec --no-prefix-cache\"); its rows stay named spec",
+    )
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `draftc serve` argument (repeat)")
     ap.add_argument("--prompts", default="data/train/heldout-prompts.jsonl")
     ap.add_argument("--concurrency", default="1,4,16")
@@ -208,7 +213,11 @@ def main():
         base += ["--model", a.model]
     servers = [
         Server("no-spec", base + ["--no-spec"], os.path.join(a.out, "server-no-spec.log")),
-        Server("spec", base + ["--drafter", a.drafter], os.path.join(a.out, "server-spec.log")),
+        Server(
+            "spec",
+            base + (a.second.split() if a.second else ["--drafter", a.drafter]),
+            os.path.join(a.out, "server-spec.log"),
+        ),
     ]
     try:
         for s in servers:
@@ -261,6 +270,7 @@ def main():
     nodraft = after.get("draftc_rounds_without_draft_total", 0) - before.get("draftc_rounds_without_draft_total", 0)
     report = {
         "command": sys.argv,
+        "second": a.second,
         "drafter": a.drafter,
         "max_tokens": a.max_tokens,
         "repeat": a.repeat,
@@ -272,7 +282,7 @@ def main():
     json.dump(report, open(os.path.join(a.out, "bench.json"), "w"), indent=2)
     ms = lambda x: "–" if x is None else f"{x * 1e3:.0f}"
     md = [
-        f"# Serving benchmark: {a.drafter} against --no-spec",
+        f"# Serving benchmark: {a.second or a.drafter} (rows `spec`) against --no-spec",
         "",
         f"`{' '.join(sys.argv)}`",
         "",
