@@ -176,6 +176,10 @@ fn eight_concurrent(args: &[&str]) {
         .iter()
         .map(|p| solo_text(Some(p), None, 16))
         .collect();
+    // One request first, so the prefix cache holds the system turn whatever
+    // order the eight arrive in (all eight could join before any prompt is
+    // prefilled, and then none finds it).
+    assert_eq!(s.post("/v1/chat/completions", &chat_body("warm", 2)).0, 200);
     let got: Vec<String> = std::thread::scope(|sc| {
         let hs: Vec<_> = PROMPTS
             .iter()
