@@ -3,6 +3,7 @@
 //!
 //! | file | owns |
 //! | --- | --- |
+//! | `against_baseline.rs` | `draftc generate`'s speedup: alternated speculative and autoregressive runs, medians, paired speedups |
 //! | `prompts.rs` | the fixed prompt set (chat, code, summarisation with copying, math) |
 //! | `decode.rs` | autoregressive decode tokens/s per batch size, bytes per token, fraction of the rooflines |
 //! | `speculative.rs` | drafters × batch sizes × budgets: τ, k, κ, tokens/s, speedup over autoregressive, acceptance per draft position |
@@ -10,6 +11,7 @@
 //! Long runs show progress on stderr ([`Progress`]); timings are wall
 //! clock around synchronised device work.
 
+pub mod against_baseline;
 pub mod decode;
 pub mod prompts;
 pub mod speculative;

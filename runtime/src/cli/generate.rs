@@ -16,7 +16,7 @@ use clap::Args;
 use cubecl::prelude::*;
 
 use super::drafter::{make_drafter, parse_lookup, DrafterChoice};
-use crate::bench::speculative::{median, paired_speedups, Middle};
+use crate::bench::against_baseline::{time_against_baseline, FirstRun, Timing, Workload};
 use crate::device::{Backend, OnClient};
 use crate::engine::{
     generate, generate_with_policy, warm_up, DraftPolicy, Request, Sampling, SpecStats, TargetModel,
@@ -385,58 +385,26 @@ fn generate_on<R: Runtime>(
                 args.timing_runs - 1
             );
         }
-        let clock = std::time::Instant::now();
-        let mut spec_rates = vec![spec.stats.decode_tokens_per_s()];
-        let mut all_off = spec.stats.drafter_off_at == Some(0);
-        let (mut spec_at, mut ar_rates, mut ar_at) = (vec![0.0], Vec::new(), Vec::new());
-        for run in 0..args.timing_runs {
-            let base = generate(
-                &mut target,
-                &requests,
-                args.max_tokens,
-                &sampling,
-                stop,
-                &mut |_, _| {},
-            )
-            .map_err(|e| e.to_string())?;
-            if sampling.is_greedy() && base.tokens != spec.tokens {
-                return Err(
-                    "internal error: speculative output differs from autoregressive greedy output"
-                        .into(),
-                );
-            }
-            ar_rates.push(base.stats.decode_tokens_per_s());
-            ar_at.push(clock.elapsed().as_secs_f64());
-            if run + 1 < args.timing_runs {
-                let again = generate_with_policy(
-                    &mut target,
-                    drafter.as_mut(),
-                    &requests,
-                    args.max_tokens,
-                    &sampling,
-                    &mut policy,
-                    stop,
-                    &mut |_, _| {},
-                )
-                .map_err(|e| e.to_string())?;
-                if sampling.is_greedy() && again.tokens != spec.tokens {
-                    return Err(
-                        "internal error: a repeated speculative run gave other tokens".into(),
-                    );
-                }
-                spec_rates.push(again.stats.decode_tokens_per_s());
-                all_off &= again.stats.drafter_off_at == Some(0);
-                spec_at.push(clock.elapsed().as_secs_f64());
-            }
-        }
-        let paired = paired_speedups(&spec_rates, &spec_at, &ar_rates, &ar_at);
-        Some(Timing {
-            spec_tps: median(&spec_rates, Middle::Lower),
-            ar_tps: median(&ar_rates, Middle::Upper),
-            speedup: median(&paired, Middle::Lower),
-            all_off,
-            runs: args.timing_runs as usize,
-        })
+        let first = FirstRun {
+            tokens: &spec.tokens,
+            tokens_per_s: spec.stats.decode_tokens_per_s(),
+            all_off: spec.stats.drafter_off_at == Some(0),
+        };
+        let w = Workload {
+            requests: &requests,
+            max_tokens: args.max_tokens,
+            sampling: &sampling,
+            stop,
+        };
+        let runs = args.timing_runs as usize;
+        Some(time_against_baseline(
+            &mut target,
+            drafter.as_mut(),
+            &mut policy,
+            &w,
+            first,
+            runs,
+        )?)
     };
     // What the runs measured, once, after the last of them.
     if let DraftPolicy::Planned(p) = &policy {
@@ -444,25 +412,6 @@ fn generate_on<R: Runtime>(
     }
     eprintln!("{}", stats_line(&drafter.name(), &spec.stats, timing));
     Ok(())
-}
-
-/// The rates the stats line compares: medians of alternated runs, all
-/// after the untimed warm-up.
-#[derive(Clone, Copy, Debug)]
-pub struct Timing {
-    /// Speculative tokens/s (of an even count of runs, the slower middle).
-    pub spec_tps: f64,
-    /// Autoregressive tokens/s (of an even count, the faster middle).
-    pub ar_tps: f64,
-    /// The median of each speculative run's rate over the autoregressive
-    /// runs beside it (`bench::speculative::paired_speedups`; of an even
-    /// count, the lower middle).
-    pub speedup: f64,
-    /// Runs of each.
-    pub runs: usize,
-    /// The planner kept the drafter off for every timed speculative run:
-    /// each was the autoregressive decoder itself.
-    pub all_off: bool,
 }
 
 /// The draft policy `--speculate` names: `auto` plans each round's budget

@@ -209,3 +209,53 @@ pub fn top_candidates_into<R: Runtime>(
         })
         .collect())
 }
+
+/// The target's choice at each of `rows` (row of `logits`, sampling,
+/// position the row predicts): one argmax over the pass for the greedy
+/// rows, a sample per sampled row keyed by the sequence's seed and that
+/// position. One read of the device for all.
+pub(super) fn choose_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    vocab: usize,
+    rows: &[(u32, Sampling, u32)],
+    selected: &mut SelectOut,
+) -> Result<Vec<u32>, EngineError> {
+    let all_rows = logits.numel() / vocab.max(1);
+    let all = logits.reshape(&[all_rows, vocab])?;
+    let mut reads: Vec<DeviceTensor<R>> = Vec::new();
+    let any_greedy = rows.iter().any(|r| r.1.is_greedy());
+    if any_greedy {
+        reads.push(argmax_on_device(client, &all, selected)?);
+    }
+    for &(row, s, pos) in rows.iter().filter(|r| !r.1.is_greedy()) {
+        let one = DeviceTensor::<R>::empty(client, &[1, vocab], all.dtype());
+        draftc_ops::kv::gather_rows(client, &all, &[row], &one, &[0])?;
+        let out = DeviceTensor::<R>::empty(client, &[1], DType::U32);
+        let params = SamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            seed: s.seed,
+            step: pos,
+        };
+        draftc_ops::sampling::sample(client, &one, params, &out)?;
+        reads.push(out);
+    }
+    let refs: Vec<&DeviceTensor<R>> = reads.iter().collect();
+    let got = DeviceTensor::download_u32_all(client, &refs)?;
+    let mut sampled = got.iter().skip(usize::from(any_greedy));
+    let greedy = if any_greedy { got.first() } else { None };
+    Ok(rows
+        .iter()
+        .map(|&(row, s, _)| {
+            if s.is_greedy() {
+                greedy
+                    .and_then(|g| g.get(row as usize).copied())
+                    .unwrap_or(0)
+            } else {
+                sampled.next().and_then(|v| v.first().copied()).unwrap_or(0)
+            }
+        })
+        .collect())
+}

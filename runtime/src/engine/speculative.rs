@@ -1,13 +1,18 @@
-//! The speculative decoding loop (DESIGN.md §6), batched: every round,
-//! for every unfinished sequence,
+//! Speculative generation over a static batch (DESIGN.md §6): the draft
+//! policy ([`DraftPolicy`]: a fixed budget or the planner's per round), the
+//! run's statistics ([`SpecStats`]: τ, k, κ, acceptance by depth, the
+//! planner's budgets), the warm-up that compiles a run's kernels and seeds
+//! the planner's costs ([`warm_up`]), and [`generate_with_policy`], the
+//! engine's static run with a drafter. Every round, for every unfinished
+//! sequence (`rounds.rs`):
 //!
 //! 1. **draft**: the [`Drafter`] proposes a tree (capped to the per-sequence
 //!    budget; out-of-vocabulary nodes are dropped with their subtrees);
 //! 2. **verify**: one target pass over `[last token, tree nodes…]` of all
 //!    sequences with the tree mask (positions `committed + depth`);
-//! 3. **accept**: greedy (the longest path whose tokens equal the target's
-//!    argmax, host side) or lossless speculative sampling (`ops::tree`
-//!    kernel, deterministic drafts: `q` one-hot);
+//! 3. **accept**: the longest path whose tokens equal the target's own
+//!    choice at their parents (its argmax, or its sample keyed by the
+//!    sequence's seed and the position), then the bonus token;
 //! 4. **commit**: the accepted path's KV rows are compacted next to the
 //!    committed prefix, the bonus token becomes the next "last token";
 //!    the drafter observes the committed rows (hidden-state taps).
@@ -15,17 +20,14 @@
 //! Every round emits at least one token (the bonus), so a useless or faulty
 //! drafter degrades to autoregressive decoding, never to a wrong output.
 
-use std::time::Instant;
-
 use cubecl::prelude::*;
-use draftc_ops::tree::{accept_tree, AcceptMode};
-use draftc_ops::DeviceTensor;
 
-use super::drafters::{Committed, Drafter, SeqView};
-use super::select::{select_tokens, select_tokens_into, Sampling, SelectOut};
+use super::drafters::Drafter;
+use super::rounds::Parts;
+use super::select::Sampling;
+use super::static_run::run_static;
 use super::target::{EngineError, TargetModel};
 use super::Request;
-use crate::exec::{SeqStep, Step};
 use crate::spec::median::{median, Middle};
 use crate::spec::{DraftTree, PlanMode, Planner, PlannerConfig};
 
@@ -326,7 +328,9 @@ fn plain_step(passes: &[f64]) -> Option<f64> {
     (t.len() >= 2).then(|| median(&t, Middle::Lower))
 }
 
-/// [`generate_speculative`] with each round's draft sized by `policy`.
+/// [`generate_speculative`] with each round's draft sized by `policy`: the
+/// engine's static run with a drafter (`static_run.rs`); a planner judges
+/// the batch when it starts and the run when it ends (`Planner::end_run`).
 #[allow(clippy::too_many_arguments)]
 pub fn generate_with_policy<R: Runtime>(
     target: &mut TargetModel<R>,
@@ -338,375 +342,46 @@ pub fn generate_with_policy<R: Runtime>(
     stop: Option<u32>,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<SpecGeneration, EngineError> {
-    sampling.validate()?;
-    if !sampling.is_greedy() && (sampling.top_k != 0 || sampling.top_p < 1.0) {
-        return Err(EngineError::Invalid(
-            "speculative sampling preserves the temperature-scaled distribution; top-k / top-p \
-             are supported with --no-spec only"
-                .into(),
-        ));
-    }
     let b = requests.len();
-    if b > target.caches.slots() {
-        return Err(EngineError::Invalid(format!(
-            "{b} sequences but the caches were sized for {}",
-            target.caches.slots()
-        )));
-    }
-    let mut stats = SpecStats {
-        sequences: b,
-        prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
-        draft_len: drafter.length(),
-        ..SpecStats::default()
-    };
-    let mut out: Vec<Vec<u32>> = vec![Vec::new(); b];
-    if b == 0 || max_tokens == 0 {
-        return Ok(SpecGeneration { tokens: out, stats });
-    }
-    // A planner cuts drafts by the drafter's own confidences where it
-    // reports them (a fixed budget verifies everything and needs none;
-    // `DRAFTC_PLAN_CONFIDENCE=off` plans by depth alone, to measure what
-    // they change).
-    let by_confidence = std::env::var("DRAFTC_PLAN_CONFIDENCE").map_or(true, |v| v != "off");
-    let confident =
-        drafter.set_probabilities(by_confidence && matches!(policy, DraftPolicy::Planned(_)));
-    for slot in 0..b {
-        target.caches.reset(slot);
-        drafter.reset(slot);
-        if let DraftPolicy::Planned(p) = policy {
-            p.reset_seq(slot);
-        }
-    }
-    // A planner that switched the drafter off at this batch size keeps it
-    // off: the run is autoregressive decoding itself, the baseline's code,
-    // and the drafter does not even read the prompts.
-    if let DraftPolicy::Planned(p) = &mut *policy {
-        if p.start_run(b) {
-            let g = super::generate(target, requests, max_tokens, sampling, stop, on_token)?;
-            drafter.finished()?;
-            return Ok(off_run(g, p, stats));
-        }
-    }
     let (hist0, no_draft0) = match policy {
         DraftPolicy::Planned(p) => (p.histogram().to_vec(), p.no_draft_rounds()),
         DraftPolicy::Fixed(_) => (Vec::new(), 0),
     };
     let lookups_before = drafter.lookup_rounds().map_or(0, |c| c.by_lookup);
-    // On a GPU the run queues its launches; each pass flushes once and the
-    // reads (acceptance, a drafter's selections) are the only waits.
-    let _flushes = target.exec.flush_policy().defer();
-    let t0 = Instant::now();
-    let client = target.client().clone();
-    let vocab = target.vocab;
-    let prompts: Vec<(usize, Vec<u32>)> = requests
-        .iter()
-        .enumerate()
-        .map(|(i, r)| (i, r.prompt.clone()))
-        .collect();
-    let mut drafter_off = false;
-    let (last, passes) = target.prefill(&prompts, |o, step, _| {
-        if drafter_off {
-            return Ok(());
-        }
-        let mut at = 0u32;
-        let committed: Vec<Committed> = step
-            .seqs
+    let mut cx = Parts {
+        target,
+        drafter: Some(&mut *drafter),
+        policy: &mut *policy,
+    };
+    let run = run_static(&mut cx, requests, max_tokens, sampling, stop, on_token)?;
+    let e = &run.stats;
+    let mut stats = SpecStats {
+        sequences: b,
+        prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),
+        generated_tokens: run.tokens.iter().map(Vec::len).sum(),
+        seq_rounds: e.seq_rounds,
+        target_passes: e.rounds,
+        drafted: e.drafted,
+        accepted: e.accepted,
+        draft_len: drafter.length(),
+        prefill_s: run.prefill_s,
+        decode_s: run.decode_s,
+        draft_s: e.draft_s,
+        verify_s: e.verify_s,
+        draft_errors: e.draft_errors,
+        last_draft_error: e.last_draft_error.clone(),
+        depth_drafted: e.depth_drafted.clone(),
+        depth_accepted: e.depth_accepted.clone(),
+        lookup_rounds: drafter.lookup_rounds().map_or(0, |c| c.by_lookup) - lookups_before,
+        rounds: run.decode_rounds.len(),
+        round_counts: run
+            .decode_rounds
             .iter()
-            .map(|s| {
-                let n = s.positions.len() as u32;
-                let c = Committed {
-                    slot: s.slot,
-                    rows: (at..at + n).collect(),
-                    positions: s.positions.clone(),
-                };
-                at += n;
-                c
-            })
-            .collect();
-        drafter.observe(&client, o, &committed)
-    })?;
-    stats.target_passes += passes;
-    let mut round = 0u32;
-    let first = pick_first(&client, &last, sampling, round)?;
-    stats.prefill_s = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let mut seqs: Vec<Vec<u32>> = requests.iter().map(|r| r.prompt.clone()).collect();
-    let mut active = Vec::new();
-    for (i, &tok) in first.iter().enumerate() {
-        out[i].push(tok);
-        seqs[i].push(tok);
-        on_token(i, tok);
-        if Some(tok) != stop && max_tokens > 1 {
-            active.push(i);
-        }
-    }
-    let mut drafted_last = false;
-    let trace_rounds = std::env::var("DRAFTC_PLAN_DEBUG").is_ok_and(|v| v == "rounds");
-    let mut selected = SelectOut::default();
-    // Whether the last round's greedy selection is this round's ids, in
-    // order (a round without draft whose sequences all go on): a round
-    // without draft then uploads no ids, like an autoregressive step.
-    let mut ids_selected = false;
-    while !active.is_empty() {
-        round += 1;
-        let counts0 = draftc_ops::counters::snapshot();
-        // 1. Draft.
-        let td = Instant::now();
-        let views: Vec<SeqView<'_>> = active
-            .iter()
-            .map(|&i| SeqView {
-                slot: i,
-                tokens: &seqs[i],
-                committed: seqs[i].len() - 1,
-            })
-            .collect();
-        let room: Vec<usize> = active.iter().map(|&i| max_tokens - out[i].len()).collect();
-        let budgets = match policy {
-            DraftPolicy::Fixed(k) => vec![*k; active.len()],
-            DraftPolicy::Planned(p) => {
-                let ctx = active.iter().map(|&i| seqs[i].len()).sum::<usize>() as f64
-                    / active.len() as f64;
-                p.set_context(ctx);
-                p.set_rooms(active.iter().copied().zip(room.iter().copied()));
-                let plan = p.plan(&active);
-                if plan.drafter_off && !drafter_off {
-                    // Off from now on: drop what the drafter holds.
-                    drafter_off = true;
-                    stats.drafter_off_at = Some(round as usize);
-                    for &i in &active {
-                        drafter.reset(i);
-                    }
-                }
-                plan.budgets
-            }
-        };
-        let budget = budgets.iter().copied().max().unwrap_or(0);
-        let skip = budget == 0 && matches!(policy, DraftPolicy::Planned(_));
-        let drafted = if skip {
-            Ok(views.iter().map(|_| DraftTree::new()).collect())
-        } else {
-            drafter.draft(target, &views, budget)
-        };
-        let trees: Vec<DraftTree> = match drafted {
-            Ok(t) if t.len() == views.len() => t
-                .into_iter()
-                .zip(room.iter().zip(&budgets))
-                // Never draft past max_tokens: the bonus needs one slot.
-                .map(|(t, (&r, &k))| sanitize(t, vocab, k.min(r.saturating_sub(1))))
-                .collect(),
-            // A failing drafter costs a round of speed, not correctness.
-            Ok(t) => {
-                stats.draft_errors += 1;
-                stats.last_draft_error =
-                    Some(format!("{} trees for {} sequences", t.len(), views.len()));
-                views.iter().map(|_| DraftTree::new()).collect()
-            }
-            Err(e) => {
-                stats.draft_errors += 1;
-                stats.last_draft_error = Some(e.to_string());
-                views.iter().map(|_| DraftTree::new()).collect()
-            }
-        };
-        // With its draft in hand, the planner decides how much of it to
-        // verify (lookup drafts for free, only where the history matches).
-        // The drafter's confidence along each tree's most likely path (a
-        // pruned tree's is a prefix of it), for the cut and the estimates.
-        let mut conf: Vec<Vec<f64>> = Vec::new();
-        let trees = match &mut *policy {
-            DraftPolicy::Planned(p) if !skip => {
-                let depths: Vec<usize> = trees.iter().map(DraftTree::levels).collect();
-                // (Near max_tokens the room, not the drafter, cut the trees.)
-                if room.iter().all(|&r| r > budget) {
-                    p.observe_depth(budget, depths.iter().copied().max().unwrap_or(0));
-                }
-                let spent = td.elapsed().as_secs_f64();
-                if confident {
-                    conf = trees.iter().map(DraftTree::path_confidences).collect();
-                }
-                match p.verify_counts(&active, &depths, spent, confident.then_some(&conf[..])) {
-                    Some(keep) => trees
-                        .into_iter()
-                        .zip(keep)
-                        .map(|(t, k)| {
-                            if k >= t.levels() {
-                                t
-                            } else {
-                                t.prune_to_depth(k)
-                            }
-                        })
-                        .collect(),
-                    None => trees,
-                }
-            }
-            _ => trees,
-        };
-        // Whatever the drafter did to the target's caches (self-speculation
-        // writes tentative rows), verification starts from the committed rows.
-        for v in &views {
-            target.caches.truncate(v.slot, v.committed);
-        }
-        let draft_s = td.elapsed().as_secs_f64();
-        stats.draft_s += draft_s;
-        let rows = views.len() + trees.iter().map(DraftTree::len).sum::<usize>();
-        let batch = views.len();
-        // 2. Verify all trees in one target pass.
-        let tv = Instant::now();
-        let mut step = Step::default();
-        let mut ids = Vec::new();
-        for (v, tree) in views.iter().zip(&trees) {
-            let last_tok = *v.tokens.last().unwrap_or(&0);
-            let mut positions = vec![v.committed as u32];
-            positions.extend(tree.positions(v.committed + 1));
-            step.seqs.push(SeqStep {
-                slot: v.slot,
-                positions,
-                // No draft: the plain decoding step's causal pass (a batch
-                // with no tree at all runs no tree-masked attention).
-                parents: (!tree.is_empty()).then(|| tree.verify_parents()),
-                memory_tail: None,
-            });
-            ids.extend(tree.verify_tokens(last_tok));
-            stats.drafted += tree.len();
-        }
-        if !drafter_off {
-            drafter.verifying(&views, &trees)?;
-        }
-        drop(views);
-        let on_device = selected
-            .last(ids.len())
-            .filter(|_| ids_selected && rows == batch);
-        let o = match on_device {
-            Some(dev) => target.forward_on_device(&step, &ids, dev)?,
-            None => target.forward(&step, &ids)?,
-        };
-        stats.target_passes += 1;
-        let logits = o.get("logits")?;
-        // 3. Accept.
-        let accepted = accept(
-            &client,
-            logits,
-            (&step, &ids, &trees),
-            sampling,
-            round,
-            vocab,
-            &mut selected,
-        )?;
-        let verify_s = tv.elapsed().as_secs_f64();
-        stats.verify_s += verify_s;
-        let per_seq: Vec<(usize, usize)> = trees
-            .iter()
-            .zip(&accepted)
-            .map(|(t, (nodes, _))| (t.levels(), nodes.len()))
-            .collect();
-        drafter.verified(verify_s, trees.iter().map(DraftTree::len).sum(), &per_seq);
-        // 4. Commit.
-        let mut committed = Vec::new();
-        let mut paths = Vec::new();
-        let mut still = Vec::new();
-        let mut base = 0u32;
-        for (((&i, s), (nodes, bonus)), tree) in
-            active.iter().zip(&step.seqs).zip(&accepted).zip(&trees)
-        {
-            let committed_len = seqs[i].len() - 1;
-            let keep: Vec<usize> = std::iter::once(0).chain(nodes.iter().copied()).collect();
-            paths.push((i, committed_len, keep.clone()));
-            committed.push(Committed {
-                slot: i,
-                rows: keep.iter().map(|&k| base + k as u32).collect(),
-                positions: (committed_len as u32..(committed_len + keep.len()) as u32).collect(),
-            });
-            base += s.positions.len() as u32;
-            stats.seq_rounds += 1;
-            stats.accepted += nodes.len();
-            let levels = tree.levels();
-            if stats.depth_drafted.len() < levels {
-                stats.depth_drafted.resize(levels, 0);
-                stats.depth_accepted.resize(levels, 0);
-            }
-            for j in 0..levels {
-                stats.depth_drafted[j] += 1;
-                if j < nodes.len() {
-                    stats.depth_accepted[j] += 1;
-                }
-            }
-            let emitted: Vec<u32> = nodes
-                .iter()
-                .map(|&k| ids[committed.last().map_or(0, |c| c.rows[0]) as usize + k])
-                .chain(std::iter::once(*bonus))
-                .collect();
-            let mut done = false;
-            for tok in emitted {
-                out[i].push(tok);
-                seqs[i].push(tok);
-                on_token(i, tok);
-                if Some(tok) == stop || out[i].len() >= max_tokens {
-                    done = true;
-                    break;
-                }
-            }
-            if !done {
-                still.push(i);
-            }
-        }
-        // Every sequence's accepted path in one gather and one scatter per
-        // cache half.
-        target.caches.compact_all(&paths)?;
-        if !drafter_off {
-            drafter.observe(&client, &o, &committed)?;
-        }
-        if let DraftPolicy::Planned(p) = policy {
-            if !skip {
-                p.observe_draft(batch, budget, draft_s, drafted_last);
-            }
-            drafted_last = !skip;
-            p.observe_verify(rows, tv.elapsed().as_secs_f64());
-            for (j, (&i, (tree, (nodes, _)))) in
-                active.iter().zip(trees.iter().zip(&accepted)).enumerate()
-            {
-                p.observe_seq(i, tree.levels(), nodes.len());
-                if let Some(c) = conf.get(j) {
-                    p.observe_confidence(&c[..c.len().min(tree.levels())], nodes.len());
-                }
-            }
-            let emitted = accepted.iter().map(|(n, _)| n.len() + 1).sum();
-            let round_s = td.elapsed().as_secs_f64();
-            p.observe_round(batch, emitted, round_s, !skip);
-            if trace_rounds {
-                // DRAFTC_PLAN_DEBUG=rounds: one line a round, times in ms.
-                let c = draftc_ops::counters::snapshot().since(&counts0);
-                eprintln!(
-                    "plan round {round}: seqs {batch} budget {budget} rows {rows} emitted {emitted} \
-                     draft {:.3} pass+accept {:.3} commit+observe {:.3} round {:.3} \
-                     V(seqs) {:?} off {drafter_off}{} launches {} flushes {} reads {} uploads {}",
-                    draft_s * 1e3,
-                    verify_s * 1e3,
-                    (tv.elapsed().as_secs_f64() - verify_s) * 1e3,
-                    round_s * 1e3,
-                    p.verify_time(batch).map(|v| (v * 1e6).round() / 1e3),
-                    // Why it is off, or went off in this round.
-                    match (drafter_off, p.off_why(batch)) {
-                        (true, Some(w)) => format!(" ({w})"),
-                        (false, Some(w)) => format!(", then off ({w})"),
-                        (_, None) => String::new(),
-                    },
-                    c.launches,
-                    c.flushes,
-                    c.reads,
-                    c.uploads,
-                );
-            }
-        }
-        ids_selected = rows == batch && sampling.is_greedy() && still.len() == active.len();
-        active = still;
-        stats.rounds += 1;
-        stats.round_counts = stats
-            .round_counts
-            .plus(&draftc_ops::counters::snapshot().since(&counts0));
-    }
-    drafter.finished()?;
-    stats.lookup_rounds = drafter.lookup_rounds().map_or(0, |c| c.by_lookup) - lookups_before;
-    stats.decode_s = t1.elapsed().as_secs_f64();
-    stats.generated_tokens = out.iter().map(Vec::len).sum();
+            .fold(Default::default(), |a, r| a.plus(&r.counts)),
+        no_draft_rounds: e.no_draft_rounds,
+        drafter_off_at: run.off_round(),
+        ..SpecStats::default()
+    };
     if let DraftPolicy::Planned(p) = policy {
         stats.budget_histogram = p
             .histogram()
@@ -716,7 +391,7 @@ pub fn generate_with_policy<R: Runtime>(
             .collect();
         stats.no_draft_rounds = p.no_draft_rounds() - no_draft0;
         stats.predicted_speedup = p.predicted_speedup(b);
-        let lengths: Vec<usize> = out.iter().map(Vec::len).collect();
+        let lengths: Vec<usize> = run.tokens.iter().map(Vec::len).collect();
         let plain = p.end_run(&lengths, stats.decode_s);
         if std::env::var_os("DRAFTC_PLAN_DEBUG").is_some() {
             eprintln!("{}", p.describe(b));
@@ -729,119 +404,8 @@ pub fn generate_with_policy<R: Runtime>(
             }
         }
     }
-    Ok(SpecGeneration { tokens: out, stats })
-}
-
-/// The statistics of a run the planner kept off from its start (`g`, an
-/// autoregressive run), told to the planner as rounds without a draft.
-fn off_run(g: super::Generation, p: &mut Planner, mut stats: SpecStats) -> SpecGeneration {
-    let steps = g.stats.decode_pass_s.len();
-    let seq_rounds: usize = g.tokens.iter().map(|t| t.len().saturating_sub(1)).sum();
-    p.rounds_off(stats.sequences, steps, seq_rounds);
-    let mut histogram = vec![0; p.config().max_budget + 1];
-    histogram[0] = seq_rounds;
-    stats.generated_tokens = g.stats.generated_tokens;
-    stats.seq_rounds = seq_rounds;
-    stats.target_passes = g.stats.target_passes;
-    stats.prefill_s = g.stats.prefill_s;
-    stats.decode_s = g.stats.decode_s;
-    stats.verify_s = g.stats.decode_s;
-    stats.rounds = steps;
-    stats.round_counts = g
-        .stats
-        .decode_pass_counts
-        .iter()
-        .fold(Default::default(), |a, c| a.plus(c));
-    stats.budget_histogram = histogram;
-    stats.no_draft_rounds = steps;
-    stats.predicted_speedup = p.predicted_speedup(stats.sequences);
-    stats.drafter_off_at = Some(0);
-    SpecGeneration {
-        tokens: g.tokens,
+    Ok(SpecGeneration {
+        tokens: run.tokens,
         stats,
-    }
-}
-
-/// First token after the prompt, from the prefill's last logits.
-fn pick_first<R: Runtime>(
-    client: &ComputeClient<R>,
-    last: &DeviceTensor<R>,
-    sampling: &Sampling,
-    round: u32,
-) -> Result<Vec<u32>, EngineError> {
-    if sampling.is_greedy() {
-        return select_tokens(client, last, sampling, 0);
-    }
-    // The same rule as every later round: a tree of only the root.
-    let v = *last.shape().last().unwrap_or(&1);
-    let rows = last.numel() / v;
-    let mut firsts = Vec::with_capacity(rows);
-    for r in 0..rows {
-        let one = DeviceTensor::<R>::empty(client, &[1, v], last.dtype());
-        draftc_ops::kv::gather_rows(client, &last.reshape(&[rows, v])?, &[r as u32], &one, &[0])?;
-        let mode = AcceptMode::Sampling {
-            temperature: sampling.temperature,
-            seed: sampling.seed ^ (r as u64) << 32,
-            step: round,
-        };
-        firsts.push(
-            accept_tree(
-                client,
-                &[0],
-                &[draftc_ops::attention::TREE_ROOT],
-                &one,
-                None,
-                mode,
-            )?
-            .bonus,
-        );
-    }
-    Ok(firsts)
-}
-
-/// Per sequence of `step`: accepted node indices (verify-tree numbering,
-/// root = 0 excluded) and the bonus token.
-fn accept<R: Runtime>(
-    client: &ComputeClient<R>,
-    logits: &DeviceTensor<R>,
-    (step, ids, trees): (&Step, &[u32], &[DraftTree]),
-    sampling: &Sampling,
-    round: u32,
-    vocab: usize,
-    selected: &mut SelectOut,
-) -> Result<Vec<(Vec<usize>, u32)>, EngineError> {
-    let mut res = Vec::with_capacity(trees.len());
-    if sampling.is_greedy() {
-        let argmax = select_tokens_into(client, logits, &Sampling::GREEDY, 0, selected)?;
-        let mut at = 0;
-        for (s, tree) in step.seqs.iter().zip(trees) {
-            let n = s.positions.len();
-            let a = tree
-                .longest_accepted_path(argmax[at], &argmax[at + 1..at + n])
-                .map_err(|e| EngineError::Invalid(e.to_string()))?;
-            res.push((a.nodes.iter().map(|&k| k + 1).collect(), a.bonus));
-            at += n;
-        }
-        return Ok(res);
-    }
-    let all = logits.reshape(&[logits.numel() / vocab, vocab])?;
-    let mut at = 0u32;
-    for (si, (s, tree)) in step.seqs.iter().zip(trees).enumerate() {
-        let n = s.positions.len() as u32;
-        let part = DeviceTensor::<R>::empty(client, &[n as usize, vocab], logits.dtype());
-        let rows: Vec<u32> = (at..at + n).collect();
-        let dst: Vec<u32> = (0..n).collect();
-        draftc_ops::kv::gather_rows(client, &all, &rows, &part, &dst)?;
-        let mode = AcceptMode::Sampling {
-            temperature: sampling.temperature,
-            seed: sampling.seed ^ (s.slot as u64) << 32,
-            step: round,
-        };
-        let toks = &ids[at as usize..(at + n) as usize];
-        let a = accept_tree(client, toks, &tree.verify_parents(), &part, None, mode)?;
-        let _ = si;
-        res.push((a.accepted.iter().map(|&k| k as usize).collect(), a.bonus));
-        at += n;
-    }
-    Ok(res)
+    })
 }
