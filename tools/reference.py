@@ -19,7 +19,7 @@ Usage:
 MODEL_DIR is the converted directory (config.json, model.safetensors,
 tokenizer.json, tokenizer_config.json), e.g. ~/.cache/draftc/smollm2-135m-instruct/float32.
 
-Reference-run rules (see shared DESIGN.md §7):
+Reference-run rules (tests/fixtures/smollm2/README.md):
   * explicit all-ones attention_mask; pad_token_id is never set to 2
     (<|im_end|>), which would make generate() mask those tokens in the prompt;
   * greedy decoding is an explicit argmax loop (no generate()), recording the
@@ -219,7 +219,7 @@ def cmd_perplexity(model_dir):
 
 def cmd_dequant(model_dir, gguf_path):
     """Every tensor of draftc's model.safetensors against gguf-py's dequantize
-    plus DESIGN.md's numpy un-permutation formula for Q/K."""
+    plus the numpy un-permutation of Q/K (the inverse of llama.cpp's permute)."""
     import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize

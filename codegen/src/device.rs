@@ -3,7 +3,7 @@
 //! data (no device is opened here): the runtime fills one from its compute
 //! client's properties, and `draftc plan --device NAME` uses a preset.
 //!
-//! Two families of kernel layouts exist (issue 15, GPU-NOTES.md):
+//! Two families of kernel layouts exist (issue 15, docs/gpu.md):
 //! * **lanes**, shaped for Mesa's lavapipe, where a SIMD lane is a unit and
 //!   time follows the number of vector loads (`ops::linear`);
 //! * **planes**, shaped for GPUs: a plane (warp) per output column group,
@@ -116,7 +116,7 @@ impl DeviceProfile {
         }
     }
 
-    /// An NVIDIA H100 through cubecl-cuda (the card GPU-NOTES.md measured).
+    /// An NVIDIA H100 through cubecl-cuda (the card docs/bench/cuda-h100 measured).
     pub fn cuda_h100() -> DeviceProfile {
         DeviceProfile {
             name: "cuda".into(),

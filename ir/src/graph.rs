@@ -43,7 +43,7 @@ pub struct Node {
     pub weights: Option<String>,
 }
 
-/// How a drafter produces drafts (DESIGN.md §4).
+/// How a drafter produces drafts (docs/speculative.md, "Drafters").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DrafterKind {
     /// One pass proposes `l` tokens (SpecFormer, Medusa).

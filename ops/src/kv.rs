@@ -1,6 +1,6 @@
 //! KV-cache ops: **append** (write new K/V rows at given slots) and
 //! **compaction** (move the accepted tree nodes' K/V rows into contiguous
-//! slots after the committed prefix; DESIGN.md §6 step 4).
+//! slots after the committed prefix; docs/speculative.md, "The round": commit).
 //!
 //! A cache is `[layers, slots, width]` (or `[slots, width]` = one layer),
 //! `width = kv_heads · head_dim`, row-major; new rows are `[layers, n, width]`

@@ -54,7 +54,7 @@ pub fn finish<R: Runtime>(client: &ComputeClient<R>, op: &'static str) -> Result
 /// this is a round trip to the device's runner thread that waits for the
 /// previous flush's fence, so a GPU pass flushes once, at its end; on
 /// lavapipe a flush after each launch overlaps the host's encoding with
-/// execution and is faster (GPU-NOTES.md).
+/// execution and is faster (docs/gpu.md).
 pub fn flush<R: Runtime>(client: &ComputeClient<R>, op: &'static str) -> Result<()> {
     crate::counters::flush(|| client.flush()).map_err(|e| OpsError::device(op, e))
 }

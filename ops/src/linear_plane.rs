@@ -3,7 +3,7 @@
 //! grouped RMS norm) and epilogues (bias, residual, SwiGLU) and the same
 //! `[out, in]` weight layout.
 //!
-//! Layout (GPU-NOTES.md; llama.cpp's `mul_mat_vec` is the model):
+//! Layout (docs/gpu.md; llama.cpp's `mul_mat_vec` is the model):
 //! * a cube is `planes` planes (warps) of `plane` lanes: `CubeDim (plane,
 //!   planes)`, so `UNIT_POS_Y` is the plane and `UNIT_POS_X` the lane;
 //! * `ksplit` planes share one group of `cols` output columns and split the

@@ -150,7 +150,7 @@ pub fn gpu_layout_profile<R: Runtime>(client: &ComputeClient<R>) -> DeviceProfil
     p
 }
 
-/// When a pass submits its launches (issue 31; GPU-NOTES.md "Launch path").
+/// When a pass submits its launches (issue 31; docs/gpu.md, "The launch path").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FlushPolicy {
     /// Flush after every launch: lavapipe runs a submission on its own

@@ -16,7 +16,7 @@
 //! | `CrossDiagonal` | `kp < qp` (the diagonal is masked) | paper 002 §4.1, Eq. 2: `Mask[i,j] = 0 for j >= i` |
 //! | `InverseBlock { window: k, offset: ε }` | `win(kp) < win(qp)` where `win(p) = (p + k - 1 - ε) / k` | paper 002 §4.2, Fig. 2 (left) |
 //! | `SlidingSink { window: w, sink: s }` | `kp <= qp && (kp < s \|\| qp - kp < w)` | paper 004 §3.1 (StreamingLLM mask) |
-//! | `Tree` | key is in the committed prefix, or key node is an ancestor of (or is) the query node | DESIGN.md §6 step 2 |
+//! | `Tree` | key is in the committed prefix, or key node is an ancestor of (or is) the query node | docs/speculative.md, "The round": verify |
 //!
 //! Inverse block (paper 002 §4.2): windows of size `k` start at `n = ε + w·k`
 //! and cover positions `n+1 ..= n+k`; "for a query at position n+i, i=1..k,

@@ -1,5 +1,5 @@
 //! Tree verification: which drafted nodes the target accepts, and the bonus
-//! token (DESIGN.md §6 step 3).
+//! token (docs/speculative.md, "The round": accept).
 //!
 //! # Conventions
 //! * A tree has `n >= 1` nodes; `tokens[i]` is node `i`'s token id,

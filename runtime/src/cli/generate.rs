@@ -274,59 +274,13 @@ fn generate_on<R: Runtime>(
         )
         .map_err(|e| e.to_string())?;
         print_all(&r#gen.tokens)?;
-        let s = &r#gen.stats;
-        eprintln!(
-            "autoregressive: {} sequences, {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s), prefill {:.2} s, {} target passes",
-            s.sequences,
-            s.prompt_tokens,
-            s.generated_tokens,
-            s.decode_s,
-            s.decode_tokens_per_s(),
-            s.prefill_s,
-            s.target_passes
-        );
+        eprintln!("{}", autoregressive_line(&r#gen.stats));
         if let Some(p) = target.exec.profile() {
             eprint!("{p}");
         }
         return Ok(());
     }
-    let mut choice = DrafterChoice {
-        name: args.drafter.clone(),
-        weights: args.drafter_weights.clone(),
-        budget: args.budget.unwrap_or(DEFAULT_BUDGET),
-        branches: args.branches,
-        tree: match &args.tree {
-            Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
-            None => None,
-        },
-        concurrent: args.concurrent,
-        confidence: match &args.confidence {
-            Some(c) => Some(c.parse::<Confidence>().map_err(|e| e.to_string())?),
-            None => None,
-        },
-        lookup: match &args.lookup {
-            Some(l) => parse_lookup(l)?,
-            None => None,
-        },
-    };
-    let untouched = args.tree.is_none()
-        && args.budget.is_none()
-        && args.confidence.is_none()
-        && args.lookup.is_none();
-    if untouched && !args.concurrent {
-        if let Some(t) = super::tuned::tuned_for(&choice, crate::device::profile(client).class)? {
-            if !args.quiet {
-                eprintln!(
-                    "{}: settings tuned for {} ({}): {} (any of --tree, --budget, --confidence, --lookup replaces them)",
-                    args.drafter,
-                    t.class,
-                    t.manifest.display(),
-                    t.flags()
-                );
-            }
-            t.apply(&mut choice);
-        }
-    }
+    let choice = drafter_choice(client, args)?;
     let mut policy = speculate_policy(&args.speculate, choice.budget, args.concurrent)?;
     let cost_key = super::calibrate::cost_key(
         &crate::bench::device_name(client),
@@ -367,11 +321,11 @@ fn generate_on<R: Runtime>(
     )
     .map_err(|e| e.to_string())?;
     print_all(&spec.tokens)?;
-    if let Some(p) = target.exec.profile() {
-        eprint!("target {p}");
-    }
-    if let Some(p) = drafter.profile() {
-        eprint!("drafter {p}");
+    // DRAFTC_PROFILE=1: each executor's per-kernel profile.
+    for (who, p) in [("target", target.exec.profile()), ("drafter", drafter.profile())] {
+        if let Some(p) = p {
+            eprint!("{who} {p}");
+        }
     }
     let timing = if args.no_baseline {
         None
@@ -412,6 +366,66 @@ fn generate_on<R: Runtime>(
     }
     eprintln!("{}", stats_line(&drafter.name(), &spec.stats, timing));
     Ok(())
+}
+
+/// The drafter `generate`'s flags name, at the settings its weights
+/// manifest tunes for the device when no flag sets them.
+fn drafter_choice<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &GenerateArgs,
+) -> Result<DrafterChoice, String> {
+    let mut choice = DrafterChoice {
+        name: args.drafter.clone(),
+        weights: args.drafter_weights.clone(),
+        budget: args.budget.unwrap_or(DEFAULT_BUDGET),
+        branches: args.branches,
+        tree: match &args.tree {
+            Some(t) => Some(t.parse::<TreeShape>().map_err(|e| e.to_string())?),
+            None => None,
+        },
+        concurrent: args.concurrent,
+        confidence: match &args.confidence {
+            Some(c) => Some(c.parse::<Confidence>().map_err(|e| e.to_string())?),
+            None => None,
+        },
+        lookup: match &args.lookup {
+            Some(l) => parse_lookup(l)?,
+            None => None,
+        },
+    };
+    let untouched = args.tree.is_none()
+        && args.budget.is_none()
+        && args.confidence.is_none()
+        && args.lookup.is_none();
+    if untouched && !args.concurrent {
+        if let Some(t) = super::tuned::tuned_for(&choice, crate::device::profile(client).class)? {
+            if !args.quiet {
+                eprintln!(
+                    "{}: settings tuned for {} ({}): {} (any of --tree, --budget, --confidence, --lookup replaces them)",
+                    args.drafter,
+                    t.class,
+                    t.manifest.display(),
+                    t.flags()
+                );
+            }
+            t.apply(&mut choice);
+        }
+    }
+    Ok(choice)
+}
+
+/// `--no-spec`'s stats line.
+fn autoregressive_line(s: &crate::engine::GenStats) -> String {
+    format!(
+        "autoregressive: {} sequences, {} prompt tokens, {} generated in {:.2} s ({:.1} tokens/s), prefill {:.2} s, {} target passes",
+        s.sequences,
+        s.prompt_tokens,
+        s.generated_tokens,
+        s.decode_s,
+        s.decode_tokens_per_s(),
+        s.prefill_s,
+        s.target_passes
+    )
 }
 
 /// The draft policy `--speculate` names: `auto` plans each round's budget

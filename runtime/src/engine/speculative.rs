@@ -1,4 +1,4 @@
-//! Speculative generation over a static batch (DESIGN.md §6): the draft
+//! Speculative generation over a static batch (docs/speculative.md, "The round"): the draft
 //! policy ([`DraftPolicy`]: a fixed budget or the planner's per round), the
 //! run's statistics ([`SpecStats`]: τ, k, κ, acceptance by depth, the
 //! planner's budgets), the warm-up that compiles a run's kernels and seeds

@@ -158,7 +158,7 @@ impl<R: Runtime> CacheStore<R> {
     /// For every `(slot, committed, keep)` (slots distinct), in every cache
     /// of the slot: rows `committed + keep[i]` move to `committed + i`, and
     /// the slot's length becomes `committed + keep.len()` (the accepted tree
-    /// path; DESIGN.md §6 step 4). The rows that move in every slot go in
+    /// path; docs/speculative.md, "The round": commit). The rows that move in every slot go in
     /// one gather and one scatter per cache half, not two launches a slot
     /// (issue 31: a round's commit at batch 16).
     pub fn compact_all(&mut self, paths: &[(usize, usize, Vec<usize>)]) -> Result<(), ExecError> {

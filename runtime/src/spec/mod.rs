@@ -1,4 +1,4 @@
-//! Host-side speculative-decoding algorithms (DESIGN.md §6): everything a
+//! Host-side speculative-decoding algorithms (docs/speculative.md): everything a
 //! round needs that is plain data on the CPU, no device.
 //!
 //! | module | owns | papers |
