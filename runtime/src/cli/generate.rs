@@ -322,7 +322,10 @@ fn generate_on<R: Runtime>(
     .map_err(|e| e.to_string())?;
     print_all(&spec.tokens)?;
     // DRAFTC_PROFILE=1: each executor's per-kernel profile.
-    for (who, p) in [("target", target.exec.profile()), ("drafter", drafter.profile())] {
+    for (who, p) in [
+        ("target", target.exec.profile()),
+        ("drafter", drafter.profile()),
+    ] {
         if let Some(p) = p {
             eprint!("{who} {p}");
         }

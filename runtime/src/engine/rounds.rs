@@ -311,8 +311,13 @@ impl Batch {
             self.off_from = None;
         }
         let t0 = Instant::now();
+        // A static run prefills every prompt before anything decodes, so
+        // its sequences stay in step (a batch that shrinks only when they
+        // end, as a plain decoder's); a continuous one decodes beside the
+        // prompts that join.
+        let prefilling = self.seqs.iter().any(|s| !s.decoding());
         let decoding: Vec<usize> = (0..self.seqs.len())
-            .filter(|&i| self.seqs[i].decoding())
+            .filter(|&i| self.seqs[i].decoding() && !(self.fixed && prefilling))
             .collect();
         let budgets = self.budgets(cx, &decoding);
         let mut drafts = self.draft(cx, &decoding, &budgets, t0)?;
