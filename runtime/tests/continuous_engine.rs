@@ -93,6 +93,29 @@ fn run(
     out
 }
 
+/// Each request gave its solo tokens (`want`), the drafter never failed,
+/// and, when `must_draft`, it drafted something.
+fn assert_lossless(
+    name: &str,
+    engine: &Engine<Wgpu>,
+    got: &[(Vec<u32>, Option<Finish>)],
+    want: &[Vec<u32>],
+    must_draft: bool,
+) {
+    for (i, (toks, _)) in got.iter().enumerate() {
+        assert_eq!(toks, &want[i], "{name}: request {i}");
+    }
+    let stats = engine.stats();
+    assert_eq!(
+        stats.draft_errors, 0,
+        "{name}: {:?}",
+        stats.last_draft_error
+    );
+    if must_draft {
+        assert!(stats.drafted > 0, "{name} drafted nothing");
+    }
+}
+
 fn arrivals(n: usize, params: &dyn Fn(usize) -> SeqParams) -> Vec<(usize, Vec<u32>, SeqParams)> {
     prompts(n)
         .into_iter()
@@ -125,20 +148,11 @@ fn greedy_sequences_joining_and_leaving_equal_their_solo_output() {
             };
             let mut e = Engine::new(t, d, policy, cfg);
             let got = run(&mut e, &reqs);
-            for (i, (toks, finish)) in got.iter().enumerate() {
-                assert_eq!(toks, &want[i], "{which}: request {i}");
+            for (i, (_, finish)) in got.iter().enumerate() {
                 assert_eq!(*finish, Some(Finish::Length), "{which}: request {i}");
             }
+            assert_lossless(which, &e, &got, &want, which == "beagle");
             assert_eq!(e.free_slots(), 4);
-            if which == "beagle" {
-                assert_eq!(
-                    e.stats().draft_errors,
-                    0,
-                    "{:?}",
-                    e.stats().last_draft_error
-                );
-                assert!(e.stats().drafted > 0, "beagle drafted nothing");
-            }
         }
     }
 }
@@ -166,16 +180,7 @@ fn every_drafter_kind_is_lossless_under_continuous_batching() {
             },
         );
         let got = run(&mut e, &reqs);
-        for (i, (toks, _)) in got.iter().enumerate() {
-            assert_eq!(toks, &want[i], "{name}: request {i}");
-        }
-        assert_eq!(
-            e.stats().draft_errors,
-            0,
-            "{name}: {:?}",
-            e.stats().last_draft_error
-        );
-        assert!(e.stats().drafted > 0, "{name} drafted nothing");
+        assert_lossless(name, &e, &got, &want, true);
     }
 }
 
@@ -205,15 +210,7 @@ fn eagle_is_lossless_under_continuous_batching() {
     let d = model(&t, &tw, "eagle");
     let mut e = Engine::new(t, Some(d), DraftPolicy::Fixed(3), EngineConfig::default());
     let got = run(&mut e, &reqs);
-    for (i, (toks, _)) in got.iter().enumerate() {
-        assert_eq!(toks, &want[i], "eagle: request {i}");
-    }
-    assert_eq!(
-        e.stats().draft_errors,
-        0,
-        "{:?}",
-        e.stats().last_draft_error
-    );
+    assert_lossless("eagle", &e, &got, &want, false);
 }
 
 #[test]

@@ -26,16 +26,16 @@ fn free_port() -> u16 {
 fn two_replicas_behind_the_gateway_both_serve_and_one_may_die() {
     let run = tempfile::tempdir().unwrap();
     let gw = free_port();
-    // Two consecutive free ports for the replicas (B+1, B+2).
-    let base = loop {
-        let p = free_port();
-        if p < 65000
-            && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
-            && std::net::TcpListener::bind(("127.0.0.1", p + 2)).is_ok()
-        {
-            break p;
-        }
-    };
+    // Two consecutive free ports for the replicas (B+1, B+2); a bounded
+    // search.
+    let base = (0..100)
+        .map(|_| free_port())
+        .find(|&p| {
+            p < 65000
+                && std::net::TcpListener::bind(("127.0.0.1", p + 1)).is_ok()
+                && std::net::TcpListener::bind(("127.0.0.1", p + 2)).is_ok()
+        })
+        .expect("no two consecutive free loopback ports in 100 tries");
     let mut cluster = Command::new("bash")
         .current_dir(repo())
         .arg("tools/serve-cluster.sh")

@@ -152,20 +152,6 @@ pub struct Engine<R: Runtime> {
     batch: Batch,
 }
 
-/// The engine's parts, borrowed for one call.
-macro_rules! parts {
-    ($e:expr) => {
-        &mut Parts {
-            target: &mut $e.target,
-            drafter: match &mut $e.drafter {
-                Some(d) => Some(d.as_mut()),
-                None => None,
-            },
-            policy: &mut $e.policy,
-        }
-    };
-}
-
 impl<R: Runtime> Engine<R> {
     /// An engine over `target`'s slots; no drafter: plain decoding.
     pub fn new(
@@ -188,6 +174,19 @@ impl<R: Runtime> Engine<R> {
             policy,
             batch,
         }
+    }
+
+    /// The batch and the parts its rounds borrow.
+    fn split(&mut self) -> (&mut Batch, Parts<'_, R>) {
+        let parts = Parts {
+            target: &mut self.target,
+            drafter: match &mut self.drafter {
+                Some(d) => Some(d.as_mut()),
+                None => None,
+            },
+            policy: &mut self.policy,
+        };
+        (&mut self.batch, parts)
     }
 
     /// The target, the drafter and the policy back (after a warm-up run).
@@ -239,13 +238,14 @@ impl<R: Runtime> Engine<R> {
     /// Adds a sequence to the batch; it joins the next round.
     pub fn add(&mut self, id: u64, prompt: Vec<u32>, params: SeqParams) -> Result<(), EngineError> {
         let max_len = self.max_len();
-        self.batch
-            .add_all(parts!(self), vec![(id, prompt, params)], max_len)
+        let (batch, mut cx) = self.split();
+        batch.add_all(&mut cx, vec![(id, prompt, params)], max_len)
     }
 
     /// Ends sequence `id` now; false if it is not running.
     pub fn cancel(&mut self, id: u64) -> bool {
-        self.batch.cancel(parts!(self), id)
+        let (batch, mut cx) = self.split();
+        batch.cancel(&mut cx, id)
     }
 
     /// Ends every sequence (after a failed round: the caches may be dirty).
@@ -261,6 +261,7 @@ impl<R: Runtime> Engine<R> {
     /// the next prompt chunks), acceptance and commit. Returns what each
     /// sequence emitted; ended sequences have left the batch.
     pub fn step(&mut self) -> Result<Vec<Emitted>, EngineError> {
-        self.batch.step(parts!(self))
+        let (batch, mut cx) = self.split();
+        batch.step(&mut cx)
     }
 }

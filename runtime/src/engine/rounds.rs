@@ -120,7 +120,8 @@ struct Drafts {
     /// The drafter's confidence along each tree's likeliest path (planned
     /// runs with a drafter that reports it).
     conf: Vec<Vec<f64>>,
-    /// Decoding sequences (indices into seqs) the drafter drafted for.
+    /// The decoding sequences the drafter drafted for (indices into
+    /// `decoding`, so into `trees`).
     drafting: Vec<usize>,
     /// The largest budget of the round.
     budget: usize,
@@ -330,13 +331,12 @@ impl Batch {
         }
         if drafts.drafted {
             if let Some(d) = cx.drafter.as_deref_mut() {
-                let views = views(&self.seqs, &drafts.drafting);
+                let idx: Vec<usize> = drafts.drafting.iter().map(|&j| decoding[j]).collect();
+                let views = views(&self.seqs, &idx);
                 let dtrees: Vec<DraftTree> = drafts
                     .drafting
                     .iter()
-                    .map(|i| {
-                        drafts.trees[decoding.iter().position(|d| d == i).unwrap_or(0)].clone()
-                    })
+                    .map(|&j| drafts.trees[j].clone())
                     .collect();
                 d.verifying(&views, &dtrees)?;
             }
@@ -414,10 +414,8 @@ impl Batch {
         t0: Instant,
     ) -> Result<Drafts, EngineError> {
         let budget = budgets.iter().copied().max().unwrap_or(0);
-        let drafting: Vec<usize> = decoding
-            .iter()
-            .copied()
-            .filter(|&i| self.seqs[i].synced)
+        let drafting: Vec<usize> = (0..decoding.len())
+            .filter(|&j| self.seqs[decoding[j]].synced)
             .collect();
         let mut d = Drafts {
             trees: vec![DraftTree::new(); decoding.len()],
@@ -432,7 +430,8 @@ impl Batch {
             return Ok(d);
         };
         let vocab = cx.target.vocab;
-        let views = views(&self.seqs, &d.drafting);
+        let idx: Vec<usize> = d.drafting.iter().map(|&j| decoding[j]).collect();
+        let views = views(&self.seqs, &idx);
         let got = match drafter.draft(cx.target, &views, budget) {
             Ok(t) if t.len() == views.len() => t,
             // A failing drafter costs a round of speed, not correctness.
@@ -456,10 +455,9 @@ impl Batch {
         drop(views);
         // (Near max_tokens the room, not the drafter, cuts the trees.)
         let room_all = decoding.iter().all(|&i| self.seqs[i].room() > budget);
-        for (tree, &i) in got.into_iter().zip(&d.drafting) {
-            let j = decoding.iter().position(|&x| x == i).unwrap_or(0);
+        for (tree, &j) in got.into_iter().zip(&d.drafting) {
             // Never draft past max_tokens: the bonus needs one slot.
-            let room = self.seqs[i].room().saturating_sub(1);
+            let room = self.seqs[decoding[j]].room().saturating_sub(1);
             d.trees[j] = sanitize(tree, vocab, budgets[j].min(room));
         }
         if let DraftPolicy::Planned(p) = &mut *cx.policy {

@@ -154,10 +154,9 @@ impl Batch {
             }
         }
         if went_off {
-            self.go_off(cx);
             self.went_off(batch);
         }
-        if self.drafter_off {
+        if went_off || self.drafter_off {
             self.go_off(cx);
             budgets.iter_mut().for_each(|b| *b = 0);
         }
