@@ -33,7 +33,7 @@
 use cubecl::prelude::*;
 
 use super::drafters::Drafter;
-use super::rounds::{check_request, Batch, Parts};
+use super::rounds::{check_request, use_confidences, Batch, Parts};
 use super::select::Sampling;
 use super::speculative::DraftPolicy;
 use super::target::{EngineError, TargetModel};
@@ -161,11 +161,9 @@ impl<R: Runtime> Engine<R> {
         cfg: EngineConfig,
     ) -> Self {
         let mut drafter = drafter;
-        // A planner cuts drafts by the drafter's own confidences where it
-        // reports them; a fixed budget verifies everything and needs none.
-        let confident = match (&mut drafter, &policy) {
-            (Some(d), DraftPolicy::Planned(_)) => d.set_probabilities(true),
-            _ => false,
+        let confident = match &mut drafter {
+            Some(d) => use_confidences(d.as_mut(), &policy),
+            None => false,
         };
         let batch = Batch::new(target.caches.slots(), cfg, confident, false);
         Engine {

@@ -64,6 +64,19 @@ impl Seq {
     }
 }
 
+/// Tells `drafter` whether to carry its own probabilities in its trees: a
+/// planner cuts drafts by them where the drafter reports them (a fixed
+/// budget verifies everything and needs none; `DRAFTC_PLAN_CONFIDENCE=off`
+/// plans by depth alone, to measure what they change). Returns whether it
+/// will.
+pub(super) fn use_confidences<R: Runtime>(
+    drafter: &mut dyn Drafter<R>,
+    policy: &DraftPolicy,
+) -> bool {
+    let by_confidence = std::env::var("DRAFTC_PLAN_CONFIDENCE").map_or(true, |v| v != "off");
+    drafter.set_probabilities(by_confidence && matches!(policy, DraftPolicy::Planned(_)))
+}
+
 /// The running sequences and the engine's books.
 pub(super) struct Batch {
     pub cfg: EngineConfig,

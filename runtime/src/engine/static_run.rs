@@ -11,9 +11,8 @@ use std::time::Instant;
 use cubecl::prelude::*;
 
 use super::continuous::{EngineConfig, EngineStats, SeqParams};
-use super::rounds::{Batch, Parts};
+use super::rounds::{use_confidences, Batch, Parts};
 use super::select::Sampling;
-use super::speculative::DraftPolicy;
 use super::target::EngineError;
 use super::Request;
 
@@ -75,14 +74,8 @@ pub(super) fn run_static<R: Runtime>(
     if b == 0 || max_tokens == 0 {
         return Ok(run);
     }
-    // A planner cuts drafts by the drafter's own confidences where it
-    // reports them (a fixed budget verifies everything and needs none;
-    // `DRAFTC_PLAN_CONFIDENCE=off` plans by depth alone, to measure what
-    // they change).
-    let by_confidence = std::env::var("DRAFTC_PLAN_CONFIDENCE").map_or(true, |v| v != "off");
-    let planned = matches!(cx.policy, DraftPolicy::Planned(_));
     let confident = match cx.drafter.as_deref_mut() {
-        Some(d) => d.set_probabilities(by_confidence && planned),
+        Some(d) => use_confidences(d, cx.policy),
         None => false,
     };
     // The whole pass for prompt rows: every prompt is in the cache before
