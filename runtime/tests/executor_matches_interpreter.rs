@@ -438,3 +438,61 @@ proptest! {
         }
     }
 }
+
+/// A pass over ragged prompts, every row's logits, then the same pass with
+/// `output_rows`: the LM head on those rows alone.
+fn logits_of(
+    t: &mut draftc_runtime::engine::TargetModel<Wgpu>,
+    lens: &[usize],
+    rows: Option<Vec<u32>>,
+) -> Result<Vec<f32>, String> {
+    let mut step = Step::default();
+    let mut ids = Vec::new();
+    for (s, &n) in lens.iter().enumerate() {
+        t.caches.reset(s);
+        step.seqs.push(SeqStep::chain(s, 0, n));
+        ids.extend((0..n as u32).map(|i| (i * 7 + s as u32 * 13) % 90 + 1));
+    }
+    step.output_rows = rows;
+    let out = t.forward(&step, &ids).map_err(|e| e.to_string())?;
+    out.get("logits")
+        .map_err(|e| e.to_string())?
+        .download_f32(t.client())
+        .map_err(|e| e.to_string())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 4, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// `Step::output_rows` gives exactly those rows of the full pass's
+    /// logits (bit for bit: the head computes each row alone), in their
+    /// order, for f32 and f16, lane and plane layouts; none gives an empty
+    /// tensor, a row past the pass an error.
+    #[test]
+    fn selected_output_rows_equal_those_rows_of_the_full_pass(
+        lens in prop::collection::vec(1usize..9, 1..4),
+        pick in prop::collection::vec(any::<prop::sample::Index>(), 0..6),
+        f16 in any::<bool>(),
+        gpu in any::<bool>(),
+    ) {
+        let dtype = if f16 { PlanDType::F16 } else { PlanDType::F32 };
+        let (mut t, _) = tiny::target_with(lens.len(), dtype);
+        if gpu {
+            let p = gpu_layout_profile(t.client());
+            t.exec.set_device(p);
+        }
+        let rows_total: usize = lens.iter().sum();
+        let v = t.vocab;
+        let all = logits_of(&mut t, &lens, None).unwrap();
+        prop_assert_eq!(all.len(), rows_total * v);
+        let rows: Vec<u32> = pick.iter().map(|i| i.index(rows_total) as u32).collect();
+        let got = logits_of(&mut t, &lens, Some(rows.clone())).unwrap();
+        prop_assert_eq!(got.len(), rows.len() * v);
+        for (j, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            prop_assert_eq!(&got[j * v..(j + 1) * v], &all[r * v..(r + 1) * v], "row {}", r);
+        }
+        let past = logits_of(&mut t, &lens, Some(vec![rows_total as u32]));
+        prop_assert!(past.is_err_and(|e| e.contains("output row")), "a row past the pass");
+    }
+}

@@ -546,6 +546,18 @@ impl Batch {
             ids.extend_from_slice(&s.tokens[s.prefilled..s.prefilled + n]);
             chunk_left -= n;
         }
+        if !chunks.is_empty() {
+            // Logits only where a choice is made: every decoding row and a
+            // prompt's last row (the LM head skips the other prompt rows).
+            let mut rows: Vec<u32> = (0..decode_rows as u32).collect();
+            rows.extend(
+                chunks
+                    .iter()
+                    .filter(|&&(i, _, n)| self.seqs[i].prefilled + n == self.seqs[i].prompt_len)
+                    .map(|&(_, at, n)| (at + n - 1) as u32),
+            );
+            step.output_rows = Some(rows);
+        }
         Pass {
             step,
             ids,
@@ -577,6 +589,19 @@ impl Batch {
                 rows.push(((at + n - 1) as u32, s.params.sampling, s.prompt_len as u32));
             }
         }
+        let mut by_row = vec![0u32; pass.ids.len()];
+        if rows.is_empty() {
+            return Ok(by_row);
+        }
+        // The logits hold the step's output rows only, in their order.
+        let packed: Vec<u32> = rows.iter().map(|r| r.0).collect();
+        if let Some(out_rows) = &pass.step.output_rows {
+            for r in &mut rows {
+                r.0 = out_rows.iter().position(|&o| o == r.0).ok_or_else(|| {
+                    EngineError::Invalid(format!("row {} has no logits in its pass", r.0))
+                })? as u32;
+            }
+        }
         let choice = choose_rows(
             target.client(),
             logits,
@@ -584,9 +609,8 @@ impl Batch {
             &rows,
             &mut self.selected,
         )?;
-        let mut by_row = vec![0u32; pass.ids.len()];
-        for (r, c) in rows.iter().zip(&choice) {
-            by_row[r.0 as usize] = *c;
+        for (r, c) in packed.iter().zip(&choice) {
+            by_row[*r as usize] = *c;
         }
         Ok(by_row)
     }

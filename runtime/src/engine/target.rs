@@ -234,15 +234,17 @@ impl<R: Runtime> TargetModel<R> {
                     finishing.push((i, ids.len() as u32 - 1));
                 }
             }
+            // Logits of the finishing rows only (the LM head skips the rest).
+            step.output_rows = Some(finishing.iter().map(|f| f.1).collect());
             let out = self.forward(&step, &ids)?;
             on_pass(&out, &step, &ids)?;
             passes += 1;
             let logits = out.get("logits")?;
-            let rows: Vec<u32> = finishing.iter().map(|f| f.1).collect();
             let dst: Vec<u32> = finishing.iter().map(|f| f.0 as u32).collect();
-            if !rows.is_empty() {
-                let all = logits.reshape(&[ids.len(), self.vocab])?;
-                draftc_ops::kv::gather_rows(self.client(), &all, &rows, &last, &dst)?;
+            if !dst.is_empty() {
+                let all = logits.reshape(&[dst.len(), self.vocab])?;
+                let src: Vec<u32> = (0..dst.len() as u32).collect();
+                draftc_ops::kv::gather_rows(self.client(), &all, &src, &last, &dst)?;
             }
         }
         Ok((last, passes))

@@ -341,7 +341,10 @@ impl<R: Runtime> Executor<R> {
             row_indices: Vec::new(),
             rope_pending: BTreeMap::new(),
             tail_bits: None,
+            output_bufs: Vec::new(),
+            selected: Vec::new(),
         };
+        run.select_outputs()?;
         run.slot_handles = plan
             .slots
             .iter()
@@ -426,6 +429,10 @@ pub(super) struct Run<'a, R: Runtime> {
     /// there (the input [`super::MEMORY_TAIL_BITS`]); they replace the
     /// host bits of the step's `MemoryTail`.
     pub(super) tail_bits: Option<DeviceTensor<R>>,
+    /// The buffers of the graph's outputs when the step selects output rows
+    /// (`Step::output_rows`), and those already computed on those rows.
+    pub(super) output_bufs: Vec<BufferId>,
+    pub(super) selected: Vec<BufferId>,
 }
 
 impl<R: Runtime> Run<'_, R> {
@@ -465,7 +472,45 @@ impl<R: Runtime> Run<'_, R> {
                     Some(name) => (self.memory[&name].clone(), RowSource::Memory(name)),
                     None => (self.tensor(xb)?, RowSource::Step),
                 };
-                let m = x.numel() / k.max(1);
+                let mut m = x.numel() / k.max(1);
+                // The LM head of a pass that reads a few rows' logits: only
+                // those rows (row-wise prologue, no residual to gather).
+                let only = match (&self.step.output_rows, &src, epilogue) {
+                    (Some(rows), RowSource::Step, Epilogue::None | Epilogue::Bias)
+                        if self.output_bufs.contains(&launch.outputs[0]) =>
+                    {
+                        Some(rows.clone())
+                    }
+                    _ => None,
+                };
+                let x = match &only {
+                    Some(rows) => {
+                        let picked = DeviceTensor::empty(c, &[rows.len(), k], self.dtype);
+                        if !rows.is_empty() {
+                            let dst: Vec<u32> = (0..rows.len() as u32).collect();
+                            draftc_ops::kv::gather_rows(
+                                c,
+                                &x.reshape(&[m, k])?,
+                                rows,
+                                &picked,
+                                &dst,
+                            )?;
+                        }
+                        m = rows.len();
+                        picked
+                    }
+                    None => x,
+                };
+                if let (Some(_), ob) = (&only, launch.outputs[0]) {
+                    let dtype = self.buffer_dtype(ob);
+                    let bytes = draftc_ops::tensor::padded_bytes(m * n, dtype);
+                    let h = pass_buffer(c, self.step.rows(), bytes.max(16));
+                    self.bufs[ob.index()] = Some(DeviceTensor::from_handle(h, &[m, n], dtype)?);
+                    self.selected.push(ob);
+                    if m == 0 {
+                        return Ok(());
+                    }
+                }
                 if m == 0 {
                     // No new memory rows in this pass: nothing to project.
                     if self.is_cache(launch.outputs[0]) {
@@ -803,20 +848,69 @@ impl<R: Runtime> Run<'_, R> {
     /// Graph outputs, emitted streams and appended rows by name.
     fn outputs(mut self) -> Result<Outputs<R>, ExecError> {
         let g = self.graph;
-        let mut named: Vec<(String, ValueId)> = g
+        let mut named: Vec<(String, ValueId, bool)> = g
             .outputs
             .iter()
-            .map(|&v| (g.node(v).name.clone(), v))
+            .map(|&v| (g.node(v).name.clone(), v, true))
             .collect();
-        named.extend(g.emits.iter().map(|(s, i, v)| (format!("{s}[{i}]"), *v)));
-        named.extend(g.appends.iter().map(|(s, v)| (s.to_string(), *v)));
+        named.extend(
+            g.emits
+                .iter()
+                .map(|(s, i, v)| (format!("{s}[{i}]"), *v, false)),
+        );
+        named.extend(g.appends.iter().map(|(s, v)| (s.to_string(), *v, false)));
         let mut tensors = BTreeMap::new();
-        for (name, v) in named {
+        for (name, v, output) in named {
             let b = self.value_buffer(v)?;
-            let t = self.tensor(b)?;
+            let mut t = self.tensor(b)?;
+            if let (true, Some(rows)) = (output, &self.step.output_rows) {
+                if !self.selected.contains(&b) {
+                    t = self.pick_rows(&t, rows)?;
+                }
+            }
             tensors.insert(name, t);
         }
         Ok(Outputs { tensors })
+    }
+
+    /// Checks the step's output rows and finds the buffers they select.
+    fn select_outputs(&mut self) -> Result<(), ExecError> {
+        let Some(rows) = &self.step.output_rows else {
+            return Ok(());
+        };
+        let n = self.step.rows();
+        if let Some(bad) = rows.iter().find(|&&r| r as usize >= n) {
+            return Err(ExecError::Unsupported(format!(
+                "output row {bad} of a pass of {n} rows"
+            )));
+        }
+        let g = self.graph;
+        self.output_bufs = g
+            .outputs
+            .iter()
+            .map(|&v| self.value_buffer(v))
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Rows `rows` of a graph output computed on every row of the pass.
+    fn pick_rows(&self, t: &DeviceTensor<R>, rows: &[u32]) -> Result<DeviceTensor<R>, ExecError> {
+        let n = self.step.rows();
+        let width = t.numel() / n.max(1);
+        let mut shape = t.shape().to_vec();
+        if shape.first() != Some(&n) || width * n != t.numel() {
+            return Err(ExecError::Unsupported(format!(
+                "output rows of an output of shape {shape:?} (a pass of {n} rows)"
+            )));
+        }
+        shape[0] = rows.len();
+        let out = DeviceTensor::empty(self.client, &shape, t.dtype());
+        if !rows.is_empty() {
+            let dst: Vec<u32> = (0..rows.len() as u32).collect();
+            let flat = out.reshape(&[rows.len(), width])?;
+            draftc_ops::kv::gather_rows(self.client, &t.reshape(&[n, width])?, rows, &flat, &dst)?;
+        }
+        Ok(out)
     }
 
     /// The buffer holding value `v` (through views).

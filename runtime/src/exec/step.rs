@@ -72,6 +72,12 @@ pub struct Step {
     pub seqs: Vec<SeqStep>,
     /// New memory rows by stream name as printed (`states`, `mem[0]`).
     pub memory: BTreeMap<String, MemoryRows>,
+    /// The rows (packed indices, in this order) whose graph outputs the
+    /// caller reads, e.g. only a prompt chunk's last row needs `logits`:
+    /// every graph output is then `[output_rows.len(), …]`, and a linear
+    /// that writes one (the LM head) runs on those rows alone. `None`: every
+    /// row. Emitted streams (`hidden[i]`) and appends always cover every row.
+    pub output_rows: Option<Vec<u32>>,
 }
 
 impl Step {
