@@ -9,4 +9,4 @@ pub mod exec;
 pub mod model;
 pub mod perf_model;
 pub mod plot;
-pub mod spec;
+pub mod speculation;

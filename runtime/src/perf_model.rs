@@ -256,7 +256,7 @@ pub fn iteration_time_multiplier(
     (k as f64 * draft + verify) / plain
 }
 
-/// `τ / Δt`: [`crate::spec::planner::speedup`], the formula the
+/// `τ / Δt`: [`crate::speculation::planner::speedup`], the formula the
 /// `--speculate auto` planner maximises with measured times, here with
 /// roofline costs (a draft of `k` steps, a verify pass over `k + 1` rows,
 /// against one plain step).
@@ -271,7 +271,7 @@ pub fn throughput_multiplier(
     let draft = k as f64 * drafter.cost.forward_cost(batch, 1, context, hoi);
     let verify = target.forward_cost(batch, k + 1, context, hoi);
     let plain = target.forward_cost(batch, 1, context, hoi);
-    crate::spec::planner::speedup(drafter.tau, draft, verify, plain)
+    crate::speculation::planner::speedup(drafter.tau, draft, verify, plain)
 }
 
 /// Paper 004 Table 1 (k = 4, L = 512): τ of vanilla SD, MagicDec, SPIRe.

@@ -13,7 +13,7 @@ use draftc_runtime::engine::{
     generate_speculative, BudgetPolicy, ConcurrentDrafter, DraftRequest, DraftWorker, Drafter,
     LmDrafter, PromptLookupDrafter, Sampling, SpecGeneration, SyncTokenDrafter, TokenDrafter,
 };
-use draftc_runtime::spec::{DraftTree, PromptLookup, TreeShape};
+use draftc_runtime::speculation::{DraftTree, PromptLookup, TreeShape};
 use tiny::*;
 
 /// A worker running a tiny draft LM with weights from `seed`.

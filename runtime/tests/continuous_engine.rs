@@ -18,7 +18,7 @@ use draftc_runtime::engine::{
     PromptLookupDrafter, Sampling, SeqParams,
 };
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::spec::PromptLookup;
+use draftc_runtime::speculation::PromptLookup;
 
 fn greedy(max_tokens: usize) -> SeqParams {
     SeqParams {
@@ -452,9 +452,11 @@ fn prompts_that_share_a_prefix_reuse_its_rows_and_decode_the_same() {
 /// sequence and pays well for two (the opposite of a real device, to tell
 /// the engine's rule from the planner's own judgement).
 fn contrary_planner() -> DraftPolicy {
-    use draftc_runtime::spec::planner::Costs;
-    let mut p =
-        draftc_runtime::spec::Planner::new(draftc_runtime::spec::PlannerConfig::auto(3)).unwrap();
+    use draftc_runtime::speculation::planner::Costs;
+    let mut p = draftc_runtime::speculation::Planner::new(
+        draftc_runtime::speculation::PlannerConfig::auto(3),
+    )
+    .unwrap();
     let verify = (1..=16).map(|r| (r, 1e-3)).collect();
     let mut draft = Vec::new();
     for k in 1..=3 {

@@ -18,7 +18,7 @@ use draftc_runtime::engine::{
     SeqView, TargetModel,
 };
 use draftc_runtime::exec::{HostWeights, Outputs};
-use draftc_runtime::spec::{DraftTree, TreeShape};
+use draftc_runtime::speculation::{DraftTree, TreeShape};
 
 /// Records sequence 0's tokens and draft every round.
 struct Recording {

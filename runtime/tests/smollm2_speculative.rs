@@ -19,7 +19,7 @@ use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use draftc_runtime::model::safetensors_io::WeightDtype;
 use draftc_runtime::model::tokenizer::ChatMessage;
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::spec::{Confidence, TreeShape};
+use draftc_runtime::speculation::{Confidence, TreeShape};
 
 fn model() -> ConvertedModel {
     let opts = ConvertOptions {

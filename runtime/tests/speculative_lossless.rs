@@ -23,8 +23,8 @@ use draftc_runtime::engine::{
     Drafter, EngineError, LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::{HostWeights, SeqStep, Step};
-use draftc_runtime::spec::planner::confidence::CONF_BINS;
-use draftc_runtime::spec::{
+use draftc_runtime::speculation::planner::confidence::CONF_BINS;
+use draftc_runtime::speculation::{
     Confidence, DraftTree, PlanMode, Planner, PlannerConfig, PromptLookup, TreeShape,
 };
 

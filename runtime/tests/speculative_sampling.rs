@@ -21,7 +21,7 @@ use draftc_runtime::engine::{
     generate_with_policy, DraftPolicy, Drafter, EngineError, LookupFirst, Request, Sampling,
     SeqView, TargetModel,
 };
-use draftc_runtime::spec::{DraftTree, PlanMode, Planner, PlannerConfig};
+use draftc_runtime::speculation::{DraftTree, PlanMode, Planner, PlannerConfig};
 use tiny::*;
 
 const PROMPT: [u32; 6] = [5, 17, 3, 90, 44, 2];
@@ -318,7 +318,7 @@ fn reduced_vocabulary_beagle(
 ) -> Box<dyn Drafter<Wgpu>> {
     let g = compile_with("beagle", &tiny_config(), &[("draft_vocab", 3)]);
     let w = drafter_weights(t, tw, &g, Some(likely));
-    let chain = Some(draftc_runtime::spec::TreeShape::Chain);
+    let chain = Some(draftc_runtime::speculation::TreeShape::Chain);
     let client = draftc_ops::testing::wgpu_client();
     draftc_runtime::engine::model_drafter(&client, &g, t, &w, draftc_codegen::PlanDType::F32, chain)
         .unwrap()

@@ -25,7 +25,7 @@ use draftc_runtime::engine::{
     SeqView, TargetModel,
 };
 use draftc_runtime::exec::Outputs;
-use draftc_runtime::spec::{DraftTree, TreeShape};
+use draftc_runtime::speculation::{DraftTree, TreeShape};
 use tiny::*;
 
 /// Depth of the chain compared.

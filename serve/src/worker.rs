@@ -20,7 +20,7 @@ use draftc_runtime::engine::{
 };
 use draftc_runtime::model::tokenizer::ChatMessage;
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::spec::{PlanMode, Planner, PlannerConfig};
+use draftc_runtime::speculation::{PlanMode, Planner, PlannerConfig};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::args::ServeArgs;

@@ -193,7 +193,7 @@ fn again<R: Runtime>(
     Ok(tps)
 }
 
-pub use crate::spec::median::{median, Middle};
+pub use crate::speculation::median::{median, Middle};
 
 /// Each run's speedup over the autoregressive rate at its time: `rates[i]`
 /// ended at `at[i]`; autoregressive runs gave `ar[j]`, ending at `ar_at[j]`

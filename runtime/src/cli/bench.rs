@@ -17,7 +17,7 @@ use crate::bench::speculative::{run_spec, SpecConfig};
 use crate::bench::Progress;
 use crate::device::{Backend, OnClient};
 use crate::model::ConvertedModel;
-use crate::spec::{Confidence, TreeShape};
+use crate::speculation::{Confidence, TreeShape};
 
 #[derive(Args)]
 pub struct BenchArgs {

@@ -1,6 +1,6 @@
 //! `draftc calibrate` and the per-device cost cache of `--speculate auto`.
 //!
-//! The planner (`spec::planner`) needs what a round costs on this device:
+//! The planner (`speculation::planner`) needs what a round costs on this device:
 //! a round without its drafter call by rows verified, and a drafter call by
 //! batch size and budget. `draftc generate` measures them in its untimed
 //! warm-up; without one (`--no-baseline`) it starts from this cache, and
@@ -24,8 +24,8 @@ use crate::device::{Backend, OnClient};
 use crate::engine::{warm_up, DraftPolicy, Request, Sampling, TargetModel};
 use crate::model::tokenizer::ChatMessage;
 use crate::model::ConvertedModel;
-use crate::spec::planner::Costs;
-use crate::spec::TreeShape;
+use crate::speculation::planner::Costs;
+use crate::speculation::TreeShape;
 
 /// Where the cost cache lives.
 pub fn cache_path() -> Option<PathBuf> {

@@ -30,7 +30,7 @@ use crate::engine::{
 };
 use crate::exec::{file_specs, DraftVocab, HostWeights};
 use crate::model::ConvertedModel;
-use crate::spec::{Confidence, PromptLookup, TreeShape};
+use crate::speculation::{Confidence, PromptLookup, TreeShape};
 use draftc_codegen::bind::WeightSpec;
 
 /// What the command line says about the drafter.

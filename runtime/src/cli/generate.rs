@@ -26,7 +26,7 @@ use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
 use crate::model::tokenizer::{ChatMessage, TextStream};
 use crate::model::ConvertedModel;
-use crate::spec::{Confidence, TreeShape};
+use crate::speculation::{Confidence, TreeShape};
 
 #[derive(Args, Clone, Debug)]
 pub struct GenerateArgs {

@@ -25,7 +25,7 @@ use draftc_codegen::device::DeviceClass;
 use serde_json::Value;
 
 use super::drafter::DrafterChoice;
-use crate::spec::{Confidence, TreeShape};
+use crate::speculation::{Confidence, TreeShape};
 
 /// One device class's tuned settings for a drafter.
 #[derive(Clone, Debug, PartialEq)]

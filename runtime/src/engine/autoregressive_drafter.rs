@@ -41,8 +41,8 @@ use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryRows, MemoryTail, Outputs,
     SeqStep, Step, MEMORY_TAIL_BITS,
 };
-use crate::spec::tree::Candidate;
-use crate::spec::{Confidence, DraftTree, TreeBuilder, TreeShape};
+use crate::speculation::tree::Candidate;
+use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
 /// Rows of draft states a round may add per sequence beyond the target's
 /// capacity (every expanded node adds one).

@@ -37,8 +37,10 @@ use super::drafters::{Drafter, PromptLookupDrafter, SeqView};
 use super::select::top_candidates;
 use super::target::{EngineError, TargetModel};
 use crate::exec::{SeqStep, Step};
-use crate::spec::tree::Candidate;
-use crate::spec::{BudgetConfig, BudgetController, DraftTree, Schedule, TreeBuilder, TreeShape};
+use crate::speculation::tree::Candidate;
+use crate::speculation::{
+    BudgetConfig, BudgetController, DraftTree, Schedule, TreeBuilder, TreeShape,
+};
 
 /// One sequence's drafting job: continue `context` (its last token is the
 /// newest; the first draft level predicts the token after it).

@@ -1,7 +1,7 @@
 //! Drafters the speculative engine can use, behind one [`Drafter`] trait:
 //!
 //! * [`PromptLookupDrafter`] — n-gram lookup in the sequence's own tokens
-//!   (`--drafter prompt-lookup`, `spec::prompt_lookup`);
+//!   (`--drafter prompt-lookup`, `speculation::prompt_lookup`);
 //! * [`SelfSpecDrafter`] — MagicDec self-speculation: the target's own
 //!   graph compiled from `models/magicdec.draft` (sliding-window + sink
 //!   attention over the target's KV cache) drafts a chain step by step,
@@ -32,8 +32,8 @@ use super::parallel_drafter::ParallelDrafter;
 use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
-use crate::spec::tree::Candidate;
-use crate::spec::{Confidence, DraftTree, PromptLookup, TreeShape};
+use crate::speculation::tree::Candidate;
+use crate::speculation::{Confidence, DraftTree, PromptLookup, TreeShape};
 
 /// A sequence as the drafter sees it at the start of a round.
 #[derive(Clone, Debug)]
@@ -143,7 +143,7 @@ pub trait Drafter<R: Runtime> {
     }
 }
 
-pub(super) fn spec_err(e: crate::spec::SpecError) -> EngineError {
+pub(super) fn spec_err(e: crate::speculation::SpecError) -> EngineError {
     EngineError::Invalid(e.to_string())
 }
 
@@ -184,7 +184,7 @@ impl PromptLookupDrafter {
         &self,
         tokens: &[u32],
         budget: usize,
-    ) -> Result<DraftTree, crate::spec::SpecError> {
+    ) -> Result<DraftTree, crate::speculation::SpecError> {
         if self.branches <= 1 {
             let mut t = self.lookup.propose(tokens);
             t.truncate(budget);

@@ -47,8 +47,8 @@ use super::target::{EngineError, TargetModel};
 use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryTail, Outputs, SeqStep, Step,
 };
-use crate::spec::tree::Candidate;
-use crate::spec::{Confidence, DraftTree, TreeBuilder, TreeShape};
+use crate::speculation::tree::Candidate;
+use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
 /// Draft rows a round may add per sequence beyond the target's capacity.
 const DRAFT_ROWS: usize = 512;

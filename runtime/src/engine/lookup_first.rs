@@ -2,7 +2,7 @@
 //! (`--lookup N`). Every round, a sequence whose last `n ≥ N` tokens
 //! occurred earlier in its own history (chat template, prompt and output)
 //! is drafted by prompt lookup: the chain of tokens that followed their
-//! most recent occurrence, up to the round's budget (`spec::prompt_lookup`,
+//! most recent occurrence, up to the round's budget (`speculation::prompt_lookup`,
 //! n tried from [`MAX_NGRAM`] down to `N`). The model drafter drafts the
 //! other sequences, and is not run at all in a round where every sequence
 //! has a match.
@@ -25,7 +25,7 @@ use std::ops::RangeInclusive;
 use super::drafters::{Committed, Drafter, PromptLookupDrafter, SeqView};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{Outputs, Profile};
-use crate::spec::{Confidence, DraftTree, PromptLookup};
+use crate::speculation::{Confidence, DraftTree, PromptLookup};
 
 /// Longest n-gram a lookup tries first.
 pub const MAX_NGRAM: usize = 3;

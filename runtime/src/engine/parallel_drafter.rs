@@ -21,8 +21,8 @@ use super::drafters::{spec_err, Committed, Drafter, SeqView};
 use super::select::{select_tokens_into, top_candidates_into, Kept, Sampling, SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, Step};
-use crate::spec::tree::Candidate;
-use crate::spec::{Confidence, DraftTree, TreeBuilder, TreeShape};
+use crate::speculation::tree::Candidate;
+use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
 /// Committed rows gathered from one target pass, not yet run through the
 /// drafter.

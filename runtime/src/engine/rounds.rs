@@ -26,7 +26,7 @@ use super::speculative::{sanitize, DraftPolicy};
 use super::target::{EngineError, TargetModel};
 use super::Emitted;
 use crate::exec::{SeqStep, Step};
-use crate::spec::DraftTree;
+use crate::speculation::DraftTree;
 
 /// Shared prompt rows shorter than this are computed, not copied.
 const MIN_PREFIX: usize = 4;

@@ -28,8 +28,8 @@ use super::select::Sampling;
 use super::static_run::run_static;
 use super::target::{EngineError, TargetModel};
 use super::Request;
-use crate::spec::median::{median, Middle};
-use crate::spec::{DraftTree, PlanMode, Planner, PlannerConfig};
+use crate::speculation::median::{median, Middle};
+use crate::speculation::{DraftTree, PlanMode, Planner, PlannerConfig};
 
 /// How a speculative run sizes each round's draft.
 #[derive(Clone, Debug)]

@@ -15,7 +15,7 @@ use draftc_runtime::engine::{
     generate, model_drafter, weight_specs, Drafter, Request, Sampling, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::spec::TreeShape;
+use draftc_runtime::speculation::TreeShape;
 
 pub type Wgpu = cubecl::wgpu::WgpuRuntime;
 

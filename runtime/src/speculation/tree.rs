@@ -30,7 +30,7 @@
 //! The budget `k` counts **draft nodes** (the root is not one) and is a hard
 //! cap: under large batches the draft-token budget is the per-round total
 //! (paper 000 §3, "fixed draft token budget"; paper 003's drafting budget).
-//! Split a batch-wide budget with [`crate::spec::budget::per_sequence_budgets`].
+//! Split a batch-wide budget with [`crate::speculation::budget::per_sequence_budgets`].
 //!
 //! # Greedy acceptance
 //! [`DraftTree::longest_accepted_path`] is the host twin of

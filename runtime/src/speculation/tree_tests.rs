@@ -1,8 +1,8 @@
-//! Tests of `spec::tree`: conventions against `draftc_ops` (mask positions,
+//! Tests of `speculation::tree`: conventions against `draftc_ops` (mask positions,
 //! greedy acceptance), builders, budgets and `TreeShape` text.
 
 use super::*;
-use crate::spec::Confidence;
+use crate::speculation::Confidence;
 use draftc_ops::attention::{validate_parents, SeqBatch};
 use draftc_ops::tree::{accept_ref, AcceptMode};
 use proptest::prelude::*;
