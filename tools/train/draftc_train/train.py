@@ -81,8 +81,52 @@ RECIPES = {
 }
 
 
+# The preset a description that is not one of RECIPES trains with, by its
+# drafter kind: parallel heads learn as Medusa's do (each head's token at its
+# offset); an autoregressive drafter with a training-time test in its
+# description (`train_steps`) as EAGLE's, one without as Beagle's (a
+# teacher-forced stage, then simulated drafting steps over its own memory
+# rows). A self-speculative drafter is the target under another mask: it
+# has no weights (`draftc emit` says so).
+KIND_PRESETS = {"parallel": "medusa", "autoregressive": "beagle"}
+
+
+def preset_of(mod, preset=None):
+    """The recipe preset a description trains with: `preset` when given,
+    else the one its kind implies (KIND_PRESETS; EAGLE's when it sets
+    `train_steps`)."""
+    if preset is not None:
+        if preset not in RECIPES:
+            raise SystemExit(f"--preset {preset!r}: one of {', '.join(sorted(RECIPES))}")
+        return preset
+    train = getattr(mod, "TRAIN", {}) or {}
+    if mod.KIND == "autoregressive" and "steps" in train:
+        return "eagle"
+    if mod.KIND not in KIND_PRESETS:
+        raise SystemExit(f"drafter kind {mod.KIND!r} has no training preset (pass --preset NAME)")
+    return KIND_PRESETS[mod.KIND]
+
+
+def resolve_drafter(arg, description=None):
+    """`(name, description file, preset or None)` of `train`'s DRAFTER: a
+    preset name (`beagle`: models/beagle.draft, or --description's variant,
+    with its own recipe) or a description file (`my/heads.draft`: named by
+    its file stem, its preset chosen from its kind once loaded)."""
+    if arg in RECIPES:
+        return arg, Path(description or REPO / "models" / f"{arg}.draft"), arg
+    path = Path(arg)
+    if path.suffix != ".draft":
+        raise SystemExit(f"{arg!r}: neither a preset ({', '.join(sorted(RECIPES))}) nor a description file "
+                         "(FILE.draft)")
+    if description is not None:
+        raise SystemExit("--description is for a preset's variant; a description file is trained as itself")
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such description file")
+    return path.stem, path, None
+
+
 def recipe_of(name, mod):
-    """The recipe of drafter `name`: RECIPES' entry, with the description's
+    """The recipe of preset `name`: RECIPES' entry, with the description's
     training schedule (`train_steps`, `train_decay`, `train_loss`,
     `train_token_weight`, `train_regression`) as numeric fields a `--recipe`
     may override: ttt_steps, decay, distill (1 distils, 0 is cross-entropy
@@ -95,7 +139,7 @@ def recipe_of(name, mod):
                  token_weight=float(train.get("token_weight", 1.0)),
                  regression=float(train.get("regression", 0.0)))
     elif name in ("eagle", "eagle3"):
-        raise SystemExit(f"models/{name}.draft has no `train_steps`: its training-time test is undefined")
+        raise SystemExit(f"the {name!r} preset needs the description's `train_steps` (its training-time test)")
     return r
 
 
@@ -421,7 +465,14 @@ def taps_of(mod):
 
 def main(argv):
     ap = argparse.ArgumentParser(prog="python -m draftc_train train")
-    ap.add_argument("drafter", choices=sorted(RECIPES))
+    ap.add_argument("drafter", metavar="DRAFTER",
+                    help=f"a preset ({', '.join(sorted(RECIPES))}: models/NAME.draft with its tuned recipe) or any "
+                         "description file (FILE.draft: trained with the preset its drafter kind implies, or "
+                         "--preset's; its weights go to weights/ beside the file, where `--drafter FILE` finds them)")
+    ap.add_argument("--preset", default=None, metavar="NAME",
+                    help="for a description file: train with this preset's recipe instead of its kind's "
+                         f"({', '.join(f'{k}: {v}' for k, v in KIND_PRESETS.items())}; autoregressive with "
+                         "train_steps: eagle)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--max-len", type=int, default=320)
     ap.add_argument("--records", type=int, default=None, help="use the first N records")
@@ -503,14 +554,24 @@ def main(argv):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    draft = args.description or REPO / "models" / f"{args.drafter}.draft"
+    args.drafter, draft, preset = resolve_drafter(args.drafter, args.description)
+    if preset is not None and args.preset is not None:
+        raise SystemExit("--preset is for a description file; a preset trains with its own recipe")
     if not Path(draft).is_file():
         raise SystemExit(f"{draft}: no such description file")
     if args.description and not (args.no_export or args.export_dir):
         # models/weights/DRAFTER.* must stay the weights of models/DRAFTER.draft.
         raise SystemExit("--description trains a variant: add --no-export or --export-dir DIR")
     mod = emitted.load(draft)
-    r = recipe_of(args.drafter, mod)
+    if preset is None:
+        # A description file: weights beside it, where `--drafter FILE`
+        # finds them (`shipped`: weights/STEM.safetensors next to the file).
+        preset = preset_of(mod, args.preset)
+        args.description = Path(draft)
+        args.export_dir = args.export_dir or Path(draft).resolve().parent / "weights"
+        print(f"{draft}: {mod.KIND} drafter, trained with the {preset!r} preset", flush=True)
+    args.preset = preset
+    r = recipe_of(preset, mod)
     if args.lr is not None:
         r["lr"] = args.lr
     if args.prompt_labels:
@@ -915,6 +976,7 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
     manifest = dict(
         drafter=args.drafter,
         description=str(args.description or f"models/{args.drafter}.draft"),
+        preset=args.preset,
         module_sha256=mod.SOURCE_SHA256,
         weights=path.name,
         weights_sha256=shards.sha256_file(path),
