@@ -34,14 +34,16 @@ fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
 
 #[test]
 fn check_passes_for_every_model_file() {
-    let mut files: Vec<String> = std::fs::read_dir(repo().join("models"))
-        .unwrap()
+    // The shipped models and the worked examples (models/examples).
+    let mut files: Vec<String> = ["models", "models/examples"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(repo().join(d)).unwrap())
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|x| x == "draft"))
         .map(|p| p.strip_prefix(repo()).unwrap().display().to_string())
         .collect();
     files.sort();
-    assert!(files.len() >= 7, "{files:?}");
+    assert!(files.len() >= 9, "{files:?}");
     let mut args = vec!["check"];
     args.extend(files.iter().map(|s| s.as_str()));
     let out = draftc(&args);
