@@ -1,15 +1,9 @@
 //! `draftc emit` as a user runs it: CUDA and WGSL source on stdout, exit 1
 //! with a message (never a panic) on bad input.
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+use draftc_ir::testing::repo;
 
 fn draftc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_draftc"))

@@ -8,13 +8,12 @@
 //! (`logits`, emitted streams, appended memory rows) to f32 1e-4.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 
 use draftc_codegen::{PlanConfig, PlanDType, TargetWeights};
 use draftc_ir::graph::Graph;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ir::types::DType as IrDType;
-use draftc_ir::{Resolver, TargetConfig};
+use draftc_ir::TargetConfig;
 use draftc_ops::attention::TREE_ROOT;
 use draftc_ops::testing::{assert_close_tol, wgpu_client};
 use draftc_ops::{DType, DeviceTensor};
@@ -31,21 +30,7 @@ mod tiny;
 
 type Wgpu = cubecl::wgpu::WgpuRuntime;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-struct ModelsDir;
-
-impl Resolver for ModelsDir {
-    fn resolve(&self, name: &str) -> Option<(String, String)> {
-        let p = repo().join("models").join(format!("{name}.draft"));
-        Some((p.display().to_string(), std::fs::read_to_string(p).ok()?))
-    }
-}
+use draftc_ir::testing::{graph_models as models, repo, ModelsDir};
 
 #[derive(Clone, Debug)]
 struct Config {
@@ -381,25 +366,6 @@ fn check_model(name: &str, c: &Config) -> Result<(), TestCaseError> {
         }
     }
     Ok(())
-}
-
-fn models() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(repo().join("models"))
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "draft"))
-        .filter(|p| {
-            !matches!(
-                std::fs::read_to_string(p)
-                    .ok()
-                    .and_then(|s| draftc_ir::header(&s)),
-                Some((draftc_ir::ItemKind::Preset, _))
-            )
-        })
-        .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .collect();
-    v.sort();
-    v
 }
 
 fn cases() -> u32 {

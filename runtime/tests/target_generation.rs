@@ -11,62 +11,23 @@
 //! tests/fixtures/smollm2/README.md), run as one batch; the top-20 logits
 //! of the first two decode steps within 1e-3.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use draftc_codegen::{PlanDType, TargetWeights};
+use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{generate, Request, Sampling, TargetModel};
-use draftc_runtime::exec::{HostWeights, SeqStep, Step};
+use draftc_runtime::exec::{SeqStep, Step};
 use draftc_runtime::model::ConvertedModel;
 
-type Wgpu = cubecl::wgpu::WgpuRuntime;
+use tiny::Wgpu;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
+use tiny::repo;
 
-/// A 2-layer random Llama with vocabulary 97.
+mod tiny;
+
+/// The shared tiny random Llama (`tiny/mod.rs`: 2 layers, vocabulary 97).
 fn tiny_target(slots: usize, capacity: usize) -> TargetModel<Wgpu> {
-    let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
-    let mut cfg = draftc_ir::parse_preset(&src).unwrap();
-    for (k, v) in [
-        ("n", 2),
-        ("d", 32),
-        ("h", 4),
-        ("hkv", 2),
-        ("f", 48),
-        ("v", 97),
-    ] {
-        cfg.ints.insert(k.into(), v);
-    }
-    let llama = std::fs::read_to_string(repo().join("models/llama.draft")).unwrap();
-    struct NoFiles;
-    impl draftc_ir::Resolver for NoFiles {
-        fn resolve(&self, _: &str) -> Option<(String, String)> {
-            None
-        }
-    }
-    let g = draftc_ir::compile(&llama, &cfg, &BTreeMap::new(), &NoFiles).unwrap();
-    let tw = TargetWeights::new(&cfg, &g.meta.exports);
-    let specs = draftc_runtime::engine::weight_specs(&g, &tw).unwrap();
-    // Strong layer outputs (so the next token is not just the current one,
-    // as the tied embedding alone would give) and a peaked final norm.
-    let mut w = HostWeights::random(&specs, 7);
-    for (name, (_, data)) in w.tensors.iter_mut() {
-        let scale = if name.contains("o_proj") || name.contains("down_proj") {
-            6.0
-        } else if name == "model.norm.weight" {
-            3.0
-        } else {
-            1.0
-        };
-        data.iter_mut().for_each(|x| *x *= scale);
-    }
-    TargetModel::from_parts(&wgpu_client(), g, cfg, w, slots, capacity, PlanDType::F32).unwrap()
+    tiny::target_sized(slots, PlanDType::F32, 7, capacity).0
 }
 
 fn prompts() -> Vec<Vec<u32>> {

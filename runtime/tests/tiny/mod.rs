@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use draftc_codegen::{PlanDType, TargetWeights};
-use draftc_ir::{Graph, Resolver, TargetConfig};
+use draftc_ir::{Graph, TargetConfig};
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::device::gpu_layout_profile;
 use draftc_runtime::engine::{
@@ -19,40 +19,16 @@ use draftc_runtime::speculation::TreeShape;
 
 pub type Wgpu = cubecl::wgpu::WgpuRuntime;
 
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default()
-}
-
-pub struct ModelsDir;
-impl Resolver for ModelsDir {
-    fn resolve(&self, name: &str) -> Option<(String, String)> {
-        let p = repo().join("models").join(format!("{name}.draft"));
-        Some((p.display().to_string(), std::fs::read_to_string(p).ok()?))
-    }
-}
+pub use draftc_ir::testing::repo;
 
 /// The default target preset as it ships (SmolLM2-135M).
 pub fn smollm2_config() -> TargetConfig {
-    let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
-    draftc_ir::parse_preset(&src).unwrap()
+    draftc_ir::testing::smollm2()
 }
 
+/// The tiny target's configuration (`draftc_ir::testing::tiny`).
 pub fn tiny_config() -> TargetConfig {
-    let mut cfg = smollm2_config();
-    for (k, v) in [
-        ("n", 2),
-        ("d", 32),
-        ("h", 4),
-        ("hkv", 2),
-        ("f", 48),
-        ("v", 97),
-    ] {
-        cfg.ints.insert(k.into(), v);
-    }
-    cfg
+    draftc_ir::testing::tiny()
 }
 
 pub fn compile(name: &str, cfg: &TargetConfig) -> Graph {
@@ -61,9 +37,7 @@ pub fn compile(name: &str, cfg: &TargetConfig) -> Graph {
 
 /// `models/{name}.draft` with symbol or setting overrides (`l`, `draft_vocab`).
 pub fn compile_with(name: &str, cfg: &TargetConfig, overrides: &[(&str, i64)]) -> Graph {
-    let src = std::fs::read_to_string(repo().join("models").join(format!("{name}.draft"))).unwrap();
-    let o: BTreeMap<String, i64> = overrides.iter().map(|(k, v)| (k.to_string(), *v)).collect();
-    draftc_ir::compile(&src, cfg, &o, &ModelsDir).unwrap()
+    draftc_ir::testing::compile_model(name, cfg, overrides)
 }
 
 /// A drafter's deterministic random weights (seed 99) with the target's
