@@ -19,15 +19,15 @@ use std::sync::Arc;
 
 use cubecl::prelude::*;
 use draftc_codegen::bind::BindError;
-use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
+
 use draftc_codegen::{BufferId, CodegenError, Kernel, Plan, PlanConfig, PlanDType, TargetWeights};
 use draftc_codegen::{DeviceProfile, LinearLayout};
 use draftc_ir::graph::{Graph, ValueId};
 use draftc_ir::op::{Mask as IrMask, Op};
-use draftc_ops::attention::{AttnDims, AttnMeta, Mask};
-use draftc_ops::elementwise::BinaryOp;
-use draftc_ops::linear_plane::{linear_planes, PlaneShape};
-use draftc_ops::{linear, DType, DeviceTensor, OpsError};
+use draftc_ops::attention::{AttnMeta, Mask};
+
+use draftc_ops::linear_plane::PlaneShape;
+use draftc_ops::{DType, DeviceTensor, OpsError};
 
 use super::arena::pass_buffer;
 use super::bound::weight;
@@ -444,152 +444,7 @@ impl<R: Runtime> Run<'_, R> {
     ) -> Result<(), ExecError> {
         let c = self.client;
         match launch.kernel {
-            Kernel::Linear {
-                k,
-                n,
-                prologue,
-                epilogue,
-                layout,
-                parts,
-                ..
-            } => {
-                if let Epilogue::RopeQkv {
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    theta,
-                } = epilogue
-                {
-                    let dims = (heads as usize, kv_heads as usize, head_dim as usize);
-                    let theta = theta.get().to_bits();
-                    return self.linear_rope_qkv(
-                        launch, k as usize, prologue, layout, dims, theta, caches, target,
-                    );
-                }
-                let (k, n) = (k as usize, n as usize);
-                let xb = launch.inputs[0];
-                let (x, src) = match self.memory_name(xb) {
-                    Some(name) => (self.memory[&name].clone(), RowSource::Memory(name)),
-                    None => (self.tensor(xb)?, RowSource::Step),
-                };
-                let mut m = x.numel() / k.max(1);
-                // The LM head of a pass that reads a few rows' logits: only
-                // those rows (row-wise prologue, no residual to gather).
-                let only = match (&self.step.output_rows, &src, epilogue) {
-                    (Some(rows), RowSource::Step, Epilogue::None | Epilogue::Bias)
-                        if self.output_bufs.contains(&launch.outputs[0]) =>
-                    {
-                        Some(rows.clone())
-                    }
-                    _ => None,
-                };
-                let x = match &only {
-                    Some(rows) => {
-                        let picked = DeviceTensor::empty(c, &[rows.len(), k], self.dtype);
-                        if !rows.is_empty() {
-                            let dst: Vec<u32> = (0..rows.len() as u32).collect();
-                            draftc_ops::kv::gather_rows(
-                                c,
-                                &x.reshape(&[m, k])?,
-                                rows,
-                                &picked,
-                                &dst,
-                            )?;
-                        }
-                        m = rows.len();
-                        picked
-                    }
-                    None => x,
-                };
-                if let (Some(_), ob) = (&only, launch.outputs[0]) {
-                    let dtype = self.buffer_dtype(ob);
-                    let bytes = draftc_ops::tensor::padded_bytes(m * n, dtype);
-                    let h = pass_buffer(c, self.step.rows(), bytes.max(16));
-                    self.bufs[ob.index()] = Some(DeviceTensor::from_handle(h, &[m, n], dtype)?);
-                    self.selected.push(ob);
-                    if m == 0 {
-                        return Ok(());
-                    }
-                }
-                if m == 0 {
-                    // No new memory rows in this pass: nothing to project.
-                    if self.is_cache(launch.outputs[0]) {
-                        let t = DeviceTensor::empty(c, &[0, n], self.dtype);
-                        self.pending.insert(launch.outputs[0], (t, src));
-                    }
-                    return Ok(());
-                }
-                let x = x.reshape(&[m, k])?;
-                let mut wi = 0;
-                let pro = match prologue {
-                    Prologue::None => linear::Prologue::None,
-                    Prologue::RmsNorm { eps } => {
-                        wi += 1;
-                        linear::Prologue::RmsNorm {
-                            weight: weight(self.weights, launch, 0)?,
-                            eps: eps.get() as f32,
-                        }
-                    }
-                    Prologue::GroupRmsNorm { eps, .. } => {
-                        wi += 1;
-                        linear::Prologue::GroupRmsNorm {
-                            weight: weight(self.weights, launch, 0)?,
-                            eps: eps.get() as f32,
-                        }
-                    }
-                };
-                let w = match super::bound::stacked(self.weights, launch, wi)? {
-                    Some(w) => w.clone(),
-                    None => weight(self.weights, launch, wi)?.clone(),
-                };
-                // The epilogue's weight follows the matrices.
-                let wi = wi + parts.max(1) as usize - 1;
-                let ob = launch.outputs[0];
-                let out = if self.is_cache(ob) {
-                    // Consumed within the pass (RoPE, then the append).
-                    let bytes = draftc_ops::tensor::padded_bytes(m * n, self.dtype);
-                    let h = pass_buffer(c, self.step.rows(), bytes);
-                    let t = DeviceTensor::from_handle(h, &[m, n], self.dtype)?;
-                    self.pending.insert(ob, (t.clone(), src));
-                    t
-                } else {
-                    if launch.in_place && self.bufs[ob.index()].is_none() {
-                        if let Some(a) = launch.alias {
-                            let t = self.tensor(launch.inputs[a])?;
-                            self.bufs[ob.index()] = Some(t);
-                        }
-                    }
-                    self.tensor(ob)?.reshape(&[m, n])?
-                };
-                let residual;
-                let extra;
-                let epi = match epilogue {
-                    Epilogue::None => linear::Epilogue::None,
-                    Epilogue::Bias => {
-                        extra = weight(self.weights, launch, wi + 1)?.clone();
-                        linear::Epilogue::Bias(&extra)
-                    }
-                    Epilogue::Residual => {
-                        residual = self.tensor(launch.inputs[1])?.reshape(&[m, n])?;
-                        linear::Epilogue::Residual(&residual)
-                    }
-                    Epilogue::SwiGlu => {
-                        extra = weight(self.weights, launch, wi + 1)?.clone();
-                        linear::Epilogue::SwiGlu { up: &extra }
-                    }
-                    Epilogue::RopeQkv { .. } => {
-                        return Err(ExecError::Internal(
-                            "rope_qkv reached a plain linear".into(),
-                        ))
-                    }
-                };
-                match linear_launch(layout) {
-                    LinearLaunch::Lanes { cols } => {
-                        linear::linear_lanes(c, &x, &w, pro, epi, &out, cols)?
-                    }
-                    LinearLaunch::Planes(shape) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
-                }
-            }
+            Kernel::Linear { .. } => self.linear(launch, caches, target)?,
             Kernel::RmsNorm { d, eps, .. } => {
                 let d = d as usize;
                 let x = self.tensor(launch.inputs[0])?;
@@ -611,40 +466,7 @@ impl<R: Runtime> Run<'_, R> {
                 let w = weight(self.weights, launch, 0)?;
                 draftc_ops::group_rms_norm::group_rms_norm(c, &x, w, eps.get() as f32, &out)?;
             }
-            Kernel::Rope {
-                heads,
-                head_dim,
-                theta,
-                ..
-            } => {
-                let (h, hd) = (heads as usize, head_dim as usize);
-                let (ib, ob) = (launch.inputs[0], launch.outputs[0]);
-                let (x, out, src, new_cache_rows) = match self.pending.get(&ib) {
-                    Some((t, src)) => (t.clone(), t.clone(), src.clone(), true),
-                    None => (self.tensor(ib)?, self.tensor(ob)?, RowSource::Step, false),
-                };
-                let rows = self.positions_of(&src)?.len();
-                let tokens = x.numel() / (h * hd);
-                if tokens == 0 && rows == 0 {
-                    return Ok(());
-                }
-                if tokens != rows {
-                    return Err(ExecError::Unsupported(format!(
-                        "rope over {tokens} rows but the pass has {rows} positions"
-                    )));
-                }
-                if new_cache_rows {
-                    // New cache rows: rotated as they are appended, in one
-                    // launch with the V rows (`attention.rs`, `flush`).
-                    self.rope_pending.insert(ib, (h, hd, theta.get().to_bits()));
-                    return Ok(());
-                }
-                let pos = self.positions_tensor(&src)?;
-                let x = x.reshape(&[tokens, h, hd])?;
-                let out = out.reshape(&[tokens, h, hd])?;
-                let freqs = self.rope_freqs(hd, theta.get().to_bits())?;
-                draftc_ops::rope::rope_with_freqs(c, &x, &pos, &freqs, &out)?;
-            }
+            Kernel::Rope { .. } => self.rope(launch)?,
             Kernel::RopeQkvAppend {
                 heads,
                 head_dim,
@@ -654,19 +476,7 @@ impl<R: Runtime> Run<'_, R> {
                 let (h, hd) = (heads as usize, head_dim as usize);
                 self.rope_qkv_append(launch, h, hd, theta.get().to_bits(), caches, target)?;
             }
-            Kernel::KvAppend { width, .. } => {
-                let width = width as usize;
-                for i in 0..2 {
-                    let t = self.tensor(launch.inputs[i])?;
-                    let rows = t.numel() / width;
-                    // Copy out of the (reusable) temporary now.
-                    let own = DeviceTensor::empty(c, &[rows, width], self.dtype);
-                    let all: Vec<u32> = (0..rows as u32).collect();
-                    draftc_ops::kv::gather_rows(c, &t.reshape(&[rows, width])?, &all, &own, &all)?;
-                    self.pending
-                        .insert(launch.outputs[i], (own, RowSource::Step));
-                }
-            }
+            Kernel::KvAppend { .. } => self.kv_append(launch)?,
             Kernel::Attention {
                 heads,
                 kv_heads,
@@ -677,127 +487,11 @@ impl<R: Runtime> Run<'_, R> {
             } => self.attention(
                 launch, heads, kv_heads, head_dim, mask, layout, caches, target,
             )?,
-            Kernel::DraftDimAttention {
-                bt,
-                l,
-                heads,
-                kv_heads,
-                head_dim,
-                chunk,
-            } => {
-                let (bt, l) = (bt as usize, l as usize);
-                let dims = AttnDims {
-                    heads: heads as usize,
-                    kv_heads: kv_heads as usize,
-                    head_dim: head_dim as usize,
-                };
-                let (qw, kvw) = (dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim);
-                let q = self.tensor(launch.inputs[0])?.reshape(&[bt, l, qw])?;
-                let k = self.tensor(launch.inputs[1])?.reshape(&[bt, l, kvw])?;
-                let v = self.tensor(launch.inputs[2])?.reshape(&[bt, l, kvw])?;
-                let out = self.tensor(launch.outputs[0])?.reshape(&[bt, l, qw])?;
-                draftc_ops::attention::draft_dim_attention(
-                    c,
-                    &q,
-                    &k,
-                    &v,
-                    dims,
-                    chunk as usize,
-                    &out,
-                )?;
-            }
-            Kernel::Embedding { d, .. } => {
-                let ids = self.tensor(launch.inputs[0])?;
-                let n = ids.numel();
-                let ids = ids.reshape(&[n])?;
-                let out = self.tensor(launch.outputs[0])?.reshape(&[n, d as usize])?;
-                // Ids are checked on the host where they are uploaded
-                // (`TargetModel::forward`) or come from the device's own
-                // selections; reading them back here would stall the pass.
-                draftc_ops::embedding::embedding_clamped(
-                    c,
-                    weight(self.weights, launch, 0)?,
-                    &ids,
-                    &out,
-                )?;
-            }
-            Kernel::Elementwise { op, numel, b_numel } => {
-                let out = self.tensor(launch.outputs[0])?;
-                let out = out.reshape(&[out.numel()])?;
-                let a = self.tensor(launch.inputs[0])?;
-                let a = a.reshape(&[a.numel()])?;
-                match op {
-                    ElementwiseOp::Silu => draftc_ops::elementwise::silu(c, &a, &out)?,
-                    ElementwiseOp::Add | ElementwiseOp::Mul | ElementwiseOp::SwiGlu => {
-                        let b = self.tensor(launch.inputs[1])?;
-                        let b = if b_numel < numel {
-                            self.broadcast(launch, &b)?
-                        } else {
-                            b.reshape(&[b.numel()])?
-                        };
-                        let bop = match op {
-                            ElementwiseOp::Add => BinaryOp::Add,
-                            ElementwiseOp::Mul => BinaryOp::Mul,
-                            _ => BinaryOp::SwiGlu,
-                        };
-                        draftc_ops::elementwise::binary(c, &a, &b, bop, &out)?;
-                    }
-                }
-            }
-            Kernel::LayerSum { layers, numel } => {
-                let (layers, numel) = (layers as usize, numel as usize);
-                let x = self.tensor(launch.inputs[0])?;
-                let shape = &self.plan.buffer(launch.inputs[0]).shape;
-                let d = *shape.last().unwrap_or(&1) as usize;
-                let t = numel / d.max(1);
-                // Graph layout `[t, layers, d]` → ops layout `[layers, t, d]`.
-                let moved = DeviceTensor::empty(c, &[layers * t, d], self.dtype);
-                let src: Vec<u32> = (0..(layers * t) as u32).collect();
-                let dst: Vec<u32> = src
-                    .iter()
-                    .map(|&r| {
-                        let (ti, j) = (r as usize / layers, r as usize % layers);
-                        (j * t + ti) as u32
-                    })
-                    .collect();
-                draftc_ops::kv::gather_rows(c, &x.reshape(&[layers * t, d])?, &src, &moved, &dst)?;
-                let moved = moved.reshape(&[layers, t, d])?;
-                let out = self.tensor(launch.outputs[0])?.reshape(&[t, d])?;
-                draftc_ops::layer_sum::layer_sum(
-                    c,
-                    &moved,
-                    weight(self.weights, launch, 0)?,
-                    &out,
-                )?;
-            }
-            Kernel::StridedCopy {
-                blocks,
-                block_len,
-                src_stride,
-                src_offset,
-                dst_stride,
-                dst_offset,
-            } => {
-                let g = [block_len, src_stride, src_offset, dst_stride, dst_offset]
-                    .into_iter()
-                    .fold(0, gcd)
-                    .max(1);
-                let per = block_len / g;
-                let mut src = Vec::new();
-                let mut dst = Vec::new();
-                for b in 0..blocks {
-                    for r in 0..per {
-                        src.push(((b * src_stride + src_offset) / g + r) as u32);
-                        dst.push(((b * dst_stride + dst_offset) / g + r) as u32);
-                    }
-                }
-                let x = self.tensor(launch.inputs[0])?;
-                let out = self.tensor(launch.outputs[0])?;
-                let g = g as usize;
-                let x = x.reshape(&[x.numel() / g, g])?;
-                let out = out.reshape(&[out.numel() / g, g])?;
-                draftc_ops::kv::gather_rows(c, &x, &src, &out, &dst)?;
-            }
+            Kernel::DraftDimAttention { .. } => self.draft_dim_attention(launch)?,
+            Kernel::Embedding { .. } => self.embedding(launch)?,
+            Kernel::Elementwise { .. } => self.elementwise(launch)?,
+            Kernel::LayerSum { .. } => self.layer_sum(launch)?,
+            Kernel::StridedCopy { .. } => self.strided_copy(launch)?,
         }
         Ok(())
     }
@@ -819,7 +513,7 @@ impl<R: Runtime> Run<'_, R> {
 
     /// The smaller operand `b` of element-wise `launch` expanded to the
     /// output's shape (numpy broadcasting on the graph values' shapes).
-    fn broadcast(
+    pub(super) fn broadcast(
         &mut self,
         launch: &draftc_codegen::Launch,
         b: &DeviceTensor<R>,
@@ -933,7 +627,7 @@ impl<R: Runtime> Run<'_, R> {
     }
 }
 
-fn gcd(a: i64, b: i64) -> i64 {
+pub(super) fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 {
         a.abs()
     } else {

@@ -12,7 +12,8 @@
 //! | `bound.rs` | the executor's device weights: tensors read alone, stacked q/k/v projections |
 //! | `draft_vocab.rs` | [`DraftVocab`]: a reduced draft vocabulary's ids, head rows and id map |
 //! | `cache.rs` | [`CacheStore`] (device) and [`HostCaches`]: per-sequence K/V with a capacity |
-//! | `executor.rs` | [`Executor`]: plan cache, buffer slots, `Kernel` → ops launch, flush policy |
+//! | `executor.rs` | [`Executor`]: plan cache, buffer slots, a pass's launches and outputs, flush policy |
+//! | `launch.rs` | each kernel family's launch: `Kernel` → `draftc-ops` (linear layouts and epilogues, RoPE, appends, …) |
 //! | `buffers.rs` | a pass's buffers: inputs bound, the tensor behind each plan buffer, per-pass uploads |
 //! | `arena.rs` | a pass's buffers (slots, pending K/V, outputs), from the thread's kept buffers (`draftc_ops::kept`) |
 //! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
@@ -33,6 +34,7 @@ mod cache;
 mod draft_vocab;
 mod executor;
 mod interpret;
+mod launch;
 mod qkv;
 mod step;
 mod timing;
