@@ -254,6 +254,196 @@ impl<R: Runtime> EagleDrafter<R> {
     }
 }
 
+/// One draft call's state across its levels: the builders, and per
+/// sequence each queried node's output rows (`None`: the root) in the pass
+/// that queried it, its tail index in the cache, and the tail's length.
+struct EagleLevels<R: Runtime> {
+    builders: Vec<TreeBuilder>,
+    out_of: Vec<HashMap<Option<usize>, Vec<Row<R>>>>,
+    tail_of: Vec<HashMap<usize, usize>>,
+    tail: Vec<usize>,
+    first_level: bool,
+}
+
+/// A level's pass: its step, ids, each stream's `prev` rows and, per
+/// active sequence, what it queried.
+type LevelRows<R> = (Step, Vec<u32>, Vec<Vec<Row<R>>>, Vec<(usize, Queried)>);
+
+impl<R: Runtime> EagleDrafter<R> {
+    /// A level's rows: at the first level each sequence's committed
+    /// positions not in the cache, then its root; later, its pending nodes,
+    /// each fed its parent's predicted rows and seeing its ancestors' tail
+    /// rows and its own.
+    fn level_rows(
+        &self,
+        seqs: &[SeqView<'_>],
+        st: &EagleLevels<R>,
+        active: &[usize],
+    ) -> Result<LevelRows<R>, EngineError> {
+        let mut step = Step::default();
+        let mut ids = Vec::new();
+        let mut prev_rows: Vec<Vec<Row<R>>> = vec![Vec::new(); self.streams.len()];
+        let mut queried = Vec::new();
+        let mut row = 0;
+        for &i in active {
+            let s = &seqs[i];
+            let b = &st.builders[i];
+            let mut positions = Vec::new();
+            let mut committed_rows = 0;
+            if st.first_level {
+                // Committed positions not in the cache, then the root.
+                let from = self.in_cache[s.slot].min(s.committed);
+                for p in from..=s.committed {
+                    ids.push(*s.tokens.get(p).unwrap_or(&0));
+                    positions.push(p as u32);
+                    for (k, st) in self.streams.iter().enumerate() {
+                        let r = match p.checked_sub(1) {
+                            None => (0, st.zero.clone(), 0),
+                            Some(q) => self.seeds[s.slot][k].get(&(q as u32)).cloned().ok_or_else(
+                                || {
+                                    EngineError::Invalid(format!(
+                                        "drafter `{}`: no target state of position {q} \
+                                             (sequence {})",
+                                        self.exec.graph().name,
+                                        s.slot
+                                    ))
+                                },
+                            )?,
+                        };
+                        prev_rows[k].push(r);
+                    }
+                }
+                committed_rows = positions.len() - 1;
+                step.seqs.push(SeqStep {
+                    slot: s.slot,
+                    positions: positions.clone(),
+                    parents: None,
+                    memory_tail: None,
+                });
+            } else {
+                let work = b.work();
+                let mut visible = Vec::new();
+                for (j, &n) in b.pending().iter().enumerate() {
+                    let (tok, depth) = match n {
+                        None => (*s.tokens.last().unwrap_or(&0), 0),
+                        Some(n) => (work.node(n).token, work.node(n).depth + 1),
+                    };
+                    ids.push(tok);
+                    positions.push((s.committed + depth) as u32);
+                    let parent = n.and_then(|n| work.node(n).parent);
+                    let from = st.out_of[i].get(&parent).cloned().ok_or_else(|| {
+                        EngineError::Invalid("a draft node's parent was never run".into())
+                    })?;
+                    for (rows, r) in prev_rows.iter_mut().zip(from) {
+                        rows.push(r);
+                    }
+                    // Ancestors' tail rows and its own.
+                    let mut sees: Vec<usize> = Vec::new();
+                    if let Some(n) = n {
+                        let path = work.path_to(n);
+                        sees.extend(
+                            path[..path.len() - 1]
+                                .iter()
+                                .filter_map(|a| st.tail_of[i].get(a).copied()),
+                        );
+                    }
+                    sees.push(st.tail[i] + j);
+                    visible.push(sees);
+                }
+                step.seqs.push(SeqStep {
+                    slot: s.slot,
+                    positions: positions.clone(),
+                    parents: None,
+                    memory_tail: Some(MemoryTail {
+                        len: st.tail[i] + positions.len(),
+                        visible,
+                    }),
+                });
+            }
+            let nodes: Vec<Option<usize>> = if st.first_level {
+                vec![None]
+            } else {
+                b.pending().to_vec()
+            };
+            queried.push((
+                i,
+                Queried {
+                    first: row,
+                    nodes,
+                    committed_rows,
+                },
+            ));
+            row += positions.len();
+        }
+        Ok((step, ids, prev_rows, queried))
+    }
+
+    /// Candidates for a level's node rows (not its committed ones), fed to
+    /// the builders; each node's predicted stream rows are kept for its
+    /// children.
+    fn feed_level(
+        &mut self,
+        client: &ComputeClient<R>,
+        out: &crate::exec::Outputs<R>,
+        active: &[usize],
+        queried: Vec<(usize, Queried)>,
+        st: &mut EagleLevels<R>,
+    ) -> Result<(), EngineError> {
+        // The stream rows each node predicted (its children's `prev`).
+        self.sources += 1;
+        let predicted: Vec<DeviceTensor<R>> = self
+            .streams
+            .iter()
+            .map(|st| out.get(&st.name).cloned())
+            .collect::<Result<_, _>>()?;
+        let logits = out.get("logits")?;
+        let vocab = *logits.shape().last().unwrap_or(&1);
+        let logits = logits.reshape(&[logits.numel() / vocab, vocab])?;
+        // Only the node rows need candidates (not the committed ones).
+        let mut pick = Vec::new();
+        for (_, q) in &queried {
+            let from = q.first + q.committed_rows;
+            pick.extend((from..from + q.nodes.len()).map(|r| r as u32));
+        }
+        let picked = DeviceTensor::<R>::empty(client, &[pick.len(), vocab], logits.dtype());
+        let to: Vec<u32> = (0..pick.len() as u32).collect();
+        draftc_ops::kv::gather_rows(client, &logits, &pick, &picked, &to)?;
+        let wants = active
+            .iter()
+            .map(|&i| st.builders[i].wants())
+            .max()
+            .unwrap_or(1);
+        let mut cands: Vec<Vec<Candidate>> =
+            top_candidates_into(client, &picked, wants, &mut self.top)?;
+        if let Some(v) = &self.vocab {
+            v.map_candidates(&mut cands);
+        }
+        let mut at = 0;
+        for (i, q) in queried {
+            let from = q.first + q.committed_rows;
+            for (j, node) in q.nodes.iter().enumerate() {
+                let rows = predicted
+                    .iter()
+                    .map(|t| (self.sources, t.clone(), (from + j) as u32))
+                    .collect();
+                st.out_of[i].insert(*node, rows);
+                if let (false, Some(n)) = (st.first_level, node) {
+                    st.tail_of[i].insert(*n, st.tail[i] + j);
+                }
+            }
+            if !st.first_level {
+                st.tail[i] += q.nodes.len();
+            }
+            let n = q.nodes.len();
+            st.builders[i]
+                .feed(cands[at..at + n].to_vec())
+                .map_err(|e| EngineError::Invalid(e.to_string()))?;
+            at += n;
+        }
+        Ok(())
+    }
+}
+
 /// One pass's queries of a sequence: its first output row, the tree nodes
 /// queried (`None`: the root), and how many committed rows came first.
 struct Queried {
@@ -311,119 +501,24 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
         for s in seqs {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
-        let mut builders: Vec<TreeBuilder> = seqs
-            .iter()
-            .map(|_| TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence))
-            .collect();
-        // Per sequence: each queried node's output row (`None`: the root)
-        // in the pass that queried it, and its tail index in the cache.
-        let mut out_of: Vec<HashMap<Option<usize>, Vec<Row<R>>>> = vec![HashMap::new(); seqs.len()];
-        let mut tail_of: Vec<HashMap<usize, usize>> = vec![HashMap::new(); seqs.len()];
-        let mut tail = vec![0usize; seqs.len()];
-        let mut first_level = true;
+        let mut st = EagleLevels {
+            builders: seqs
+                .iter()
+                .map(|_| TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence))
+                .collect(),
+            out_of: vec![HashMap::new(); seqs.len()],
+            tail_of: vec![HashMap::new(); seqs.len()],
+            tail: vec![0; seqs.len()],
+            first_level: true,
+        };
         loop {
             let active: Vec<usize> = (0..seqs.len())
-                .filter(|&i| !builders[i].is_done())
+                .filter(|&i| !st.builders[i].is_done())
                 .collect();
             if active.is_empty() || budget == 0 {
                 break;
             }
-            let mut step = Step::default();
-            let mut ids = Vec::new();
-            let mut prev_rows: Vec<Vec<Row<R>>> = vec![Vec::new(); self.streams.len()];
-            let mut queried = Vec::new();
-            let mut row = 0;
-            for &i in &active {
-                let s = &seqs[i];
-                let b = &builders[i];
-                let mut positions = Vec::new();
-                let mut committed_rows = 0;
-                if first_level {
-                    // Committed positions not in the cache, then the root.
-                    let from = self.in_cache[s.slot].min(s.committed);
-                    for p in from..=s.committed {
-                        ids.push(*s.tokens.get(p).unwrap_or(&0));
-                        positions.push(p as u32);
-                        for (k, st) in self.streams.iter().enumerate() {
-                            let r = match p.checked_sub(1) {
-                                None => (0, st.zero.clone(), 0),
-                                Some(q) => self.seeds[s.slot][k]
-                                    .get(&(q as u32))
-                                    .cloned()
-                                    .ok_or_else(|| {
-                                        EngineError::Invalid(format!(
-                                            "drafter `{}`: no target state of position {q} \
-                                                 (sequence {})",
-                                            self.exec.graph().name,
-                                            s.slot
-                                        ))
-                                    })?,
-                            };
-                            prev_rows[k].push(r);
-                        }
-                    }
-                    committed_rows = positions.len() - 1;
-                    step.seqs.push(SeqStep {
-                        slot: s.slot,
-                        positions: positions.clone(),
-                        parents: None,
-                        memory_tail: None,
-                    });
-                } else {
-                    let work = b.work();
-                    let mut visible = Vec::new();
-                    for (j, &n) in b.pending().iter().enumerate() {
-                        let (tok, depth) = match n {
-                            None => (*s.tokens.last().unwrap_or(&0), 0),
-                            Some(n) => (work.node(n).token, work.node(n).depth + 1),
-                        };
-                        ids.push(tok);
-                        positions.push((s.committed + depth) as u32);
-                        let parent = n.and_then(|n| work.node(n).parent);
-                        let from = out_of[i].get(&parent).cloned().ok_or_else(|| {
-                            EngineError::Invalid("a draft node's parent was never run".into())
-                        })?;
-                        for (rows, r) in prev_rows.iter_mut().zip(from) {
-                            rows.push(r);
-                        }
-                        // Ancestors' tail rows and its own.
-                        let mut sees: Vec<usize> = Vec::new();
-                        if let Some(n) = n {
-                            let path = work.path_to(n);
-                            sees.extend(
-                                path[..path.len() - 1]
-                                    .iter()
-                                    .filter_map(|a| tail_of[i].get(a).copied()),
-                            );
-                        }
-                        sees.push(tail[i] + j);
-                        visible.push(sees);
-                    }
-                    step.seqs.push(SeqStep {
-                        slot: s.slot,
-                        positions: positions.clone(),
-                        parents: None,
-                        memory_tail: Some(MemoryTail {
-                            len: tail[i] + positions.len(),
-                            visible,
-                        }),
-                    });
-                }
-                let nodes: Vec<Option<usize>> = if first_level {
-                    vec![None]
-                } else {
-                    b.pending().to_vec()
-                };
-                queried.push((
-                    i,
-                    Queried {
-                        first: row,
-                        nodes,
-                        committed_rows,
-                    },
-                ));
-                row += positions.len();
-            }
+            let (step, ids, prev_rows, queried) = self.level_rows(seqs, &st, &active)?;
             let mut inputs = BTreeMap::new();
             inputs.insert(
                 "ids".to_string(),
@@ -438,7 +533,7 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
             }
             let out = self.exec.run(&step, &inputs, &mut self.caches, None)?;
             drop(inputs);
-            if first_level {
+            if st.first_level {
                 for &i in &active {
                     let s = &seqs[i];
                     self.in_cache[s.slot] = s.committed + 1;
@@ -450,60 +545,10 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
                     }
                 }
             }
-            // The stream rows each node predicted (its children's `prev`).
-            self.sources += 1;
-            let predicted: Vec<DeviceTensor<R>> = self
-                .streams
-                .iter()
-                .map(|st| out.get(&st.name).cloned())
-                .collect::<Result<_, _>>()?;
-            let logits = out.get("logits")?;
-            let vocab = *logits.shape().last().unwrap_or(&1);
-            let logits = logits.reshape(&[logits.numel() / vocab, vocab])?;
-            // Only the node rows need candidates (not the committed ones).
-            let mut pick = Vec::new();
-            for (_, q) in &queried {
-                let from = q.first + q.committed_rows;
-                pick.extend((from..from + q.nodes.len()).map(|r| r as u32));
-            }
-            let picked = DeviceTensor::<R>::empty(&client, &[pick.len(), vocab], logits.dtype());
-            let to: Vec<u32> = (0..pick.len() as u32).collect();
-            draftc_ops::kv::gather_rows(&client, &logits, &pick, &picked, &to)?;
-            let wants = active
-                .iter()
-                .map(|&i| builders[i].wants())
-                .max()
-                .unwrap_or(1);
-            let mut cands: Vec<Vec<Candidate>> =
-                top_candidates_into(&client, &picked, wants, &mut self.top)?;
-            if let Some(v) = &self.vocab {
-                v.map_candidates(&mut cands);
-            }
-            let mut at = 0;
-            for (i, q) in queried {
-                let from = q.first + q.committed_rows;
-                for (j, node) in q.nodes.iter().enumerate() {
-                    let rows = predicted
-                        .iter()
-                        .map(|t| (self.sources, t.clone(), (from + j) as u32))
-                        .collect();
-                    out_of[i].insert(*node, rows);
-                    if let (false, Some(n)) = (first_level, node) {
-                        tail_of[i].insert(*n, tail[i] + j);
-                    }
-                }
-                if !first_level {
-                    tail[i] += q.nodes.len();
-                }
-                let n = q.nodes.len();
-                builders[i]
-                    .feed(cands[at..at + n].to_vec())
-                    .map_err(|e| EngineError::Invalid(e.to_string()))?;
-                at += n;
-            }
-            first_level = false;
+            self.feed_level(&client, &out, &active, queried, &mut st)?;
+            st.first_level = false;
         }
-        Ok(builders.into_iter().map(TreeBuilder::finish).collect())
+        Ok(st.builders.into_iter().map(TreeBuilder::finish).collect())
     }
 
     fn set_probabilities(&mut self, _on: bool) -> bool {
