@@ -34,7 +34,7 @@ use crate::launch::{
 use crate::linear::accumulate;
 use crate::linear_plane::{plane_rows_per_block, plane_vector_width, reduce_group, PlaneShape};
 use crate::rope::rotate_into;
-use crate::tensor::{DType, DeviceTensor};
+use crate::tensor::DeviceTensor;
 
 /// Units per cube of the lane layout (as [`crate::linear::BLOCK`]).
 pub const BLOCK: usize = crate::linear::BLOCK;
@@ -434,10 +434,7 @@ pub fn linear_rope_qkv<R: Runtime>(
     }
     expect_bindable(OP, "weight", weight)?;
     let half = hd / 2;
-    expect_dtype(OP, "positions", out.positions, DType::U32)?;
-    expect_shape(OP, "positions", out.positions, &[m])?;
-    expect_dtype(OP, "freqs", out.freqs, DType::F32)?;
-    expect_shape(OP, "freqs", out.freqs, &[half])?;
+    crate::rope::expect_positions_freqs(OP, out.positions, out.freqs, m, half)?;
     crate::kv::expect_slots(OP, out.slots, m, rows, [out.k_cache, out.v_cache])?;
     let (gamma, eps) = match norm {
         Some((g, eps)) => {

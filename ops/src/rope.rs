@@ -183,25 +183,14 @@ pub fn rope_qkv_append<R: Runtime>(
     v_cache: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "rope_qkv_append";
-    expect_float(client, OP, "q", q)?;
-    let s = expect_rank(OP, "q", q, 3, "[n, heads, head_dim]")?;
-    let (n, heads, hd) = (s[0], s[1], s[2]);
-    if !hd.is_multiple_of(2) || hd == 0 {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("head_dim must be even and positive, got {hd}"),
-        });
-    }
+    let (n, heads, hd) = rope_rows(client, OP, "q", q)?;
     let (rows, kv_heads) = cache_heads(OP, k_cache, v_cache, hd)?;
     expect_shape(OP, "qkv", qkv, &[n, (heads + 2 * kv_heads) * hd])?;
     for (arg, t) in [("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)] {
         expect_dtype(OP, arg, t, q.dtype())?;
     }
-    expect_dtype(OP, "positions", positions, DType::U32)?;
-    expect_shape(OP, "positions", positions, &[n])?;
     let half = hd / 2;
-    expect_dtype(OP, "freqs", freqs, DType::F32)?;
-    expect_shape(OP, "freqs", freqs, &[half])?;
+    expect_positions_freqs(OP, positions, freqs, n, half)?;
     crate::kv::expect_slots(OP, slots, n, rows, [k_cache, v_cache])?;
     let Some(slot_dev) = slots.device() else {
         return Ok(()); // no rows
@@ -240,22 +229,11 @@ pub fn rope_append<R: Runtime>(
     v_cache: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "rope_append";
-    expect_float(client, OP, "k", k)?;
-    let s = expect_rank(OP, "k", k, 3, "[n, heads, head_dim]")?;
-    let (n, heads, hd) = (s[0], s[1], s[2]);
-    if !hd.is_multiple_of(2) || hd == 0 {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("head_dim must be even and positive, got {hd}"),
-        });
-    }
+    let (n, heads, hd) = rope_rows(client, OP, "k", k)?;
     expect_shape(OP, "v", v, k.shape())?;
     expect_dtype(OP, "v", v, k.dtype())?;
-    expect_dtype(OP, "positions", positions, DType::U32)?;
-    expect_shape(OP, "positions", positions, &[n])?;
     let half = hd / 2;
-    expect_dtype(OP, "freqs", freqs, DType::F32)?;
-    expect_shape(OP, "freqs", freqs, &[half])?;
+    expect_positions_freqs(OP, positions, freqs, n, half)?;
     let width = heads * hd;
     let rows = expect_rank(OP, "k_cache", k_cache, 2, "[rows, heads * head_dim]")?[0];
     expect_shape(OP, "k_cache", k_cache, &[rows, width])?;
@@ -303,6 +281,41 @@ pub(crate) fn cache_heads<R: Runtime>(
     }
     expect_shape(op, "v_cache", v_cache, &[rows, width])?;
     Ok((rows, width / head_dim))
+}
+
+/// A RoPE input `t` (`[n, heads, head_dim]`, float, `head_dim` even and
+/// positive): `(n, heads, head_dim)`.
+pub(crate) fn rope_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+) -> Result<(usize, usize, usize)> {
+    expect_float(client, op, arg, t)?;
+    let s = expect_rank(op, arg, t, 3, "[n, heads, head_dim]")?;
+    let (n, heads, hd) = (s[0], s[1], s[2]);
+    if !hd.is_multiple_of(2) || hd == 0 {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!("head_dim must be even and positive, got {hd}"),
+        });
+    }
+    Ok((n, heads, hd))
+}
+
+/// The rotation's other inputs: `positions` u32 `[n]` and `freqs` f32
+/// `[half]` ([`rope_freqs`]).
+pub(crate) fn expect_positions_freqs<R: Runtime>(
+    op: &'static str,
+    positions: &DeviceTensor<R>,
+    freqs: &DeviceTensor<R>,
+    n: usize,
+    half: usize,
+) -> Result<()> {
+    expect_dtype(op, "positions", positions, DType::U32)?;
+    expect_shape(op, "positions", positions, &[n])?;
+    expect_dtype(op, "freqs", freqs, DType::F32)?;
+    expect_shape(op, "freqs", freqs, &[half])
 }
 
 /// Applies RoPE to `x` (`[t, heads, head_dim]`) at `positions` (u32 `[t]`)
@@ -368,13 +381,10 @@ pub fn rope_with_freqs<R: Runtime>(
             reason: format!("head_dim must be even, got {hd}"),
         });
     }
-    expect_dtype(OP, "positions", positions, DType::U32)?;
-    expect_shape(OP, "positions", positions, &[t])?;
     expect_shape(OP, "out", out, x.shape())?;
     expect_dtype(OP, "out", out, x.dtype())?;
     let half = hd / 2;
-    expect_dtype(OP, "freqs", freqs, DType::F32)?;
-    expect_shape(OP, "freqs", freqs, &[half])?;
+    expect_positions_freqs(OP, positions, freqs, t, half)?;
     let pairs = t * heads * half;
     let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
     // Unchecked launch: no per-access bounds checks in the shader.

@@ -32,7 +32,7 @@ use draftc_ir::graph::Graph;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
-use super::drafters::{Committed, Drafter, SeqView};
+use super::drafters::{live_rows, Committed, Drafter, SeqView};
 use super::select::{SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs};
@@ -464,12 +464,8 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
-    fn name(&self) -> String {
-        self.exec.graph().name.clone()
-    }
-
-    fn profile(&self) -> Option<&crate::exec::Profile> {
-        self.exec.profile()
+    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
+        Some(&self.exec)
     }
 
     fn length(&self) -> usize {
@@ -484,11 +480,9 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
     ) -> Result<(), EngineError> {
         // Every sequence's committed rows at once: one gather (and norm)
         // per stream, each sequence keeping its rows of the result.
-        let live: Vec<&Committed> = committed.iter().filter(|x| !x.rows.is_empty()).collect();
-        if live.is_empty() {
+        let Some((live, rows)) = live_rows(committed) else {
             return Ok(());
-        }
-        let rows: Vec<u32> = live.iter().flat_map(|x| x.rows.iter().copied()).collect();
+        };
         let to: Vec<u32> = (0..rows.len() as u32).collect();
         for (i, s) in self.streams.iter().enumerate() {
             let src = out.get(&format!("hidden[{}]", s.tap))?;

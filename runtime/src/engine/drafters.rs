@@ -54,9 +54,35 @@ pub struct Committed {
     pub positions: Vec<u32>,
 }
 
+/// The sequences of `committed` that committed rows, and all their rows in
+/// order (`None`: no row at all): what a drafter gathers from the pass.
+pub(super) fn live_rows(committed: &[Committed]) -> Option<(Vec<&Committed>, Vec<u32>)> {
+    let live: Vec<&Committed> = committed.iter().filter(|x| !x.rows.is_empty()).collect();
+    let rows: Vec<u32> = live.iter().flat_map(|x| x.rows.iter().copied()).collect();
+    (!rows.is_empty()).then_some((live, rows))
+}
+
+/// Rows of one pass whose `width` floats of `dtype` per row fit a 128 MiB
+/// binding, with room to spare (120 MiB): the most a pass of a graph whose
+/// output is that wide may have.
+pub(super) fn rows_within_binding(width: usize, dtype: draftc_ops::DType) -> usize {
+    ((120usize << 20) / (width.max(1) * dtype.size())).max(1)
+}
+
 /// Proposes draft trees; sees every target pass's committed rows.
 pub trait Drafter<R: Runtime> {
-    fn name(&self) -> String;
+    /// Its name: the graph's for drafters that run one.
+    fn name(&self) -> String {
+        self.executor()
+            .map(|e| e.graph().name.clone())
+            .unwrap_or_default()
+    }
+
+    /// The executor of the graph it runs, for drafters that run one (its
+    /// name and profile come from there).
+    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
+        None
+    }
 
     /// Draft length `l` it aims for (the chain length of one round).
     fn length(&self) -> usize;
@@ -114,7 +140,7 @@ pub trait Drafter<R: Runtime> {
     /// Its executor's per-kernel profile (`DRAFTC_PROFILE=1`), for drafters
     /// that run a graph of their own.
     fn profile(&self) -> Option<&crate::exec::Profile> {
-        None
+        self.executor().and_then(|e| e.profile())
     }
 
     /// Rounds drafted so far and how many of them by prompt lookup, for
@@ -227,12 +253,8 @@ impl<R: Runtime> SelfSpecDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
-    fn name(&self) -> String {
-        self.exec.graph().name.clone()
-    }
-
-    fn profile(&self) -> Option<&crate::exec::Profile> {
-        self.exec.profile()
+    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
+        Some(&self.exec)
     }
 
     fn length(&self) -> usize {

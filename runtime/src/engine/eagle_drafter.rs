@@ -41,7 +41,7 @@ use draftc_ops::{DType, DeviceTensor};
 use super::autoregressive_drafter::{
     cuttable, final_norm_of, tree_length, AutoregressiveDrafter, Part,
 };
-use super::drafters::{Committed, Drafter, SeqView};
+use super::drafters::{live_rows, Committed, Drafter, SeqView};
 use super::select::{top_candidates_into, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
@@ -453,12 +453,8 @@ struct Queried {
 }
 
 impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
-    fn name(&self) -> String {
-        self.exec.graph().name.clone()
-    }
-
-    fn profile(&self) -> Option<&crate::exec::Profile> {
-        self.exec.profile()
+    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
+        Some(&self.exec)
     }
 
     fn length(&self) -> usize {
@@ -471,11 +467,9 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
         out: &Outputs<R>,
         committed: &[Committed],
     ) -> Result<(), EngineError> {
-        let live: Vec<&Committed> = committed.iter().filter(|x| !x.rows.is_empty()).collect();
-        if live.is_empty() {
+        let Some((live, rows)) = live_rows(committed) else {
             return Ok(());
-        }
-        let rows: Vec<u32> = live.iter().flat_map(|x| x.rows.iter().copied()).collect();
+        };
         for k in 0..self.streams.len() {
             let seeds = self.seed_rows(c, out, &self.streams[k], &rows)?;
             self.sources += 1;

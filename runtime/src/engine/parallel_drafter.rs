@@ -110,9 +110,7 @@ impl<R: Runtime> ParallelDrafter<R> {
                 target.caches.capacity(),
                 ops_dtype(dtype),
             ),
-            max_rows: ((120usize << 20)
-                / (l.max(1) * target.vocab.max(1) * ops_dtype(dtype).size()))
-            .max(1),
+            max_rows: super::drafters::rows_within_binding(l * target.vocab, ops_dtype(dtype)),
             l,
             taps,
             shape,
@@ -129,12 +127,8 @@ impl<R: Runtime> ParallelDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
-    fn name(&self) -> String {
-        self.exec.graph().name.clone()
-    }
-
-    fn profile(&self) -> Option<&crate::exec::Profile> {
-        self.exec.profile()
+    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
+        Some(&self.exec)
     }
 
     fn length(&self) -> usize {

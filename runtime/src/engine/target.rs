@@ -129,7 +129,7 @@ impl<R: Runtime> TargetModel<R> {
         let ops_dtype = exec.dtype();
         let vocab = target_config.int("v").unwrap_or(0) as usize;
         // Keep one pass's logits within a 128 MiB binding.
-        let max_rows = ((120usize << 20) / (vocab.max(1) * ops_dtype.size())).clamp(1, 512);
+        let max_rows = super::drafters::rows_within_binding(vocab, ops_dtype).min(512);
         Ok(TargetModel {
             exec,
             caches: CacheStore::new(client, slots, capacity, ops_dtype),
