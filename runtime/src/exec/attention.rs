@@ -7,7 +7,7 @@ use cubecl::prelude::*;
 use draftc_codegen::{AttentionLayout, BufferId};
 use draftc_ir::op::Mask as IrMask;
 use draftc_ops::attention::{
-    attention_planes, attention_rows, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch, TREE_ROOT,
+    attention_planes, attention_rows, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch,
 };
 use draftc_ops::DeviceTensor;
 
@@ -255,56 +255,21 @@ impl<R: Runtime> Run<'_, R> {
     /// sequence's keys, positions and first key row, and the tree.
     pub(super) fn cache_meta_key(
         &self,
-        mut mask: Mask,
+        mask: Mask,
         store: &CacheStore<R>,
         cache: &str,
     ) -> Result<MetaKey, ExecError> {
-        let q_lens = self.step.lens();
-        let q_pos = self.step.positions();
         let mut k_lens = Vec::new();
         let mut k_pos = Vec::new();
         let mut key_base = Vec::new();
-        let mut parents = Vec::new();
         let is_memory =
             cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
-        // A drafter with a cache of its own and no memory streams to attend
-        // (EAGLE) drafts its tree into that cache's tail.
-        let own_tail =
-            self.step.memory.is_empty() && self.step.seqs.iter().any(|s| s.memory_tail.is_some());
         for seq in &self.step.seqs {
             k_lens.push(store.len(cache, seq.slot));
             k_pos.extend_from_slice(store.positions(cache, seq.slot));
             key_base.push(seq.slot * store.capacity());
-            match &seq.parents {
-                Some(p) => parents.extend_from_slice(p),
-                None => parents.extend((0..seq.positions.len() as u32).map(|i| {
-                    if i == 0 {
-                        TREE_ROOT
-                    } else {
-                        i - 1
-                    }
-                })),
-            }
         }
-        if self.step.is_tree() && mask == Mask::Causal && !is_memory {
-            mask = Mask::Tree;
-        }
-        let batch = SeqBatch {
-            q_lens,
-            k_lens,
-            q_pos,
-            k_pos,
-            parents: if mask == Mask::Tree {
-                parents
-            } else {
-                Vec::new()
-            },
-            tail: if is_memory || own_tail {
-                self.step.memory_tree_tail()?
-            } else {
-                None
-            },
-        };
+        let (batch, mask) = self.step.cache_batch(mask, k_lens, k_pos, is_memory)?;
         Ok(MetaKey {
             batch,
             mask,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use draftc_codegen::TargetWeights;
 use draftc_ir::graph::{Graph, ValueId};
 use draftc_ir::op::{AttentionAttrs, Axis, Cache, InputSource, Op};
-use draftc_ops::attention::{attention_ref, AttnDims, Mask, SeqBatch, TREE_ROOT};
+use draftc_ops::attention::{attention_ref, AttnDims, SeqBatch};
 use draftc_ops::linear::reference::{linear, Epilogue, Prologue};
 
 use super::cache::HostCaches;
@@ -420,7 +420,6 @@ impl Interp<'_> {
                 let mut vv = Vec::new();
                 let mut k_pos = Vec::new();
                 let mut k_lens = Vec::new();
-                let mut parents = Vec::new();
                 for (s, seq) in self.step.seqs.iter().enumerate() {
                     let n = k_lens_new[s];
                     let r = store.slot_mut(&name, seq.slot);
@@ -432,42 +431,10 @@ impl Interp<'_> {
                     vv.extend_from_slice(&r.v);
                     k_pos.extend_from_slice(&r.pos);
                     k_lens.push(r.pos.len());
-                    match &seq.parents {
-                        Some(p) => parents.extend_from_slice(p),
-                        None => parents.extend((0..seq.positions.len() as u32).map(|i| {
-                            if i == 0 {
-                                TREE_ROOT
-                            } else {
-                                i - 1
-                            }
-                        })),
-                    }
                 }
-                let mut mask = ops_mask(a.mask);
-                if self.step.is_tree() && mask == Mask::Causal && a.memory.is_none() {
-                    mask = Mask::Tree;
-                }
-                let batch = SeqBatch {
-                    q_lens,
-                    k_lens,
-                    q_pos,
-                    k_pos,
-                    parents: if mask == Mask::Tree {
-                        parents
-                    } else {
-                        Vec::new()
-                    },
-                    // Memory attention, or a drafter's own cache (EAGLE:
-                    // no memory rows) drafting a tree into its tail.
-                    tail: if a.memory.is_some()
-                        || (self.step.memory.is_empty()
-                            && self.step.seqs.iter().any(|s| s.memory_tail.is_some()))
-                    {
-                        self.step.memory_tree_tail()?
-                    } else {
-                        None
-                    },
-                };
+                let (batch, mask) =
+                    self.step
+                        .cache_batch(ops_mask(a.mask), k_lens, k_pos, a.memory.is_some())?;
                 batch.validate("attention", &mask)?;
                 attention_ref(&q, &kk, &vv, dims, &batch, mask)
             }

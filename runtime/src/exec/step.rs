@@ -103,6 +103,56 @@ impl Step {
         self.seqs.iter().any(|s| s.parents.is_some())
     }
 
+    /// The batch of an attention over a cache whose sequences hold
+    /// `k_lens` keys at `k_pos` (packed), and its mask: in a tree pass a
+    /// causal attention that does not read a memory stream (`memory`) uses
+    /// the tree mask, with every row's parent (a sequence without a tree is
+    /// a chain: root, then each row's predecessor); the memory tail applies
+    /// to memory attention and to a drafter's own cache drafting a tree
+    /// (EAGLE: no memory rows). The executor and the interpreter both build
+    /// it here.
+    pub fn cache_batch(
+        &self,
+        mask: draftc_ops::attention::Mask,
+        k_lens: Vec<usize>,
+        k_pos: Vec<u32>,
+        memory: bool,
+    ) -> Result<(draftc_ops::attention::SeqBatch, draftc_ops::attention::Mask), draftc_ops::OpsError>
+    {
+        use draftc_ops::attention::{Mask, SeqBatch, TREE_ROOT};
+        let tree = self.is_tree() && mask == Mask::Causal && !memory;
+        let mask = if tree { Mask::Tree } else { mask };
+        let mut parents = Vec::new();
+        if mask == Mask::Tree {
+            for seq in &self.seqs {
+                match &seq.parents {
+                    Some(p) => parents.extend_from_slice(p),
+                    None => parents.extend((0..seq.positions.len() as u32).map(|i| {
+                        if i == 0 {
+                            TREE_ROOT
+                        } else {
+                            i - 1
+                        }
+                    })),
+                }
+            }
+        }
+        let own_tail = self.memory.is_empty() && self.seqs.iter().any(|s| s.memory_tail.is_some());
+        let batch = SeqBatch {
+            q_lens: self.lens(),
+            k_lens,
+            q_pos: self.positions(),
+            k_pos,
+            parents,
+            tail: if memory || own_tail {
+                self.memory_tree_tail()?
+            } else {
+                None
+            },
+        };
+        Ok((batch, mask))
+    }
+
     /// The tree tail of memory attention for this pass (`None` when no
     /// sequence has one), packed over the rows in step order.
     pub fn memory_tree_tail(
