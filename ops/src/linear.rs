@@ -159,6 +159,36 @@ pub(crate) fn accumulate<F: Float + CubeElement, N: Size>(
     }
 }
 
+/// The epilogue of both linear layouts on output value `acc[at]` (its
+/// SwiGLU up product `acc_u[at]`) stored at `out[idx]`: plus column
+/// `col_offset + o` of `extra` (bias) or `extra[idx]` (residual). Each
+/// operand is read inside its own comptime branch, so every layout and
+/// epilogue compiles to the code it had inline.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn epilogue_of<F: Float + CubeElement>(
+    acc: &Array<f32>,
+    acc_u: &Array<f32>,
+    at: usize,
+    extra: &Array<F>,
+    col_offset: usize,
+    o: usize,
+    idx: usize,
+    #[comptime] epilogue: u32,
+) -> f32 {
+    let mut y = acc[at];
+    if comptime!(epilogue == EPI_BIAS) {
+        y += f32::cast_from(extra[col_offset + o]);
+    }
+    if comptime!(epilogue == EPI_RESIDUAL) {
+        y += f32::cast_from(extra[idx]);
+    }
+    if comptime!(epilogue == EPI_SWIGLU) {
+        y = y / (1f32 + f32::exp(-y)) * acc_u[at];
+    }
+    y
+}
+
 #[cube(launch_unchecked)]
 pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
@@ -259,16 +289,16 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                 let o = o0 + c;
                 if o < n_cols && row < m {
                     let idx = row * out_stride + col_offset + o;
-                    let mut y = acc[r * cols + c];
-                    if comptime!(epilogue == EPI_BIAS) {
-                        y += f32::cast_from(extra[col_offset + o]);
-                    }
-                    if comptime!(epilogue == EPI_RESIDUAL) {
-                        y += f32::cast_from(extra[idx]);
-                    }
-                    if swiglu {
-                        y = y / (1f32 + f32::exp(-y)) * acc_u[r * cols + c];
-                    }
+                    let y = epilogue_of::<F>(
+                        &acc,
+                        &acc_u,
+                        r * cols + c,
+                        extra,
+                        col_offset,
+                        o,
+                        idx,
+                        epilogue,
+                    );
                     out[idx] = F::cast_from(y);
                 }
             }

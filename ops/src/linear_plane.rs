@@ -271,18 +271,16 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
                     let o = o0 + c;
                     if o < n_cols && row < m {
                         let idx = row * out_stride + col_offset + o;
-                        // The lane kernel's epilogue (kept inline in both:
-                        // a shared helper changed lavapipe's generated code).
-                        let mut y = acc[r * cols + c];
-                        if comptime!(epilogue == crate::linear::EPI_BIAS) {
-                            y += f32::cast_from(extra[col_offset + o]);
-                        }
-                        if comptime!(epilogue == crate::linear::EPI_RESIDUAL) {
-                            y += f32::cast_from(extra[idx]);
-                        }
-                        if swiglu {
-                            y = y / (1f32 + f32::exp(-y)) * acc_u[r * cols + c];
-                        }
+                        let y = crate::linear::epilogue_of::<F>(
+                            &acc,
+                            &acc_u,
+                            r * cols + c,
+                            extra,
+                            col_offset,
+                            o,
+                            idx,
+                            epilogue,
+                        );
                         out[idx] = F::cast_from(y);
                     }
                 }
