@@ -189,6 +189,81 @@ pub(crate) fn epilogue_of<F: Float + CubeElement>(
     y
 }
 
+/// Adds a reduction group's partial sums (`part`, `part_u`: `[mb × cols]`)
+/// to the accumulators, each row scaled by its 1/rms over the group's `d`
+/// values when the prologue norms (`sq`: the rows' sums of squares).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_group(
+    acc: &mut Array<f32>,
+    acc_u: &mut Array<f32>,
+    part: &Array<f32>,
+    part_u: &Array<f32>,
+    sq: &Array<f32>,
+    d: usize,
+    eps: f32,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+    #[comptime] norm: bool,
+) {
+    #[unroll]
+    for r in 0..mb {
+        let mut inv = 1f32;
+        if norm {
+            inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
+        }
+        #[unroll]
+        for c in 0..cols {
+            acc[r * cols + c] += part[r * cols + c] * inv;
+            acc_u[r * cols + c] += part_u[r * cols + c] * inv;
+        }
+    }
+}
+
+/// Stores a unit's block (rows `row0 ..`, columns `o0 ..`, `mb × cols`)
+/// through the epilogue; rows past `m` and columns past `n_cols` are not
+/// stored.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_block<F: Float + CubeElement>(
+    acc: &Array<f32>,
+    acc_u: &Array<f32>,
+    extra: &Array<F>,
+    out: &mut Array<F>,
+    row0: usize,
+    o0: usize,
+    m: usize,
+    n_cols: usize,
+    out_stride: usize,
+    col_offset: usize,
+    #[comptime] mb: usize,
+    #[comptime] cols: usize,
+    #[comptime] epilogue: u32,
+) {
+    #[unroll]
+    for r in 0..mb {
+        #[unroll]
+        for c in 0..cols {
+            let row = row0 + r;
+            let o = o0 + c;
+            if o < n_cols && row < m {
+                let idx = row * out_stride + col_offset + o;
+                let y = epilogue_of::<F>(
+                    acc,
+                    acc_u,
+                    r * cols + c,
+                    extra,
+                    col_offset,
+                    o,
+                    idx,
+                    epilogue,
+                );
+                out[idx] = F::cast_from(y);
+            }
+        }
+    }
+}
+
 #[cube(launch_unchecked)]
 pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     x: &Array<Vector<F, N>>,
@@ -268,41 +343,14 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                     swiglu,
                 );
             }
-            #[unroll]
-            for r in 0..mb {
-                let mut inv = 1f32;
-                if norm {
-                    inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
-                }
-                #[unroll]
-                for c in 0..cols {
-                    acc[r * cols + c] += part[r * cols + c] * inv;
-                    acc_u[r * cols + c] += part_u[r * cols + c] * inv;
-                }
-            }
+            add_group(
+                &mut acc, &mut acc_u, &part, &part_u, &sq, d, eps, mb, cols, norm,
+            );
         }
-        #[unroll]
-        for r in 0..mb {
-            #[unroll]
-            for c in 0..cols {
-                let row = row0 + r;
-                let o = o0 + c;
-                if o < n_cols && row < m {
-                    let idx = row * out_stride + col_offset + o;
-                    let y = epilogue_of::<F>(
-                        &acc,
-                        &acc_u,
-                        r * cols + c,
-                        extra,
-                        col_offset,
-                        o,
-                        idx,
-                        epilogue,
-                    );
-                    out[idx] = F::cast_from(y);
-                }
-            }
-        }
+        store_block::<F>(
+            &acc, &acc_u, extra, out, row0, o0, m, n_cols, out_stride, col_offset, mb, cols,
+            epilogue,
+        );
         row0 += mb;
     }
 }

@@ -249,42 +249,15 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
                 norm,
                 swiglu,
             );
-            #[unroll]
-            for r in 0..mb {
-                let mut inv = 1f32;
-                if norm {
-                    inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
-                }
-                #[unroll]
-                for c in 0..cols {
-                    acc[r * cols + c] += part[r * cols + c] * inv;
-                    acc_u[r * cols + c] += part_u[r * cols + c] * inv;
-                }
-            }
+            crate::linear::add_group(
+                &mut acc, &mut acc_u, &part, &part_u, &sq, d, eps, mb, cols, norm,
+            );
         }
         if split == 0 && lane == 0 {
-            #[unroll]
-            for r in 0..mb {
-                #[unroll]
-                for c in 0..cols {
-                    let row = row0 + r;
-                    let o = o0 + c;
-                    if o < n_cols && row < m {
-                        let idx = row * out_stride + col_offset + o;
-                        let y = crate::linear::epilogue_of::<F>(
-                            &acc,
-                            &acc_u,
-                            r * cols + c,
-                            extra,
-                            col_offset,
-                            o,
-                            idx,
-                            epilogue,
-                        );
-                        out[idx] = F::cast_from(y);
-                    }
-                }
-            }
+            crate::linear::store_block::<F>(
+                &acc, &acc_u, extra, out, row0, o0, m, n_cols, out_stride, col_offset, mb, cols,
+                epilogue,
+            );
         }
         row0 += mb;
     }
