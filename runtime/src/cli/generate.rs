@@ -281,20 +281,7 @@ fn generate_on<R: Runtime>(
         return Ok(());
     }
     let choice = drafter_choice(client, args)?;
-    let mut policy = speculate_policy(&args.speculate, choice.budget, args.concurrent)?;
-    let cost_key = super::calibrate::cost_key(
-        &crate::bench::device_name(client),
-        model,
-        dtype.name(),
-        &choice,
-    );
-    if let DraftPolicy::Planned(p) = &mut policy {
-        // Costs measured by earlier runs on this device: a run without a
-        // warm-up (--no-baseline) plans from its first round.
-        if let Some(c) = super::calibrate::load_costs(&cost_key) {
-            p.seed_costs(&c);
-        }
-    }
+    let (mut policy, cost_key) = seeded_policy(client, args, model, dtype, &choice)?;
     let mut drafter = make_drafter(client, &choice, model, &target, dtype)?.drafter;
     if !args.no_baseline {
         // Untimed warm-up on the same prompts: compiles every kernel shape
@@ -326,9 +313,7 @@ fn generate_on<R: Runtime>(
         ("target", target.exec.profile()),
         ("drafter", drafter.profile()),
     ] {
-        if let Some(p) = p {
-            eprint!("{who} {p}");
-        }
+        p.into_iter().for_each(|p| eprint!("{who} {p}"));
     }
     let timing = if args.no_baseline {
         None
@@ -369,6 +354,28 @@ fn generate_on<R: Runtime>(
     }
     eprintln!("{}", stats_line(&drafter.name(), &spec.stats, timing));
     Ok(())
+}
+
+/// The draft policy of `--speculate` for `choice`, a planned one seeded with
+/// the costs earlier runs measured on this device (a run without a warm-up,
+/// `--no-baseline`, plans from its first round), and the key they are kept
+/// under.
+fn seeded_policy<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &GenerateArgs,
+    model: &ConvertedModel,
+    dtype: draftc_codegen::PlanDType,
+    choice: &super::drafter::DrafterChoice,
+) -> Result<(DraftPolicy, String), String> {
+    let mut policy = speculate_policy(&args.speculate, choice.budget, args.concurrent)?;
+    let device = crate::bench::device_name(client);
+    let cost_key = super::calibrate::cost_key(&device, model, dtype.name(), choice);
+    if let DraftPolicy::Planned(p) = &mut policy {
+        if let Some(c) = super::calibrate::load_costs(&cost_key) {
+            p.seed_costs(&c);
+        }
+    }
+    Ok((policy, cost_key))
 }
 
 /// The drafter `generate`'s flags name, at the settings its weights
