@@ -113,7 +113,9 @@ fn run_inner(args: ServeArgs) -> Result<(), String> {
         .name("draftc-engine".into())
         .spawn(move || {
             worker::run(engine_args, model, engine_shared.clone(), jobs_rx);
-            if engine_shared.health() != Health::Failed {
+            // Its job channel closes when the server stops (after a
+            // drain): that is no failure. Ending otherwise is one.
+            if !matches!(engine_shared.health(), Health::Failed | Health::Draining) {
                 engine_shared.fail("the engine thread ended".into());
             }
         })

@@ -384,4 +384,18 @@ fn sigterm_drains_running_requests_then_exits_0() {
     assert!(rest.contains("data: [DONE]"), "{rest}");
     let status = s.child.wait().unwrap();
     assert_eq!(status.code(), Some(0), "{}", s.log());
+    // A clean stop says so and reports no error (the engine's job channel
+    // closing after the drain is not a failure). The log's reader sees
+    // the pipe close right after the exit.
+    let t = std::time::Instant::now();
+    while !s.log().contains("draftc serve: stopped") && t.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let log = s.log();
+    assert!(log.contains("draftc serve: stopped"), "{log}");
+    assert!(
+        !log.contains("error:"),
+        "a clean stop printed an error:\n{log}"
+    );
 }
