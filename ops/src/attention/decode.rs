@@ -45,6 +45,133 @@ pub const MAX_HEAD_DIM: usize = 128;
 /// Sentinel for the running max before any key (finite, see `kernel.rs`).
 const NEG_BIG: f32 = -1.0e30;
 
+/// One visible key (its K and V vectors at `k_base`) for every query head
+/// of the group: the plane's dot products (`qv` pre-scaled), then the online
+/// softmax's running max `m`, sum `l` and accumulator `acc` updated.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn attend_key<F: Float + CubeElement, N: Size>(
+    k: &Array<Vector<F, N>>,
+    v: &Array<Vector<F, N>>,
+    k_base: u32,
+    qv: &Array<Vector<f32, N>>,
+    acc: &mut Array<Vector<f32, N>>,
+    m: &mut Array<f32>,
+    l: &mut Array<f32>,
+    group: u32,
+    #[comptime] pv: usize,
+) {
+    let mut kv = Array::<Vector<f32, N>>::new(pv);
+    let mut vv = Array::<Vector<f32, N>>::new(pv);
+    #[unroll]
+    for i in 0..pv {
+        kv[i] = Vector::cast_from(k[(k_base + i as u32) as usize]);
+        vv[i] = Vector::cast_from(v[(k_base + i as u32) as usize]);
+    }
+    for g in 0..group {
+        let gb = (g as usize) * pv;
+        let mut dotv = Vector::<f32, N>::new(0.0);
+        #[unroll]
+        for i in 0..pv {
+            dotv += qv[gb + i] * kv[i];
+        }
+        let mut s = f32::new(0.0);
+        #[unroll]
+        for i in 0..N::value() {
+            s += dotv[i];
+        }
+        let s = plane_sum(s);
+        let mg = m[g as usize];
+        let m_new = mg.max(s);
+        let corr = f32::exp(mg - m_new);
+        let p = f32::exp(s - m_new);
+        l[g as usize] = l[g as usize] * corr + p;
+        m[g as usize] = m_new;
+        let corr_v = Vector::<f32, N>::new(corr);
+        let p_v = Vector::<f32, N>::new(p);
+        #[unroll]
+        for i in 0..pv {
+            acc[gb + i] = acc[gb + i] * corr_v + p_v * vv[i];
+        }
+    }
+}
+
+/// Plane 0's end of a row: each query head's sums merged across the
+/// planes (their `m`, `l` and accumulators in `smem`, `sv` vectors a slot),
+/// then the normalised output written, or this split's partial (`m`, `l`
+/// and the unnormalised accumulator) when the keys are split.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn finish_group<F: Float + CubeElement, N: Size>(
+    smem: &SharedMemory<Vector<f32, N>>,
+    acc: &mut Array<Vector<f32, N>>,
+    m: &Array<f32>,
+    l: &Array<f32>,
+    out: &mut Array<Vector<F, N>>,
+    part_ml: &mut Array<f32>,
+    part_acc: &mut Array<Vector<f32, N>>,
+    row: u32,
+    local: u32,
+    heads: u32,
+    group: u32,
+    kvh: u32,
+    hdv: u32,
+    d0: u32,
+    lane: u32,
+    split: u32,
+    splits: u32,
+    #[comptime] pv: usize,
+    #[comptime] planes: usize,
+    #[comptime] sv: usize,
+) {
+    for g in 0..group {
+        let gb = (g as usize) * pv;
+        let mut mt = m[g as usize];
+        let mut lt = l[g as usize];
+        if comptime!(planes > 1) {
+            for p in 1..planes {
+                let slot = (p * MAX_GROUP + g as usize) * sv;
+                let mp = smem[slot][0];
+                let m_new = mt.max(mp);
+                let ca = f32::exp(mt - m_new);
+                let cb = f32::exp(mp - m_new);
+                lt = lt * ca + smem[slot + 1][0] * cb;
+                let ca_v = Vector::<f32, N>::new(ca);
+                let cb_v = Vector::<f32, N>::new(cb);
+                #[unroll]
+                for i in 0..pv {
+                    acc[gb + i] = acc[gb + i] * ca_v + smem[slot + 2 + d0 as usize + i] * cb_v;
+                }
+                mt = m_new;
+            }
+        }
+        let head = kvh * group + g;
+        if splits == 1 {
+            let mut inv = f32::new(0.0);
+            if lt > 0.0 {
+                inv = f32::new(1.0) / lt;
+            }
+            let inv_v = Vector::<f32, N>::new(inv);
+            let o_base = (row * heads + head) * hdv + d0;
+            #[unroll]
+            for i in 0..pv {
+                out[(o_base + i as u32) as usize] = Vector::cast_from(acc[gb + i] * inv_v);
+            }
+        } else {
+            // This split's partial: (m, l) and the unnormalised accumulator.
+            let pr = (local * heads + head) * splits + split;
+            if lane == 0 {
+                part_ml[(pr * 2) as usize] = mt;
+                part_ml[(pr * 2 + 1) as usize] = lt;
+            }
+            #[unroll]
+            for i in 0..pv {
+                part_acc[(pr * hdv + d0 + i as u32) as usize] = acc[gb + i];
+            }
+        }
+    }
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
@@ -150,41 +277,8 @@ pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
                 key, qp, row, tree_base, k_pos, anc, words, p0, p1, mask, tree,
             )
         {
-            let j = key;
-            let k_base = (j * kv_heads + kvh) * hdv + d0;
-            let mut kv = Array::<Vector<f32, N>>::new(pv);
-            let mut vv = Array::<Vector<f32, N>>::new(pv);
-            #[unroll]
-            for i in 0..pv {
-                kv[i] = Vector::cast_from(k[(k_base + i as u32) as usize]);
-                vv[i] = Vector::cast_from(v[(k_base + i as u32) as usize]);
-            }
-            for g in 0..group {
-                let gb = (g as usize) * pv;
-                let mut dotv = Vector::<f32, N>::new(0.0);
-                #[unroll]
-                for i in 0..pv {
-                    dotv += qv[gb + i] * kv[i];
-                }
-                let mut s = f32::new(0.0);
-                #[unroll]
-                for i in 0..N::value() {
-                    s += dotv[i];
-                }
-                let s = plane_sum(s);
-                let mg = m[g as usize];
-                let m_new = mg.max(s);
-                let corr = f32::exp(mg - m_new);
-                let p = f32::exp(s - m_new);
-                l[g as usize] = l[g as usize] * corr + p;
-                m[g as usize] = m_new;
-                let corr_v = Vector::<f32, N>::new(corr);
-                let p_v = Vector::<f32, N>::new(p);
-                #[unroll]
-                for i in 0..pv {
-                    acc[gb + i] = acc[gb + i] * corr_v + p_v * vv[i];
-                }
-            }
+            let k_base = (key * kv_heads + kvh) * hdv + d0;
+            attend_key::<F, N>(k, v, k_base, &qv, &mut acc, &mut m, &mut l, group, pv);
         }
     }
 
@@ -210,52 +304,10 @@ pub(crate) fn decode_attention<F: Float + CubeElement, N: Size>(
     }
     sync_cube();
     if plane == 0 && live {
-        for g in 0..group {
-            let gb = (g as usize) * pv;
-            let mut mt = m[g as usize];
-            let mut lt = l[g as usize];
-            if comptime!(planes > 1) {
-                for p in 1..planes {
-                    let slot = (p * MAX_GROUP + g as usize) * sv;
-                    let mp = smem[slot][0];
-                    let m_new = mt.max(mp);
-                    let ca = f32::exp(mt - m_new);
-                    let cb = f32::exp(mp - m_new);
-                    lt = lt * ca + smem[slot + 1][0] * cb;
-                    let ca_v = Vector::<f32, N>::new(ca);
-                    let cb_v = Vector::<f32, N>::new(cb);
-                    #[unroll]
-                    for i in 0..pv {
-                        acc[gb + i] = acc[gb + i] * ca_v + smem[slot + 2 + d0 as usize + i] * cb_v;
-                    }
-                    mt = m_new;
-                }
-            }
-            let head = kvh * group + g;
-            if splits == 1 {
-                let mut inv = f32::new(0.0);
-                if lt > 0.0 {
-                    inv = f32::new(1.0) / lt;
-                }
-                let inv_v = Vector::<f32, N>::new(inv);
-                let o_base = (row * heads + head) * hdv + d0;
-                #[unroll]
-                for i in 0..pv {
-                    out[(o_base + i as u32) as usize] = Vector::cast_from(acc[gb + i] * inv_v);
-                }
-            } else {
-                // This split's partial: (m, l) and the unnormalised accumulator.
-                let pr = (local * heads + head) * splits + split;
-                if lane == 0 {
-                    part_ml[(pr * 2) as usize] = mt;
-                    part_ml[(pr * 2 + 1) as usize] = lt;
-                }
-                #[unroll]
-                for i in 0..pv {
-                    part_acc[(pr * hdv + d0 + i as u32) as usize] = acc[gb + i];
-                }
-            }
-        }
+        finish_group::<F, N>(
+            &smem, &mut acc, &m, &l, out, part_ml, part_acc, row, local, heads, group, kvh, hdv,
+            d0, lane, split, splits, pv, planes, sv,
+        );
     }
 }
 
