@@ -10,63 +10,35 @@ mod tiny;
 
 use tiny::*;
 
-use cubecl::prelude::*;
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{
-    generate_speculative, model_drafter, Committed, Drafter, EngineError, Request, Sampling,
-    SeqView, TargetModel,
+    generate_speculative, model_drafter, Request, Sampling, SeqView, TargetModel,
 };
-use draftc_runtime::exec::{HostWeights, Outputs};
+use draftc_runtime::exec::HostWeights;
 use draftc_runtime::speculation::{DraftTree, TreeShape};
 
 /// Records sequence 0's tokens and draft every round.
-struct Recording {
-    inner: Box<dyn Drafter<Wgpu>>,
-    rounds: Vec<(Vec<u32>, DraftTree)>,
-}
+#[derive(Default)]
+struct Rounds(Vec<(Vec<u32>, DraftTree)>);
 
-impl Drafter<Wgpu> for Recording {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn length(&self) -> usize {
-        self.inner.length()
-    }
-    fn observe(
-        &mut self,
-        c: &ComputeClient<Wgpu>,
-        out: &Outputs<Wgpu>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
-        self.inner.observe(c, out, committed)
-    }
-    fn draft(
-        &mut self,
-        t: &mut TargetModel<Wgpu>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
-        let trees = self.inner.draft(t, seqs, budget)?;
-        for (s, tree) in seqs.iter().zip(&trees) {
+impl Watch for Rounds {
+    fn drafted(&mut self, _name: &str, seqs: &[SeqView<'_>], trees: &[DraftTree]) {
+        for (s, tree) in seqs.iter().zip(trees) {
             if s.slot == 0 {
-                self.rounds.push((s.tokens.to_vec(), tree.clone()));
+                self.0.push((s.tokens.to_vec(), tree.clone()));
             }
         }
-        Ok(trees)
-    }
-    fn reset(&mut self, slot: usize) {
-        self.inner.reset(slot)
     }
 }
 
-fn recording(t: &TargetModel<Wgpu>, tw: &HostWeights, name: &str, shape: &str) -> Recording {
+fn recording(t: &TargetModel<Wgpu>, tw: &HostWeights, name: &str, shape: &str) -> Watched<Rounds> {
     let g = compile(name, &t.target_config);
     let w = drafter_weights(t, tw, &g, None);
     let shape = shape.parse::<TreeShape>().unwrap();
-    Recording {
+    Watched {
         inner: model_drafter(&wgpu_client(), &g, t, &w, PlanDType::F32, Some(shape)).unwrap(),
-        rounds: Vec::new(),
+        watch: Rounds::default(),
     }
 }
 
@@ -104,7 +76,7 @@ fn fresh_chain(
         &mut |_, _| {},
     )
     .unwrap();
-    let (seen, tree) = d.rounds.first().expect("one round drafted").clone();
+    let (seen, tree) = d.watch.0.first().expect("one round drafted").clone();
     assert_eq!(seen, tokens, "the fresh run reached the same tokens");
     first_path(&tree)
 }
@@ -133,12 +105,12 @@ fn a_draft_depends_only_on_the_tokens_and_a_branch_only_on_its_ancestors() {
             )
             .unwrap();
             assert!(
-                d.rounds.len() > 3,
+                d.watch.0.len() > 3,
                 "{name} {shape}: {} rounds",
-                d.rounds.len()
+                d.watch.0.len()
             );
             // Every round after the first (whose cache was empty anyway).
-            for (tokens, tree) in d.rounds.iter().skip(1) {
+            for (tokens, tree) in d.watch.0.iter().skip(1) {
                 let path = first_path(tree);
                 let chain = fresh_chain(&mut t, &tw, name, tokens, path.len().max(1));
                 assert_eq!(path.len(), chain.len(), "{name} {shape} after {tokens:?}");

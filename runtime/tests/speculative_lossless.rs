@@ -285,47 +285,21 @@ fn confidence_cut_drafting_is_lossless() {
     }
 }
 
-/// Wraps a drafter and checks that every token it drafts is in `allowed`.
+/// Checks that every token a drafter drafts is in `allowed`.
 struct OnlyFrom<'a> {
-    inner: Box<dyn Drafter<Wgpu>>,
     allowed: &'a [u32],
     drafted: usize,
 }
 
-impl Drafter<Wgpu> for OnlyFrom<'_> {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn length(&self) -> usize {
-        self.inner.length()
-    }
-    fn observe(
-        &mut self,
-        c: &ComputeClient<Wgpu>,
-        out: &draftc_runtime::exec::Outputs<Wgpu>,
-        committed: &[draftc_runtime::engine::Committed],
-    ) -> Result<(), EngineError> {
-        self.inner.observe(c, out, committed)
-    }
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<Wgpu>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
-        let trees = self.inner.draft(target, seqs, budget)?;
+impl Watch for OnlyFrom<'_> {
+    fn drafted(&mut self, name: &str, _seqs: &[SeqView<'_>], trees: &[DraftTree]) {
         for tok in trees.iter().flat_map(|t| t.tokens()) {
             assert!(
                 self.allowed.contains(&tok),
-                "{} drafted {tok}, outside its draft vocabulary",
-                self.name()
+                "{name} drafted {tok}, outside its draft vocabulary"
             );
             self.drafted += 1;
         }
-        Ok(trees)
-    }
-    fn reset(&mut self, slot: usize) {
-        self.inner.reset(slot)
     }
 }
 
@@ -358,16 +332,18 @@ fn reduced_draft_vocabulary_is_lossless() {
         for &shape in shapes {
             let tree = shape.map(|s| s.parse::<TreeShape>().unwrap());
             let inner = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, tree).unwrap();
-            let mut d = OnlyFrom {
+            let mut d = Watched {
                 inner,
-                allowed: &ids,
-                drafted: 0,
+                watch: OnlyFrom {
+                    allowed: &ids,
+                    drafted: 0,
+                },
             };
             for b in [1, 3] {
                 check(&mut t, &mut d, b, 4);
             }
             assert!(
-                d.drafted > 0,
+                d.watch.drafted > 0,
                 "{name} {shape:?} (GPU {gpu}) drafted nothing"
             );
         }

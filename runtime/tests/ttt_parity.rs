@@ -21,8 +21,7 @@ use draftc_codegen::bind::DRAFT_VOCAB_HEAD;
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{
-    generate_speculative, model_drafter, Committed, Drafter, EngineError, Request, Sampling,
-    SeqView, TargetModel,
+    generate_speculative, model_drafter, Committed, Request, Sampling, SeqView,
 };
 use draftc_runtime::exec::Outputs;
 use draftc_runtime::speculation::{DraftTree, TreeShape};
@@ -33,26 +32,15 @@ const DEPTH: usize = 4;
 
 /// Records sequence 0's first draft and the target states (`hidden[i]`)
 /// of every position it committed.
-struct Recording {
-    inner: Box<dyn Drafter<Wgpu>>,
+#[derive(Default)]
+struct FirstDraft {
     first: Option<(Vec<u32>, DraftTree)>,
     /// tap -> position -> row.
     hidden: BTreeMap<String, BTreeMap<u32, Vec<f32>>>,
 }
 
-impl Drafter<Wgpu> for Recording {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn length(&self) -> usize {
-        self.inner.length()
-    }
-    fn observe(
-        &mut self,
-        c: &ComputeClient<Wgpu>,
-        out: &Outputs<Wgpu>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
+impl Watch for FirstDraft {
+    fn observed(&mut self, c: &ComputeClient<Wgpu>, out: &Outputs<Wgpu>, committed: &[Committed]) {
         for x in committed.iter().filter(|x| x.slot == 0) {
             for (name, t) in out.tensors.iter().filter(|(n, _)| n.starts_with("hidden[")) {
                 let d = *t.shape().last().unwrap();
@@ -63,22 +51,11 @@ impl Drafter<Wgpu> for Recording {
                 }
             }
         }
-        self.inner.observe(c, out, committed)
     }
-    fn draft(
-        &mut self,
-        t: &mut TargetModel<Wgpu>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
-        let trees = self.inner.draft(t, seqs, budget)?;
+    fn drafted(&mut self, _name: &str, seqs: &[SeqView<'_>], trees: &[DraftTree]) {
         if self.first.is_none() {
             self.first = Some((seqs[0].tokens.to_vec(), trees[0].clone()));
         }
-        Ok(trees)
-    }
-    fn reset(&mut self, slot: usize) {
-        self.inner.reset(slot)
     }
 }
 
@@ -98,10 +75,9 @@ fn dump(name: &str, prompt: &[u32], dir: &Path, skew: f32) {
         Some(TreeShape::Chain),
     )
     .unwrap();
-    let mut d = Recording {
+    let mut d = Watched {
         inner,
-        first: None,
-        hidden: BTreeMap::new(),
+        watch: FirstDraft::default(),
     };
     let request = Request {
         prompt: prompt.to_vec(),
@@ -118,7 +94,7 @@ fn dump(name: &str, prompt: &[u32], dir: &Path, skew: f32) {
         &mut |_, _| {},
     )
     .unwrap();
-    let (tokens, tree) = d.first.clone().expect("a round was drafted");
+    let (tokens, tree) = d.watch.first.clone().expect("a round was drafted");
     // The chain: every node's first child from the root.
     let mut chain = Vec::new();
     let mut at = None;
@@ -151,7 +127,7 @@ fn dump(name: &str, prompt: &[u32], dir: &Path, skew: f32) {
                 .collect(),
         ),
     ];
-    for (tap, rows) in &d.hidden {
+    for (tap, rows) in &d.watch.hidden {
         let i: i64 = tap
             .trim_start_matches("hidden[")
             .trim_end_matches(']')

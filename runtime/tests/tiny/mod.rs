@@ -258,3 +258,62 @@ pub fn run_checked(cmd: &mut std::process::Command) -> (bool, String) {
     );
     (out.status.success(), text)
 }
+
+/// What a [`Watched`] drafter shows a test: every target pass it observes
+/// (before its drafter does) and every round's drafts (`name`: the
+/// drafter's).
+pub trait Watch {
+    fn observed(
+        &mut self,
+        _c: &cubecl::prelude::ComputeClient<Wgpu>,
+        _out: &draftc_runtime::exec::Outputs<Wgpu>,
+        _committed: &[draftc_runtime::engine::Committed],
+    ) {
+    }
+    fn drafted(
+        &mut self,
+        _name: &str,
+        _seqs: &[draftc_runtime::engine::SeqView<'_>],
+        _trees: &[draftc_runtime::speculation::DraftTree],
+    ) {
+    }
+}
+
+/// A drafter that passes everything to `inner` and shows `watch` what went
+/// through (the tests' recorders and checkers).
+pub struct Watched<W: Watch> {
+    pub inner: Box<dyn Drafter<Wgpu>>,
+    pub watch: W,
+}
+
+impl<W: Watch> Drafter<Wgpu> for Watched<W> {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn length(&self) -> usize {
+        self.inner.length()
+    }
+    fn observe(
+        &mut self,
+        c: &cubecl::prelude::ComputeClient<Wgpu>,
+        out: &draftc_runtime::exec::Outputs<Wgpu>,
+        committed: &[draftc_runtime::engine::Committed],
+    ) -> Result<(), draftc_runtime::engine::EngineError> {
+        self.watch.observed(c, out, committed);
+        self.inner.observe(c, out, committed)
+    }
+    fn draft(
+        &mut self,
+        target: &mut TargetModel<Wgpu>,
+        seqs: &[draftc_runtime::engine::SeqView<'_>],
+        budget: usize,
+    ) -> Result<Vec<draftc_runtime::speculation::DraftTree>, draftc_runtime::engine::EngineError>
+    {
+        let trees = self.inner.draft(target, seqs, budget)?;
+        self.watch.drafted(&self.inner.name(), seqs, &trees);
+        Ok(trees)
+    }
+    fn reset(&mut self, slot: usize) {
+        self.inner.reset(slot)
+    }
+}
