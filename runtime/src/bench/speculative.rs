@@ -327,13 +327,9 @@ impl<R: Runtime> Measured<R> {
     }
 }
 
-/// Runs every configuration of `cfg`.
-pub fn run_spec<R: Runtime>(
-    client: &ComputeClient<R>,
-    model: &ConvertedModel,
-    cfg: &SpecConfig,
-    progress: &Progress,
-) -> Result<SpecReport, String> {
+/// What `bench spec` cannot run: no batch, prompt, drafter or budget, a
+/// zero, no repeat, neither fixed budgets nor auto.
+fn check_config(cfg: &SpecConfig) -> Result<(), String> {
     if cfg.batches.is_empty() || cfg.batches.contains(&0) || cfg.max_tokens == 0 {
         return Err("give batch sizes >= 1 and --max-tokens >= 1".into());
     }
@@ -349,6 +345,86 @@ pub fn run_spec<R: Runtime>(
     if !cfg.fixed && !cfg.auto {
         return Err("measure fixed budgets, auto, or both".into());
     }
+    Ok(())
+}
+
+/// One configuration to measure: drafter `choice` (the `group`-th of the
+/// run) at `budget`, planned or fixed, built once for all its repeats.
+#[allow(clippy::too_many_arguments)]
+fn measured<R: Runtime>(
+    client: &ComputeClient<R>,
+    model: &ConvertedModel,
+    target: &TargetModel<R>,
+    cfg: &SpecConfig,
+    choice: &DrafterChoice,
+    group: usize,
+    budget: usize,
+    planned: bool,
+) -> Result<Measured<R>, String> {
+    let choice = DrafterChoice {
+        budget,
+        ..choice.clone()
+    };
+    let mode = if planned { "auto" } else { "fixed" };
+    let built = make_drafter(client, &choice, model, target, cfg.dtype)?;
+    let policy = crate::cli::generate::speculate_policy(mode, budget, choice.concurrent)?;
+    Ok(Measured {
+        label: format!("{} budget {budget} {mode}", choice.name),
+        group,
+        choice,
+        mode,
+        drafter: built.drafter,
+        weights: built.weights,
+        policy,
+        stats: SpecStats::default(),
+        rates: Vec::new(),
+        at: Vec::new(),
+        lossless: true,
+    })
+}
+
+impl<R: Runtime> Measured<R> {
+    /// One timed run over every group of prompts: its decode rate, its
+    /// stats, and whether its tokens are the autoregressive ones.
+    fn measure(
+        &mut self,
+        target: &mut TargetModel<R>,
+        groups: &[Vec<Request>],
+        max_tokens: usize,
+        base_tokens: &[Vec<u32>],
+    ) -> Result<(), String> {
+        let mut s = SpecStats::default();
+        let mut tokens = Vec::new();
+        for requests in groups {
+            let spec = generate_with_policy(
+                target,
+                self.drafter.as_mut(),
+                requests,
+                max_tokens,
+                &Sampling::GREEDY,
+                &mut self.policy,
+                None,
+                &mut |_, _| {},
+            )
+            .map_err(|e| e.to_string())?;
+            s.merge(&spec.stats);
+            tokens.extend(spec.tokens);
+        }
+        self.rates.push(s.decode_tokens_per_s());
+        self.lossless &= tokens == base_tokens;
+        self.stats.merge(&s);
+        Ok(())
+    }
+}
+
+/// Runs every configuration of `cfg`.
+pub fn run_spec<R: Runtime>(
+    client: &ComputeClient<R>,
+    model: &ConvertedModel,
+    cfg: &SpecConfig,
+    progress: &Progress,
+) -> Result<SpecReport, String> {
+    check_config(cfg)?;
     let err = |e: EngineError| e.to_string();
     let max_b = *cfg.batches.iter().max().unwrap_or(&1);
     let count = |b: usize| cfg.prompt_count.unwrap_or(b).max(b).div_ceil(b) * b;
@@ -414,27 +490,9 @@ pub fn run_spec<R: Runtime>(
         let mut configs: Vec<Measured<R>> = Vec::new();
         for (group, choice) in cfg.drafters.iter().enumerate() {
             for (budget, planned) in budgets_of(choice) {
-                let choice = DrafterChoice {
-                    budget,
-                    ..choice.clone()
-                };
-                let mode = if planned { "auto" } else { "fixed" };
-                let built = make_drafter(client, &choice, model, &target, cfg.dtype)?;
-                let policy =
-                    crate::cli::generate::speculate_policy(mode, budget, choice.concurrent)?;
-                configs.push(Measured {
-                    label: format!("{} budget {budget} {mode}", choice.name),
-                    group,
-                    choice,
-                    mode,
-                    drafter: built.drafter,
-                    weights: built.weights,
-                    policy,
-                    stats: SpecStats::default(),
-                    rates: Vec::new(),
-                    at: Vec::new(),
-                    lossless: true,
-                });
+                configs.push(measured(
+                    client, model, &target, cfg, choice, group, budget, planned,
+                )?);
             }
         }
         let groups_of: Vec<usize> = configs.iter().map(|m| m.group).collect();
@@ -471,27 +529,8 @@ pub fn run_spec<R: Runtime>(
                 )
                 .map_err(err)?;
             }
-            let mut s = SpecStats::default();
-            let mut tokens = Vec::new();
-            for requests in &groups {
-                let spec = generate_with_policy(
-                    &mut target,
-                    m.drafter.as_mut(),
-                    requests,
-                    cfg.max_tokens,
-                    &Sampling::GREEDY,
-                    &mut m.policy,
-                    None,
-                    &mut |_, _| {},
-                )
-                .map_err(err)?;
-                s.merge(&spec.stats);
-                tokens.extend(spec.tokens);
-            }
-            m.rates.push(s.decode_tokens_per_s());
+            m.measure(&mut target, &groups, cfg.max_tokens, &base_tokens)?;
             m.at.push(clock.elapsed().as_secs_f64());
-            m.lossless &= tokens == base_tokens;
-            m.stats.merge(&s);
             done += 1;
         }
         // A last baseline after the drafters: a noisy host (lavapipe
