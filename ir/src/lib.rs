@@ -18,6 +18,7 @@ pub mod parser;
 pub mod print;
 pub mod span;
 pub mod stats;
+#[cfg(feature = "testing")]
 pub mod testing;
 pub mod types;
 pub mod verify;

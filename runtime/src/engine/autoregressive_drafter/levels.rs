@@ -323,7 +323,8 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
 
     /// Candidates for every queried row of a level (`wants` per row): a
     /// deferred chain's selection and a deferred tree's candidates stay on
-    /// the device (the driving builders get placeholders), a plain chain
+    /// the device (the driving builders get stand-in tokens that only
+    /// count rows), a plain chain
     /// takes the argmax, a tree its top candidates; draft ids map to target
     /// ids for a reduced vocabulary.
     fn candidates(
