@@ -596,8 +596,10 @@ impl Batch {
         // The logits hold the step's output rows only, in their order.
         let packed: Vec<u32> = rows.iter().map(|r| r.0).collect();
         if let Some(out_rows) = &pass.step.output_rows {
+            // `lay_out` lists them ascending (decoding rows, then each
+            // finished prompt's last row).
             for r in &mut rows {
-                r.0 = out_rows.iter().position(|&o| o == r.0).ok_or_else(|| {
+                r.0 = out_rows.binary_search(&r.0).map_err(|_| {
                     EngineError::Invalid(format!("row {} has no logits in its pass", r.0))
                 })? as u32;
             }
