@@ -17,6 +17,10 @@ if ! command -v cargo >/dev/null; then
 fi
 
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# A clean CI build gains nothing from incremental state (about 1 GB of it).
+if [ "${CI:-}" = "true" ]; then
+  export CARGO_INCREMENTAL=0
+fi
 # The serving tests' client tools (the official OpenAI client, pinned, no
 # torch) in .venv-serve.
 bash tools/serve/venv.sh >/dev/null

@@ -179,4 +179,11 @@ pub enum ExprKind {
     List(Vec<Expr>),
     /// `a..b` (inside index lists)
     Range(Box<Expr>, Box<Expr>),
+    /// `a if flag else b`: one of two values by a flag of the target preset
+    /// (`tied_embeddings`). Only a setting's value is parsed this way.
+    Choose {
+        then: Box<Expr>,
+        flag: Ident,
+        otherwise: Box<Expr>,
+    },
 }

@@ -123,6 +123,29 @@ pub fn lex(src: &str) -> (Vec<Token>, Vec<Diagnostic>) {
                     i += 1;
                 }
             }
+            b'@' if bytes.get(i + 1) == Some(&b'(') => {
+                // `@(a if flag else b)`: the text up to the matching `)` on
+                // this line; the lowering reads the choice.
+                let mut j = i + 2;
+                let mut depth = 1;
+                while j < bytes.len() && bytes[j] != b'\n' && depth > 0 {
+                    depth += (bytes[j] == b'(') as i32 - (bytes[j] == b')') as i32;
+                    j += 1;
+                }
+                if depth > 0 {
+                    diags.push(
+                        Diagnostic::error(Span::new(start, j), "unclosed `(` in weight name")
+                            .with_label("expected `)` before the end of the line"),
+                    );
+                }
+                // Kept when unclosed too (the lowering skips it), so the
+                // call does not also read as missing its weights.
+                tokens.push(Token {
+                    kind: TokenKind::WeightPath(src[start + 1..j].to_string()),
+                    span: Span::new(start, j),
+                });
+                i = j;
+            }
             b'@' => {
                 i += 1;
                 let mut depth = 0i32;

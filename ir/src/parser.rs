@@ -347,6 +347,7 @@ impl Parser {
                 _ => {
                     let key = self.ident("a setting name")?;
                     let value = self.expr()?;
+                    let value = self.choice(value)?;
                     let span = start.to(self.prev_span());
                     settings.push(Setting { key, value, span });
                     return Ok(());
@@ -358,6 +359,30 @@ impl Parser {
             span: start.to(self.prev_span()),
         });
         Ok(())
+    }
+
+    /// `then if FLAG else otherwise` after a setting's value `then`; `then`
+    /// alone when no `if` follows.
+    fn choice(&mut self, then: Expr) -> PResult<Expr> {
+        if !matches!(self.peek(), TokenKind::Ident(w) if w == "if") {
+            return Ok(then);
+        }
+        self.bump();
+        let flag = self.ident("a flag of the target preset, e.g. `tied_embeddings`")?;
+        if !matches!(self.peek(), TokenKind::Ident(w) if w == "else") {
+            return Err(self.error_here("`else` and the value when the flag is false"));
+        }
+        self.bump();
+        let otherwise = self.expr()?;
+        let span = then.span.to(otherwise.span);
+        Ok(Expr {
+            kind: ExprKind::Choose {
+                then: Box::new(then),
+                flag,
+                otherwise: Box::new(otherwise),
+            },
+            span,
+        })
     }
 
     fn error_here_at_prev(&mut self, word: &str) -> Recover {

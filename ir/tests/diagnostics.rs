@@ -428,3 +428,61 @@ fn training_schedule_settings_are_checked() {
         "{got:?}"
     );
 }
+
+/// A model header for the flag-choice snippets (3 lines).
+const MODEL: &str = "model m\nembed e\nfinal_norm e\n";
+
+#[test]
+fn a_choice_on_a_flag_the_preset_lacks_is_named_with_the_flags_it_has() {
+    check_under(
+        MODEL,
+        "input ids : [t] u32\noutput o = embedding(ids, v, d) @(e if tied_embedings else w)\n",
+        &["5:40 `tied_embedings` is not a flag of the target preset `tiny`"],
+    );
+    let src = format!("{MODEL}lm_head e if tide else w\ninput ids : [t] u32\noutput o = embedding(ids, v, d) @e\n");
+    let diags = common::compile(&src, &common::tiny()).unwrap_err();
+    assert_eq!(common::loc(&src, &diags[0]), "4:14", "{diags:?}");
+    assert!(
+        diags[0]
+            .notes
+            .iter()
+            .any(|n| n.contains("the preset's flags: tied_embeddings")),
+        "{diags:?}"
+    );
+}
+
+#[test]
+fn a_malformed_weight_choice_is_an_error_not_a_name() {
+    check_under(
+        MODEL,
+        "input ids : [t] u32\noutput o = embedding(ids, v, d) @(e if tied_embeddings)\n",
+        &["5:33 a weight-name choice is `@(a if flag else b)`"],
+    );
+    check_under(
+        MODEL,
+        "input ids : [t] u32\noutput o = embedding(ids, v, d) @(e if tied_embeddings else w\n",
+        &["5:33 unclosed `(` in weight name"],
+    );
+    check_under(
+        MODEL,
+        "lm_head e if tied_embeddings w\ninput ids : [t] u32\noutput o = embedding(ids, v, d) @e\n",
+        &["4:30 expected `else`"],
+    );
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput o = x if tied_embeddings else x\n",
+        &["5:14 expected"],
+    );
+}
+
+#[test]
+fn a_flag_choice_picks_each_side() {
+    let body = "lm_head e if tied_embeddings else w\ninput ids : [t] u32\noutput o = embedding(ids, v, d) @(e if tied_embeddings else w)\n";
+    let src = format!("{MODEL}{body}");
+    let mut cfg = common::tiny();
+    for (tied, name) in [(true, "e"), (false, "w")] {
+        cfg.flags.insert("tied_embeddings".into(), tied);
+        let g = common::compile(&src, &cfg).unwrap();
+        assert_eq!(g.meta.exports["lm_head"], name);
+        assert_eq!(g.params()[0].name, format!("{name}.weight"));
+    }
+}

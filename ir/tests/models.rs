@@ -45,6 +45,35 @@ fn llama_has_the_smollm2_tensor_names_and_count() {
 }
 
 #[test]
+fn an_untied_target_binds_its_own_lm_head_and_exports_it() {
+    let mut cfg = common::smollm2();
+    cfg.flags.insert("tied_embeddings".into(), false);
+    let g = common::compile(common::MODELS[0].1, &cfg).unwrap();
+    let params = g.params();
+    assert_eq!(params.len(), 3 + 30 * 9);
+    let head = params.iter().find(|p| p.name == "lm_head.weight");
+    assert_eq!(
+        head.map(|p| p.shape.clone()),
+        Some(vec![
+            draftc_ir::dim::Dim::constant(49152),
+            draftc_ir::dim::Dim::constant(576)
+        ])
+    );
+    // The untied head adds v × d parameters to the tied count.
+    assert_eq!(param_stats(&g).total, 134_515_008 + 49_152 * 576);
+    assert_eq!(g.meta.exports["lm_head"], "lm_head");
+    assert_eq!(g.meta.exports["embed"], "model.embed_tokens");
+    // Tied: no `lm_head` tensor, and the export is the embedding.
+    let tied = common::compile(common::MODELS[0].1, &common::smollm2()).unwrap();
+    assert!(tied.params().iter().all(|p| p.name != "lm_head.weight"));
+    assert_eq!(tied.meta.exports["lm_head"], "model.embed_tokens");
+    // Printed, the untied graph names its head and parses back the same.
+    let printed = draftc_ir::print::print(&g);
+    assert!(printed.contains("@lm_head"), "{printed}");
+    assert!(common::compile(&printed, &cfg).unwrap() == g);
+}
+
+#[test]
 fn specformer_parameter_count_matches_hand_computation() {
     let g = common::compile(common::MODELS[1].1, &common::smollm2()).unwrap();
     let s = param_stats(&g);

@@ -44,6 +44,9 @@ struct Config {
     /// New rows per sequence in each of the first two passes.
     rows: Vec<(usize, usize)>,
     fuse: bool,
+    /// The target's LM head is its embedding (`tied_embeddings`) or a
+    /// tensor of its own.
+    tied: bool,
     seed: u64,
     /// Lower for a GPU profile: the plane layouts run on lavapipe.
     gpu: bool,
@@ -60,10 +63,11 @@ fn config() -> impl Strategy<Value = Config> {
         2i64..=4,
         prop::collection::vec((1usize..=4, 1usize..=3), 1..=3),
         any::<bool>(),
+        any::<bool>(),
         any::<u64>(),
     )
         .prop_map(
-            |(layers, (heads, kv_heads), head_dim, f, vocab, l, rows, fuse, seed)| Config {
+            |(layers, (heads, kv_heads), head_dim, f, vocab, l, rows, fuse, tied, seed)| Config {
                 layers,
                 heads,
                 kv_heads,
@@ -73,6 +77,7 @@ fn config() -> impl Strategy<Value = Config> {
                 l,
                 rows,
                 fuse,
+                tied,
                 seed,
                 gpu: false,
             },
@@ -92,6 +97,7 @@ fn tiny_target(c: &Config) -> TargetConfig {
     ] {
         t.ints.insert(k.into(), v);
     }
+    t.flags.insert("tied_embeddings".into(), c.tied);
     t
 }
 

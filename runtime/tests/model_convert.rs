@@ -10,6 +10,7 @@ use std::path::Path;
 
 use draftc_runtime::model::config::LlamaConfig;
 use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
+use draftc_runtime::model::dequant::GgmlType;
 use draftc_runtime::model::gguf::Gguf;
 use draftc_runtime::model::names::{expected_tensors, unpermute_rows};
 use draftc_runtime::model::safetensors_io::{SafetensorsFile, WeightDtype};
@@ -231,6 +232,78 @@ fn tensors_config_and_tokenizer_are_written() {
     );
 }
 
+/// Last-row logits of each prompt of the converted checkpoint in `dir`,
+/// run through `TargetModel::load` (the path `draftc generate --model`
+/// takes) on lavapipe.
+fn last_logits(dir: &Path, prompts: &[Vec<u32>]) -> (Vec<f32>, usize) {
+    use draftc_codegen::PlanDType;
+    use draftc_runtime::engine::TargetModel;
+    use draftc_runtime::model::ConvertedModel;
+    let model = ConvertedModel::open(dir).unwrap();
+    let client = draftc_ops::testing::wgpu_client();
+    let mut t = TargetModel::load(&client, &model, prompts.len(), 64, PlanDType::F32).unwrap();
+    let slots: Vec<(usize, Vec<u32>)> = prompts.iter().cloned().enumerate().collect();
+    let (last, _) = t.prefill(&slots, |_, _, _| Ok(())).unwrap();
+    (last.download_f32(&client).unwrap(), t.vocab)
+}
+
+#[test]
+fn an_untied_checkpoint_runs_its_own_lm_head() {
+    // The tiny GGUF ties its head (no `output.weight`); the same file with an
+    // `output.weight` holding the embedding's rows in reverse order must give
+    // the tied logits reversed. Before the head was a choice of the model
+    // file, `llama.draft` read the embedding either way and the untied
+    // checkpoint ran with the tied logits.
+    let dir = tempfile::tempdir().unwrap();
+    let tied_dir = dir.path().join("tied");
+    convert_gguf(
+        &write_tiny(dir.path(), &tiny_llama()),
+        &tied_dir,
+        &opts(WeightDtype::F32),
+    )
+    .unwrap();
+    let tied = draftc_runtime::model::ConvertedModel::open(&tied_dir).unwrap();
+    assert!(tied.config.tie_word_embeddings);
+    let emb = tied.tensor_f32("model.embed_tokens.weight").unwrap();
+    let (v, d) = (tied.config.vocab_size, tied.config.hidden_size);
+    drop(tied);
+    let reversed: Vec<f32> = (0..v)
+        .rev()
+        .flat_map(|r| emb[r * d..(r + 1) * d].to_vec())
+        .collect();
+    let mut w = tiny_llama();
+    w.tensor(
+        "output.weight",
+        &[d as u64, v as u64],
+        GgmlType::F32,
+        f32_bytes(&reversed),
+    );
+    let untied_dir = dir.path().join("untied");
+    let gguf = dir.path().join("untied.gguf");
+    std::fs::write(&gguf, w.build()).unwrap();
+    convert_gguf(&gguf, &untied_dir, &opts(WeightDtype::F32)).unwrap();
+    let config = LlamaConfig::load(&untied_dir.join("config.json")).unwrap();
+    assert!(!config.tie_word_embeddings);
+
+    let prompts = vec![vec![1u32, 7, 9, 12, 4], vec![3u32]];
+    let (a, vocab) = last_logits(&tied_dir, &prompts);
+    let (b, _) = last_logits(&untied_dir, &prompts);
+    assert_eq!(vocab, v);
+    for row in 0..prompts.len() {
+        let (ra, rb) = (&a[row * v..(row + 1) * v], &b[row * v..(row + 1) * v]);
+        for i in 0..v {
+            let (x, y) = (rb[i], ra[v - 1 - i]);
+            assert!(
+                (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                "prompt {row}, token {i}: untied {x} against the tied logit of token {} {y}",
+                v - 1 - i
+            );
+        }
+        // The logits are not symmetric, so reading the embedding would fail.
+        assert!((0..v).any(|i| (rb[i] - ra[i]).abs() > 1e-3), "prompt {row}");
+    }
+}
+
 #[test]
 fn second_run_is_a_no_op_and_dtype_change_reconverts() {
     let dir = tempfile::tempdir().unwrap();
@@ -274,7 +347,7 @@ fn unknown_or_missing_tensors_are_named() {
     w.tensor(
         "rope_freqs.weight",
         &[8],
-        draftc_runtime::model::dequant::GgmlType::F32,
+        GgmlType::F32,
         f32_bytes(&[1.0; 8]),
     );
     let e = convert_gguf(

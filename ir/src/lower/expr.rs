@@ -29,6 +29,12 @@ pub(super) fn free_names(e: &Expr, out: &mut Vec<String>) {
             indices.iter().for_each(|i| free_names(i, out));
         }
         ExprKind::List(items) => items.iter().for_each(|i| free_names(i, out)),
+        ExprKind::Choose {
+            then, otherwise, ..
+        } => {
+            free_names(then, out);
+            free_names(otherwise, out);
+        }
     }
 }
 
@@ -109,6 +115,16 @@ impl Lowerer<'_> {
                 self.error(
                     Diagnostic::error(e.span, "a range is only valid in `repeat` or an index list")
                         .with_label("unexpected range"),
+                );
+                Val::Error
+            }
+            ExprKind::Choose { .. } => {
+                self.error(
+                    Diagnostic::error(
+                        e.span,
+                        "a choice on a flag is only valid as a setting's value or in a weight name",
+                    )
+                    .with_label("e.g. `@(model.embed_tokens if tied_embeddings else lm_head)`"),
                 );
                 Val::Error
             }

@@ -85,6 +85,32 @@ pub(crate) struct Lowerer<'a> {
     syntax_ok: bool,
 }
 
+impl Lowerer<'_> {
+    /// The value of the target preset's flag `flag` (`tied_embeddings`), or
+    /// `None` after reporting that the preset has no such flag.
+    pub(crate) fn flag(&mut self, flag: &crate::ast::Ident) -> Option<bool> {
+        if let Some(&v) = self.config.flags.get(&flag.name) {
+            return Some(v);
+        }
+        let known: Vec<String> = self.config.flags.keys().cloned().collect();
+        let mut d = Diagnostic::error(
+            flag.span,
+            format!(
+                "`{}` is not a flag of the target preset `{}`",
+                flag.name, self.config.name
+            ),
+        )
+        .with_label("a choice reads a `true`/`false` setting of the preset");
+        d = match expr::closest(&flag.name, &known) {
+            Some(c) => d.with_note(format!("did you mean `{c}`?")),
+            None if known.is_empty() => d.with_note("the preset sets no flags"),
+            None => d.with_note(format!("the preset's flags: {}", known.join(", "))),
+        };
+        self.error(d);
+        None
+    }
+}
+
 /// Changes applied while lowering a base model for self-speculation.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Overrides {

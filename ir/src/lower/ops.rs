@@ -199,8 +199,13 @@ impl Lowerer<'_> {
         Val::Tensor(id)
     }
 
-    /// Expand `{expr}` segments of a weight path.
+    /// Expand `{expr}` segments of a weight path, after choosing one side of
+    /// `(a if flag else b)` by the target preset's flag.
     pub(crate) fn weight_prefix(&mut self, w: &WeightPath) -> Option<String> {
+        if w.text.starts_with('(') {
+            let chosen = self.weight_choice(w)?;
+            return self.weight_prefix(&chosen);
+        }
         let mut out = String::new();
         let text = &w.text;
         let base = w.span.start as usize + 1; // after '@'
@@ -242,6 +247,48 @@ impl Lowerer<'_> {
             return None;
         }
         ok.then_some(out)
+    }
+
+    /// The side of `@(a if flag else b)` that the preset's `flag` picks, as
+    /// a weight path of its own (spans into the source kept).
+    fn weight_choice(&mut self, w: &WeightPath) -> Option<WeightPath> {
+        let start = w.span.start as usize + 2; // after `@(`
+                                               // Without its `)` (the lexer reported it): nothing more to say.
+        let inner = w.text.strip_prefix('(')?.strip_suffix(')')?;
+        // Words at brace depth 0, with their byte offsets in `inner`.
+        let mut words: Vec<(usize, &str)> = Vec::new();
+        let (mut depth, mut begin) = (0i32, None);
+        for (i, c) in inner.char_indices().chain([(inner.len(), ' ')]) {
+            depth += (c == '{') as i32 - (c == '}') as i32;
+            match (c.is_whitespace() && depth == 0, begin) {
+                (true, Some(b)) => {
+                    words.push((b, &inner[b..i]));
+                    begin = None;
+                }
+                (false, None) => begin = Some(i),
+                _ => {}
+            }
+        }
+        let path = |(at, text): (usize, &str)| WeightPath {
+            text: text.to_string(),
+            span: Span::new(start + at - 1, start + at + text.len()),
+        };
+        match words.as_slice() {
+            [a, (_, "if"), f, (_, "else"), b] => {
+                let flag = crate::ast::Ident {
+                    name: f.1.to_string(),
+                    span: Span::new(start + f.0, start + f.0 + f.1.len()),
+                };
+                Some(path(if self.flag(&flag)? { *a } else { *b }))
+            }
+            _ => {
+                self.error(
+                    Diagnostic::error(w.span, "a weight-name choice is `@(a if flag else b)`")
+                        .with_label("e.g. `@(model.embed_tokens if tied_embeddings else lm_head)`"),
+                );
+                None
+            }
+        }
     }
 
     fn bind_weights(&mut self, id: ValueId, prefix: String, span: Span) {

@@ -23,6 +23,10 @@ enum SettingVal {
 }
 
 fn setting_val(s: &Setting) -> SettingVal {
+    expr_val(&s.value)
+}
+
+fn expr_val(e: &crate::ast::Expr) -> SettingVal {
     fn path(e: &crate::ast::Expr) -> Option<String> {
         match &e.kind {
             ExprKind::Name(n) => Some(n.clone()),
@@ -30,7 +34,7 @@ fn setting_val(s: &Setting) -> SettingVal {
             _ => None,
         }
     }
-    match &s.value.kind {
+    match &e.kind {
         ExprKind::Int(i) => SettingVal::Int(*i),
         ExprKind::Float(x) => SettingVal::Float(*x),
         ExprKind::Neg(inner) => match &inner.kind {
@@ -40,8 +44,23 @@ fn setting_val(s: &Setting) -> SettingVal {
         },
         ExprKind::Name(n) if n == "true" => SettingVal::Bool(true),
         ExprKind::Name(n) if n == "false" => SettingVal::Bool(false),
-        _ => path(&s.value).map_or(SettingVal::Other, SettingVal::Path),
+        _ => path(e).map_or(SettingVal::Other, SettingVal::Path),
     }
+}
+
+/// A setting's value with a choice (`a if flag else b`) resolved against the
+/// target preset's flags; `None` when the flag is not one (reported).
+fn chosen_val(lw: &mut Lowerer, s: &Setting) -> Option<SettingVal> {
+    let mut e = &s.value;
+    while let ExprKind::Choose {
+        then,
+        flag,
+        otherwise,
+    } = &e.kind
+    {
+        e = if lw.flag(flag)? { then } else { otherwise };
+    }
+    Some(expr_val(e))
 }
 
 fn bad(s: &Setting, expected: &str) -> Diagnostic {
@@ -137,7 +156,10 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
     let drafter = lw.graph.kind == ItemKind::Drafter;
     for s in &file.settings {
         let key = s.key.name.as_str();
-        match (key, setting_val(s), drafter) {
+        let Some(val) = chosen_val(lw, s) else {
+            continue;
+        };
+        match (key, val, drafter) {
             ("kind", SettingVal::Path(p), true) => {
                 lw.graph.meta.drafter_kind = Some(match p.as_str() {
                     "parallel" => DrafterKind::Parallel,
