@@ -173,7 +173,10 @@ fn tensors_config_and_tokenizer_are_written() {
         ),
         (1e5, true, 128)
     );
-    assert_eq!((config.bos_token_id, config.eos_token_id), (1, 2));
+    assert_eq!(
+        (config.bos_token_id, config.eos_token_id.clone()),
+        (1, vec![2])
+    );
 
     let st = SafetensorsFile::open(&out.join("model.safetensors")).unwrap();
     let expected = expected_tensors(&config);

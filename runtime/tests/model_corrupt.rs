@@ -418,3 +418,151 @@ fn converted_dir_with_a_missing_tensor_is_rejected_on_open() {
         "{e}"
     );
 }
+
+/// The tiny transformers-made checkpoint `name` (see target_fixtures.rs)
+/// copied into a temporary directory, to be broken there.
+fn fixture_copy(name: &str) -> tempfile::TempDir {
+    let src = draftc_ir::testing::repo()
+        .join("runtime/tests/fixtures/targets")
+        .join(name);
+    let dir = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn config_json_is_read_as_transformers_reads_it() {
+    use draftc_runtime::model::config::LlamaConfig;
+    let dir = fixture_copy("llama-tied");
+    let path = dir.path().join("config.json");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let load = |edit: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+        let mut v = base.clone();
+        edit(v.as_object_mut().unwrap());
+        std::fs::write(&path, v.to_string()).unwrap();
+        LlamaConfig::load(&path).map_err(|e| e.to_string())
+    };
+    // transformers' LlamaConfig defaults for what may be absent.
+    let c = load(&|m| {
+        for k in [
+            "head_dim",
+            "num_key_value_heads",
+            "tie_word_embeddings",
+            "rope_theta",
+            "rms_norm_eps",
+            "hidden_act",
+            "bos_token_id",
+            "eos_token_id",
+            "rope_scaling",
+        ] {
+            m.remove(k);
+        }
+    })
+    .unwrap();
+    assert_eq!(
+        (c.head_dim, c.num_key_value_heads, c.tie_word_embeddings),
+        (8, 4, false)
+    );
+    assert_eq!((c.rope_theta, c.rms_norm_eps), (10_000.0, 1e-6));
+    assert_eq!((c.bos_token_id, c.eos_token_id.clone()), (1, vec![2]));
+    // A list of eos ids is kept whole, and written back as transformers does.
+    let c = load(&|m| {
+        m.insert("eos_token_id".into(), serde_json::json!([2, 5, 7]));
+    })
+    .unwrap();
+    assert_eq!(c.eos_token_id, vec![2, 5, 7]);
+    assert!(
+        c.to_json().contains("\"eos_token_id\": [\n    2,"),
+        "{}",
+        c.to_json()
+    );
+    // Whatever would change the computation and is not implemented is named.
+    for (key, value, named) in [
+        (
+            "model_type",
+            serde_json::json!("qwen2"),
+            "model_type `qwen2`",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
+            "rope_scaling of type `llama3`",
+        ),
+        ("attention_bias", serde_json::json!(true), "attention_bias"),
+        ("mlp_bias", serde_json::json!(true), "mlp_bias"),
+        (
+            "sliding_window",
+            serde_json::json!(4096),
+            "sliding_window: 4096",
+        ),
+        ("hidden_act", serde_json::json!("gelu"), "hidden_act `gelu`"),
+        (
+            "eos_token_id",
+            serde_json::json!([]),
+            "eos_token_id is an empty list",
+        ),
+        ("eos_token_id", serde_json::json!("2"), "config.json"),
+    ] {
+        let e = load(&|m| {
+            m.insert(key.into(), value.clone());
+        })
+        .unwrap_err();
+        assert!(e.contains(named) && e.contains("config.json"), "{key}: {e}");
+    }
+    let e = load(&|m| {
+        m.remove("model_type");
+    })
+    .unwrap_err();
+    assert!(e.contains("no `model_type`"), "{e}");
+}
+
+#[test]
+fn a_broken_shard_index_is_named_before_anything_runs() {
+    use draftc_runtime::model::ConvertedModel;
+    let name = "model.safetensors.index.json";
+    let dir = fixture_copy("llama-untied");
+    let index_path = dir.path().join(name);
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+    ConvertedModel::open(dir.path()).unwrap();
+    let open_with = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = base.clone();
+        edit(&mut v);
+        std::fs::write(&index_path, v.to_string()).unwrap();
+        ConvertedModel::open(dir.path()).err().unwrap().to_string()
+    };
+    let shard_of =
+        |v: &serde_json::Value, t: &str| v["weight_map"][t].as_str().unwrap().to_string();
+    // A tensor the index places in a shard that does not hold it.
+    let other = (1..=4)
+        .map(|i| format!("model-0000{i}-of-00004.safetensors"))
+        .find(|f| *f != shard_of(&base, "lm_head.weight"))
+        .unwrap();
+    let e = open_with(&|v| v["weight_map"]["lm_head.weight"] = other.clone().into());
+    assert!(e.contains("`lm_head.weight`") && e.contains(&other), "{e}");
+    // A shard that leaves the directory, and one that is missing.
+    let e = open_with(&|v| v["weight_map"]["lm_head.weight"] = "../x.safetensors".into());
+    assert!(
+        e.contains("not a file in the checkpoint's directory"),
+        "{e}"
+    );
+    let e = open_with(&|v| v["weight_map"]["lm_head.weight"] = "absent.safetensors".into());
+    assert!(e.contains("absent.safetensors"), "{e}");
+    // A tensor the index does not list at all.
+    let e = open_with(&|v| {
+        v["weight_map"]
+            .as_object_mut()
+            .unwrap()
+            .remove("lm_head.weight");
+    });
+    assert!(
+        e.contains("missing tensor `lm_head.weight`") && e.contains(name),
+        "{e}"
+    );
+    let e = open_with(&|v| *v = serde_json::json!({"metadata": {}}));
+    assert!(e.contains("no `weight_map`"), "{e}");
+}

@@ -161,7 +161,7 @@ pub fn parse(body: &[u8], chat: bool, shared: &Shared) -> Result<Parsed, ApiErro
         ));
     }
     let ignore_eos = boolean(&o, "ignore_eos")?.unwrap_or(false);
-    let eos = shared.model.config.eos_token_id;
+    let eos = &shared.model.config.eos_token_id;
     let params = SeqParams {
         max_tokens,
         sampling: Sampling {
@@ -170,7 +170,7 @@ pub fn parse(body: &[u8], chat: bool, shared: &Shared) -> Result<Parsed, ApiErro
             top_p: top_p as f32,
             seed,
         },
-        stop_ids: if ignore_eos { Vec::new() } else { vec![eos] },
+        stop_ids: if ignore_eos { Vec::new() } else { eos.clone() },
     };
     check_request(&prompt, &params, shared.model.config.vocab_size, max_len)
         .map_err(|e| ApiError::invalid(prompt_field, e.to_string()))?;

@@ -10,7 +10,7 @@ use cubecl::prelude::*;
 
 use super::speculative::{median, paired_speedups, Middle};
 use crate::engine::{
-    generate, generate_with_policy, DraftPolicy, Drafter, Request, Sampling, TargetModel,
+    generate, generate_with_policy, DraftPolicy, Drafter, Request, Sampling, Stops, TargetModel,
 };
 
 /// The rates the stats line compares: medians of alternated runs, all
@@ -44,7 +44,7 @@ pub struct Workload<'a> {
     pub requests: &'a [Request],
     pub max_tokens: usize,
     pub sampling: &'a Sampling,
-    pub stop: Option<u32>,
+    pub stop: Stops,
 }
 
 /// `runs` autoregressive runs alternated with `runs - 1` more speculative
@@ -68,7 +68,7 @@ pub fn time_against_baseline<R: Runtime>(
             w.requests,
             w.max_tokens,
             w.sampling,
-            w.stop,
+            w.stop.clone(),
             &mut |_, _| {},
         )
         .map_err(|e| e.to_string())?;
@@ -88,7 +88,7 @@ pub fn time_against_baseline<R: Runtime>(
                 w.max_tokens,
                 w.sampling,
                 policy,
-                w.stop,
+                w.stop.clone(),
                 &mut |_, _| {},
             )
             .map_err(|e| e.to_string())?;

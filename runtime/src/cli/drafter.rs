@@ -279,7 +279,7 @@ fn token_drafter<R: Runtime>(
     );
     let shape = choice.tree.clone().unwrap_or(TreeShape::Chain);
     let name = format!("early-exit:{n}");
-    let eos = target.eos;
+    let eos = target.eos.clone();
     let make: MakeTokenDrafter = Box::new(move || {
         let client = crate::device::wgpu_client()?;
         let mut lm = TargetModel::from_parts(&client, graph, cfg, weights, slots, capacity, dtype)

@@ -19,7 +19,8 @@ use super::drafter::{make_drafter, parse_lookup, DrafterChoice};
 use crate::bench::against_baseline::{time_against_baseline, FirstRun, Timing, Workload};
 use crate::device::{Backend, OnClient};
 use crate::engine::{
-    generate, generate_with_policy, warm_up, DraftPolicy, Request, Sampling, SpecStats, TargetModel,
+    generate, generate_with_policy, warm_up, DraftPolicy, Request, Sampling, SpecStats, Stops,
+    TargetModel,
 };
 use crate::model::convert::ConvertOptions;
 use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
@@ -235,13 +236,17 @@ fn generate_on<R: Runtime>(
         top_p: args.top_p,
         seed: args.seed,
     };
-    let stop = if args.ignore_eos { None } else { target.eos };
+    let stop = if args.ignore_eos {
+        Stops::default()
+    } else {
+        Stops(target.eos.clone())
+    };
     let requests: Vec<Request> = ids.iter().map(|p| Request { prompt: p.clone() }).collect();
     let stream = requests.len() == 1;
     let tokenizer = &model.tokenizer;
     let mut text = TextStream::new();
     let mut on_token = |_: usize, tok: u32| {
-        if !stream || Some(tok) == stop {
+        if !stream || stop.contains(tok) {
             return;
         }
         if let Ok(piece) = text.push(tokenizer, tok) {
@@ -256,7 +261,11 @@ fn generate_on<R: Runtime>(
             println!();
         } else {
             for toks in tokens {
-                let keep: Vec<u32> = toks.iter().copied().filter(|&t| Some(t) != stop).collect();
+                let keep: Vec<u32> = toks
+                    .iter()
+                    .copied()
+                    .filter(|&t| !stop.contains(t))
+                    .collect();
                 println!("{}", tokenizer.decode(&keep).map_err(|e| e.to_string())?);
                 println!();
             }
@@ -269,7 +278,7 @@ fn generate_on<R: Runtime>(
             &requests,
             args.max_tokens,
             &sampling,
-            stop,
+            stop.clone(),
             &mut on_token,
         )
         .map_err(|e| e.to_string())?;
@@ -303,7 +312,7 @@ fn generate_on<R: Runtime>(
         args.max_tokens,
         &sampling,
         &mut policy,
-        stop,
+        stop.clone(),
         &mut on_token,
     )
     .map_err(|e| e.to_string())?;

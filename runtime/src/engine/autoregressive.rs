@@ -9,7 +9,7 @@ use cubecl::prelude::*;
 use super::rounds::Parts;
 use super::select::Sampling;
 use super::speculative::DraftPolicy;
-use super::static_run::run_static;
+use super::static_run::{run_static, Stops};
 use super::target::{EngineError, TargetModel};
 
 /// One sequence to generate for.
@@ -64,7 +64,7 @@ pub fn generate<R: Runtime>(
     requests: &[Request],
     max_tokens: usize,
     sampling: &Sampling,
-    stop: Option<u32>,
+    stop: impl Into<Stops>,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<Generation, EngineError> {
     let mut policy = DraftPolicy::Fixed(0);
@@ -73,7 +73,14 @@ pub fn generate<R: Runtime>(
         drafter: None,
         policy: &mut policy,
     };
-    let run = run_static(&mut cx, requests, max_tokens, sampling, stop, on_token)?;
+    let run = run_static(
+        &mut cx,
+        requests,
+        max_tokens,
+        sampling,
+        stop.into(),
+        on_token,
+    )?;
     let stats = GenStats {
         sequences: requests.len(),
         prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),

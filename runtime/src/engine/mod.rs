@@ -59,6 +59,7 @@ pub use select::{
 pub use speculative::{
     generate_speculative, generate_with_policy, warm_up, DraftPolicy, SpecGeneration, SpecStats,
 };
+pub use static_run::Stops;
 pub use target::{
     compile_target, target_config, weight_specs, EngineError, TargetModel, LLAMA_DRAFT,
 };

@@ -25,7 +25,7 @@ use cubecl::prelude::*;
 use super::drafters::Drafter;
 use super::rounds::Parts;
 use super::select::Sampling;
-use super::static_run::run_static;
+use super::static_run::{run_static, Stops};
 use super::target::{EngineError, TargetModel};
 use super::Request;
 use crate::speculation::median::{median, Middle};
@@ -214,7 +214,7 @@ pub fn generate_speculative<R: Runtime>(
     max_tokens: usize,
     sampling: &Sampling,
     budget: usize,
-    stop: Option<u32>,
+    stop: impl Into<Stops>,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<SpecGeneration, EngineError> {
     generate_with_policy(
@@ -339,7 +339,7 @@ pub fn generate_with_policy<R: Runtime>(
     max_tokens: usize,
     sampling: &Sampling,
     policy: &mut DraftPolicy,
-    stop: Option<u32>,
+    stop: impl Into<Stops>,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<SpecGeneration, EngineError> {
     let b = requests.len();
@@ -353,7 +353,14 @@ pub fn generate_with_policy<R: Runtime>(
         drafter: Some(&mut *drafter),
         policy: &mut *policy,
     };
-    let run = run_static(&mut cx, requests, max_tokens, sampling, stop, on_token)?;
+    let run = run_static(
+        &mut cx,
+        requests,
+        max_tokens,
+        sampling,
+        stop.into(),
+        on_token,
+    )?;
     let e = &run.stats;
     let mut stats = SpecStats {
         sequences: b,

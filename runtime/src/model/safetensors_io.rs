@@ -157,6 +157,25 @@ impl SafetensorsWriter {
     }
 }
 
+/// Checks that `shape` finds every `(name, shape)` of `expected` with that
+/// shape; reports the first missing or mis-shaped tensor.
+pub(crate) fn check_shapes(
+    expected: &[(String, Vec<u64>)],
+    shape: impl Fn(&str) -> Result<Vec<u64>>,
+) -> Result<()> {
+    for (name, want) in expected {
+        let found = shape(name)?;
+        if &found != want {
+            return Err(ModelError::ShapeMismatch {
+                tensor: name.clone(),
+                expected: want.clone(),
+                found,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// A safetensors file read into memory.
 pub struct SafetensorsFile {
     path: PathBuf,
@@ -179,6 +198,10 @@ impl SafetensorsFile {
             path: self.path.clone(),
             detail: e.to_string(),
         })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Names of all tensors, sorted.
@@ -258,17 +281,7 @@ impl SafetensorsFile {
     /// Checks that every `(name, shape)` is present with that shape; reports
     /// the first missing or mis-shaped tensor.
     pub fn check_tensors(&self, expected: &[(String, Vec<u64>)]) -> Result<()> {
-        for (name, shape) in expected {
-            let found = self.shape(name)?;
-            if &found != shape {
-                return Err(ModelError::ShapeMismatch {
-                    tensor: name.clone(),
-                    expected: shape.clone(),
-                    found,
-                });
-            }
-        }
-        Ok(())
+        check_shapes(expected, |n| self.shape(n))
     }
 
     fn missing(&self, name: &str) -> ModelError {

@@ -276,7 +276,7 @@ pub fn solo_text(chat: Option<&str>, prompt: Option<&str>, max: usize) -> String
     };
     let client = draftc_runtime::device::wgpu_client().unwrap();
     let mut t = TargetModel::load(&client, &model, 1, ids.len() + max + 1, PlanDType::F32).unwrap();
-    let eos = model.config.eos_token_id;
+    let eos = model.config.eos_token_id[0];
     let g = generate(
         &mut t,
         &[Request { prompt: ids }],

@@ -1,0 +1,219 @@
+//! draftc against transformers on tiny random checkpoints that transformers
+//! itself made and ran (`runtime/tests/fixtures/targets/`, written by
+//! `tools/fixtures/tiny_targets.py`, which records the versions): a Llama
+//! with a tied head in one `model.safetensors`, and one with its own head,
+//! a list of eos ids and four shards behind an index. Each opens as a
+//! Hugging Face directory, matches transformers' first-step logits and
+//! greedy ids, and decodes the same ids speculatively (prompt lookup, and
+//! model drafters on random weights whose `target.lm_head` is the
+//! checkpoint's head).
+
+use std::path::PathBuf;
+
+use draftc_codegen::PlanDType;
+use draftc_ops::testing::wgpu_client;
+use draftc_runtime::engine::{
+    generate, generate_speculative, model_drafter, weight_specs, PromptLookupDrafter, Request,
+    Sampling, Stops, TargetModel,
+};
+use draftc_runtime::exec::HostWeights;
+use draftc_runtime::model::ConvertedModel;
+use draftc_runtime::speculation::PromptLookup;
+use serde::Deserialize;
+
+mod tiny;
+
+type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+#[derive(Deserialize)]
+struct Expected {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    text: String,
+    prompt: Vec<u32>,
+    greedy: Vec<u32>,
+    first_logits: Vec<f32>,
+}
+
+fn dir(name: &str) -> PathBuf {
+    tiny::repo()
+        .join("runtime/tests/fixtures/targets")
+        .join(name)
+}
+
+fn open(name: &str) -> (ConvertedModel, Expected) {
+    let d = dir(name);
+    let model = ConvertedModel::open(&d).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let text = std::fs::read_to_string(d.join("expected.json")).unwrap();
+    (model, serde_json::from_str(&text).unwrap())
+}
+
+fn load(model: &ConvertedModel, e: &Expected) -> TargetModel<Wgpu> {
+    let capacity = e
+        .cases
+        .iter()
+        .map(|c| c.prompt.len() + c.greedy.len() + 16)
+        .max()
+        .unwrap_or(0);
+    TargetModel::load(
+        &wgpu_client(),
+        model,
+        e.cases.len(),
+        capacity,
+        PlanDType::F32,
+    )
+    .unwrap()
+}
+
+fn requests(e: &Expected) -> Vec<Request> {
+    e.cases
+        .iter()
+        .map(|c| Request {
+            prompt: c.prompt.clone(),
+        })
+        .collect()
+}
+
+const NAMES: [&str; 2] = ["llama-tied", "llama-untied"];
+
+#[test]
+fn checkpoints_open_as_transformers_saved_them() {
+    let (tied, _) = open("llama-tied");
+    assert!(tied.config.tie_word_embeddings);
+    assert_eq!(tied.config.eos_token_id, vec![2]);
+    let (untied, _) = open("llama-untied");
+    assert!(!untied.config.tie_word_embeddings);
+    assert_eq!(untied.config.eos_token_id, vec![32, 15]);
+    assert!(dir("llama-untied")
+        .join("model.safetensors.index.json")
+        .is_file());
+    assert!(untied
+        .weights
+        .names()
+        .contains(&"lm_head.weight".to_string()));
+    for (model, name) in [(&tied, "llama-tied"), (&untied, "llama-untied")] {
+        // The tokenizer encodes the recorded texts to the recorded prompts.
+        let (_, e) = open(name);
+        for c in &e.cases {
+            assert_eq!(model.tokenizer.encode(&c.text).unwrap(), c.prompt, "{name}");
+        }
+    }
+}
+
+#[test]
+fn first_step_logits_match_transformers() {
+    for name in NAMES {
+        let (model, e) = open(name);
+        let mut t = load(&model, &e);
+        let prompts: Vec<(usize, Vec<u32>)> = e
+            .cases
+            .iter()
+            .map(|c| c.prompt.clone())
+            .enumerate()
+            .collect();
+        let (last, _) = t.prefill(&prompts, |_, _, _| Ok(())).unwrap();
+        let got = last.download_f32(t.client()).unwrap();
+        let v = t.vocab;
+        for (i, c) in e.cases.iter().enumerate() {
+            assert_eq!(c.first_logits.len(), v, "{name}");
+            for (j, (&a, &b)) in got[i * v..(i + 1) * v]
+                .iter()
+                .zip(&c.first_logits)
+                .enumerate()
+            {
+                assert!(
+                    (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                    "{name} {:?}: logit {j}: draftc {a}, transformers {b}",
+                    c.text
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn greedy_ids_match_transformers_autoregressive_and_speculative() {
+    for name in NAMES {
+        let (model, e) = open(name);
+        let mut t = load(&model, &e);
+        let reqs = requests(&e);
+        let n = e.cases[0].greedy.len();
+        let want: Vec<Vec<u32>> = e.cases.iter().map(|c| c.greedy.clone()).collect();
+        let ar = generate(
+            &mut t,
+            &reqs,
+            n,
+            &Sampling::GREEDY,
+            Stops::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(ar.tokens, want, "{name}: autoregressive");
+
+        let mut lookup = PromptLookupDrafter {
+            lookup: PromptLookup::new(1, 3, 4).unwrap(),
+            branches: 2,
+        };
+        let spec = generate_speculative(
+            &mut t,
+            &mut lookup,
+            &reqs,
+            n,
+            &Sampling::GREEDY,
+            4,
+            Stops::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(spec.tokens, want, "{name}: prompt lookup");
+
+        // Model drafters on random weights, their shared tensors (and
+        // `target.lm_head`) the checkpoint's.
+        let specs = weight_specs(&t.graph, &t.weights).unwrap();
+        let tw = HostWeights::from_model(&model, &specs).unwrap();
+        for drafter in ["medusa", "beagle", "eagle"] {
+            let g = tiny::compile(drafter, &t.target_config);
+            let w = tiny::drafter_weights(&t, &tw, &g, None);
+            let mut d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, None).unwrap();
+            let spec = generate_speculative(
+                &mut t,
+                d.as_mut(),
+                &reqs,
+                n,
+                &Sampling::GREEDY,
+                3,
+                Stops::default(),
+                &mut |_, _| {},
+            )
+            .unwrap();
+            assert_eq!(spec.tokens, want, "{name}: {drafter}");
+        }
+    }
+}
+
+#[test]
+fn a_list_of_eos_ids_stops_on_any_of_them() {
+    // The untied checkpoint lists eos ids [32, 15], both reached mid-way by
+    // its greedy runs: a run stops at the first of either.
+    let (model, e) = open("llama-untied");
+    let mut t = load(&model, &e);
+    assert_eq!(t.eos, vec![32, 15]);
+    let reqs = requests(&e);
+    let n = e.cases[0].greedy.len();
+    let stops = Stops(t.eos.clone());
+    let run = generate(&mut t, &reqs, n, &Sampling::GREEDY, stops, &mut |_, _| {}).unwrap();
+    let mut stopped = 0;
+    for (got, c) in run.tokens.iter().zip(&e.cases) {
+        let end = c
+            .greedy
+            .iter()
+            .position(|x| [32, 15].contains(x))
+            .map_or(c.greedy.len(), |p| p + 1);
+        stopped += (end < c.greedy.len()) as usize;
+        assert_eq!(got, &c.greedy[..end], "{:?}", c.text);
+    }
+    assert!(stopped >= 2, "both eos ids end some run early");
+}
