@@ -448,11 +448,17 @@ impl<'a> Emitter<'a> {
             }
             Op::Rope { theta } => format!("rope({}, ctx.positions, {:?})", a(0), theta.get()),
             Op::Attention(at) => {
-                let w = ["q_proj", "k_proj", "v_proj", "o_proj"]
+                let mut w: Vec<String> = ["q_proj", "k_proj", "v_proj", "o_proj"]
                     .iter()
                     .map(|p| format!("{}: {}", py_str(p), self.w(id, &format!("{p}.weight"))))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                    .collect();
+                if at.bias {
+                    for p in ["q_proj", "k_proj", "v_proj"] {
+                        let b = format!("{p}.bias");
+                        w.push(format!("{}: {}", py_str(&b), self.w(id, &b)));
+                    }
+                }
+                let w = w.join(", ");
                 let mask = py_mask(&at.mask)?;
                 let mask = match &at.train_mask {
                     Some(m) => format!("({} if ctx.train else {mask})", py_mask(m)?),

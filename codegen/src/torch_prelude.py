@@ -158,19 +158,20 @@ def sdpa(q, k, v, vis):
 
 def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None):
     """Sequence-axis attention with q/k/v/o projections `w` (a dict of
-    weights). Keys come from `kv_src` at the query positions (self or `kv=`),
-    from a memory stream (strictly earlier positions), or from a cache the
-    new keys are appended to."""
+    weights, and `q_proj.bias` … when the attention has biases). Keys come
+    from `kv_src` at the query positions (self or `kv=`), from a memory
+    stream (strictly earlier positions), or from a cache the new keys are
+    appended to."""
     B, T, _ = x.shape
     qpos = ctx.positions
-    q = F.linear(x, w["q_proj"]).reshape(B, T, h, hd)
+    q = F.linear(x, w["q_proj"], w.get("q_proj.bias")).reshape(B, T, h, hd)
     extra = None
     if memory is not None:
         src, kpos, kvalid, extra = memory.rows, memory.positions, memory.valid, memory.vis
     else:
         src, kpos, kvalid = kv_src, qpos, ctx.valid
-    k = F.linear(src, w["k_proj"]).reshape(B, src.shape[1], hkv, hd)
-    v = F.linear(src, w["v_proj"]).reshape(B, src.shape[1], hkv, hd)
+    k = F.linear(src, w["k_proj"], w.get("k_proj.bias")).reshape(B, src.shape[1], hkv, hd)
+    v = F.linear(src, w["v_proj"], w.get("v_proj.bias")).reshape(B, src.shape[1], hkv, hd)
     if theta is not None:
         q = rope(q, qpos, theta)
         k = rope(k, kpos, theta)
@@ -212,9 +213,9 @@ def attention_draft(x, w, h, hkv, hd, mask, chunk):
     for s in range(0, B * T, max(step, 1)):
         part = flat[s : s + step]
         n = part.shape[0]
-        q = F.linear(part, w["q_proj"]).reshape(n, L, h, hd).transpose(1, 2)
-        k = F.linear(part, w["k_proj"]).reshape(n, L, hkv, hd).transpose(1, 2)
-        v = F.linear(part, w["v_proj"]).reshape(n, L, hkv, hd).transpose(1, 2)
+        q = F.linear(part, w["q_proj"], w.get("q_proj.bias")).reshape(n, L, h, hd).transpose(1, 2)
+        k = F.linear(part, w["k_proj"], w.get("k_proj.bias")).reshape(n, L, hkv, hd).transpose(1, 2)
+        v = F.linear(part, w["v_proj"], w.get("v_proj.bias")).reshape(n, L, hkv, hd).transpose(1, 2)
         o = sdpa(q, k, v, vis_one.expand(n, L, L))
         outs.append(F.linear(o.transpose(1, 2).reshape(n, L, h * hd), w["o_proj"]))
     return torch.cat(outs, dim=0).reshape(B, T, L, -1)

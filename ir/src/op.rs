@@ -134,6 +134,9 @@ pub struct AttentionAttrs {
     /// every draftc plan use `mask`; only the PyTorch module emitted for
     /// training (`draftc emit --backend torch`) reads it.
     pub train_mask: Option<Mask>,
+    /// `bias`: the q, k and v projections add biases (`q_proj.bias`, …;
+    /// Qwen 2); the output projection has none.
+    pub bias: bool,
 }
 
 /// Where a graph input comes from.

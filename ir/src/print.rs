@@ -182,6 +182,9 @@ pub fn call(g: &Graph, node: &Node) -> String {
             if let Some(r) = a.rope {
                 let _ = write!(s, ", rope={r}");
             }
+            if a.bias {
+                s.push_str(", bias");
+            }
             if let Some(m) = &a.memory {
                 let _ = write!(s, ", memory={m}");
             }

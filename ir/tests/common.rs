@@ -29,6 +29,7 @@ pub const MODELS: &[(&str, &str)] = &[
     ("magicdec", include_str!("../../models/magicdec.draft")),
     ("eagle", include_str!("../../models/eagle.draft")),
     ("eagle3", include_str!("../../models/eagle3.draft")),
+    ("qwen2", include_str!("../../models/qwen2.draft")),
 ];
 
 pub struct Models;

@@ -129,3 +129,23 @@ fn magicdec_is_llama_with_sliding_window_over_target_caches() {
     }
     assert!(param_stats(&g).from_target);
 }
+
+#[test]
+fn qwen2_is_llama_with_q_k_v_biases() {
+    let cfg = common::smollm2();
+    let (llama, qwen2) = (common::MODELS[0], common::MODELS[8]);
+    assert_eq!((llama.0, qwen2.0), ("llama", "qwen2"));
+    let l = common::compile(llama.1, &cfg).unwrap().params();
+    let q = common::compile(qwen2.1, &cfg).unwrap().params();
+    let extra: Vec<&str> = q
+        .iter()
+        .filter(|p| l.iter().all(|x| x.name != p.name))
+        .map(|p| p.name.as_str())
+        .collect();
+    assert_eq!(extra.len(), 3 * 30, "{extra:?}");
+    assert!(extra.iter().all(|n| n.ends_with("q_proj.bias")
+        || n.ends_with("k_proj.bias")
+        || n.ends_with("v_proj.bias")));
+    let printed = draftc_ir::print::print(&common::compile(qwen2.1, &cfg).unwrap());
+    assert!(printed.contains(", bias)"), "{printed}");
+}

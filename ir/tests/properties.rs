@@ -38,7 +38,7 @@ proptest! {
     }
 
     #[test]
-    fn mutated_model_files_never_panic(which in 0..6usize, edits in proptest::collection::vec((any::<u16>(), 0..4u8, any::<char>()), 1..6)) {
+    fn mutated_model_files_never_panic(which in 0..common::MODELS.len(), edits in proptest::collection::vec((any::<u16>(), 0..4u8, any::<char>()), 1..6)) {
         let mut src: Vec<char> = common::MODELS[which].1.chars().collect();
         for (pos, kind, ch) in edits {
             if src.is_empty() { break; }

@@ -175,7 +175,7 @@ fn tensors_config_and_tokenizer_are_written() {
     );
     assert_eq!(
         (config.bos_token_id, config.eos_token_id.clone()),
-        (1, vec![2])
+        (Some(1), vec![2])
     );
 
     let st = SafetensorsFile::open(&out.join("model.safetensors")).unwrap();

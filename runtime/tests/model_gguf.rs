@@ -176,3 +176,49 @@ fn tiny_llama_parses_and_every_tensor_dequantises() {
         assert!(v.iter().all(|x| x.is_finite()), "{}", t.name);
     }
 }
+
+/// Blocks of random bytes (sane f16 scales) and what the `gguf` Python
+/// package's dequantiser gives for them (`runtime/tests/fixtures/quants/`,
+/// written by `tools/fixtures/quant_blocks.py`), decoded here value by value.
+#[test]
+fn every_block_type_matches_the_gguf_package_dequantiser() {
+    let dir = draftc_ir::testing::repo().join("runtime/tests/fixtures/quants");
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("index.json")).unwrap()).unwrap();
+    let types = index["types"].as_object().unwrap();
+    for name in ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"] {
+        let ty = (0..40)
+            .filter_map(GgmlType::from_tag)
+            .find(|t| t.name() == name)
+            .unwrap();
+        let info = &types[name];
+        assert_eq!(
+            info["block_bytes"].as_u64(),
+            Some(ty.block_bytes()),
+            "{name}"
+        );
+        assert_eq!(
+            info["block_elems"].as_u64(),
+            Some(ty.block_size()),
+            "{name}"
+        );
+        let bytes = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
+        let want: Vec<f32> = std::fs::read(dir.join(format!("{name}.f32")))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let got = dequantize(ty, &bytes, want.len() as u64, name).unwrap();
+        assert_eq!(got.len(), want.len(), "{name}");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.to_bits() == w.to_bits(),
+                "{name}: weight {i} (block {}, index {}): draftc {g}, gguf {w}",
+                i as u64 / ty.block_size(),
+                i as u64 % ty.block_size()
+            );
+        }
+        // The values are not all alike (the layout is exercised).
+        assert!(want.iter().any(|&w| w != want[0]), "{name}");
+    }
+}

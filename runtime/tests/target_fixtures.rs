@@ -1,8 +1,9 @@
 //! draftc against transformers on tiny random checkpoints that transformers
 //! itself made and ran (`runtime/tests/fixtures/targets/`, written by
 //! `tools/fixtures/tiny_targets.py`, which records the versions): a Llama
-//! with a tied head in one `model.safetensors`, and one with its own head,
-//! a list of eos ids and four shards behind an index. Each opens as a
+//! with a tied head in one `model.safetensors`, one with its own head, a
+//! list of eos ids and four shards behind an index, and a Qwen 2 (q/k/v
+//! biases, `models/qwen2.draft`, chosen by `model_type`). Each opens as a
 //! Hugging Face directory, matches transformers' first-step logits and
 //! greedy ids, and decodes the same ids speculatively (prompt lookup, and
 //! model drafters on random weights whose `target.lm_head` is the
@@ -77,7 +78,7 @@ fn requests(e: &Expected) -> Vec<Request> {
         .collect()
 }
 
-const NAMES: [&str; 2] = ["llama-tied", "llama-untied"];
+const NAMES: [&str; 3] = ["llama-tied", "llama-untied", "qwen2-tied"];
 
 #[test]
 fn checkpoints_open_as_transformers_saved_them() {
@@ -94,7 +95,17 @@ fn checkpoints_open_as_transformers_saved_them() {
         .weights
         .names()
         .contains(&"lm_head.weight".to_string()));
-    for (model, name) in [(&tied, "llama-tied"), (&untied, "llama-untied")] {
+    let (qwen2, _) = open("qwen2-tied");
+    assert_eq!(qwen2.config.model_type, "qwen2");
+    assert!(qwen2
+        .weights
+        .names()
+        .contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
+    for (model, name) in [
+        (&tied, "llama-tied"),
+        (&untied, "llama-untied"),
+        (&qwen2, "qwen2-tied"),
+    ] {
         // The tokenizer encodes the recorded texts to the recorded prompts.
         let (_, e) = open(name);
         for c in &e.cases {

@@ -74,6 +74,14 @@ impl Lowerer<'_> {
         // `out=`: the output's width (EAGLE-3 attends from 2d to d).
         let dout = a.out.unwrap_or(dm);
         let wo = self.weight(main, "o_proj.weight", vec![dout, qw])?;
+        // `bias`: q/k/v biases, added by each projection's epilogue.
+        let bias = |lw: &Self, part: &str, n: i64| -> Result<Epi, CodegenError> {
+            Ok(if a.bias {
+                Epi::Bias(lw.weight(main, &format!("{part}.bias"), vec![n])?)
+            } else {
+                Epi::None
+            })
+        };
         let q = self.temp(format!("{name}.q"), vec![rows, qw]);
         let kv_nodes = if kv_pro.is_some() {
             pro_nodes.clone()
@@ -90,7 +98,9 @@ impl Lowerer<'_> {
         let direct = fused && caches.is_some();
         let self_attention = !a.cross && a.memory.is_none() && a.axis == Axis::Sequence;
         let (k_read, v_read) = match (caches, a.rope) {
-            (Some((kc, vc)), Some(theta)) if direct && self_attention => {
+            // The stacked q/k/v launches take no biases: with `bias` each
+            // projection is its own launch below.
+            (Some((kc, vc)), Some(theta)) if direct && self_attention && !a.bias => {
                 let n = qw + 2 * kvw;
                 let grouped = matches!(pro.map(|p| p.kind), Some(Prologue::GroupRmsNorm { .. }));
                 let bytes = n * dm * self.cfg.dtype.size();
@@ -174,6 +184,7 @@ impl Lowerer<'_> {
                 (kc, vc)
             }
             _ => {
+                let epi = bias(self, "q_proj", qw)?;
                 self.lin(Lin {
                     part: "q_proj",
                     nodes: pro_nodes.clone(),
@@ -183,7 +194,7 @@ impl Lowerer<'_> {
                     n: qw,
                     pro,
                     weight: wq,
-                    epi: Epi::None,
+                    epi,
                     out: q,
                     into_cache: false,
                 });
@@ -195,6 +206,7 @@ impl Lowerer<'_> {
                     ),
                 };
                 for (part, w, o) in [("k_proj", wk, k), ("v_proj", wv, v)] {
+                    let epi = bias(self, part, kvw)?;
                     self.lin(Lin {
                         part,
                         nodes: kv_nodes.clone(),
@@ -204,7 +216,7 @@ impl Lowerer<'_> {
                         n: kvw,
                         pro: kv_pro,
                         weight: w,
-                        epi: Epi::None,
+                        epi,
                         out: o,
                         into_cache: direct,
                     });

@@ -231,6 +231,7 @@ impl Lowerer<'_> {
             Some(e) => Some(self.positive_attr(e, "out")?),
             None => None,
         };
+        let bias = a.flag("bias", &mut self.diags);
         let attrs = AttentionAttrs {
             heads,
             kv_heads,
@@ -244,6 +245,7 @@ impl Lowerer<'_> {
             memory,
             train_mask,
             out: out_width.filter(|&o| dm.as_const() != Some(o)),
+            bias,
         };
         let mut inputs = vec![x];
         if let Some(k) = kv {

@@ -36,6 +36,7 @@ const OPS: &[(&str, &[&str], bool)] = &[
             "memory",
             "train_mask",
             "out",
+            "bias",
         ],
         true,
     ),
@@ -82,12 +83,18 @@ pub fn param_shapes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Vec<(S
                 dm.clone()
             };
             let (qd, kvd) = (c(a.heads * a.head_dim), c(a.kv_heads * a.head_dim));
-            vec![
+            let mut v = vec![
                 ("q_proj.weight".into(), vec![qd.clone(), dm]),
                 ("k_proj.weight".into(), vec![kvd.clone(), dkv.clone()]),
-                ("v_proj.weight".into(), vec![kvd, dkv]),
-                ("o_proj.weight".into(), vec![last(out), qd]),
-            ]
+                ("v_proj.weight".into(), vec![kvd.clone(), dkv]),
+                ("o_proj.weight".into(), vec![last(out), qd.clone()]),
+            ];
+            if a.bias {
+                v.push(("q_proj.bias".into(), vec![qd]));
+                v.push(("k_proj.bias".into(), vec![kvd.clone()]));
+                v.push(("v_proj.bias".into(), vec![kvd]));
+            }
+            v
         }
         Op::SwiGlu { hidden } => {
             let dm = last(inputs[0]);

@@ -61,5 +61,5 @@ pub use speculative::{
 };
 pub use static_run::Stops;
 pub use target::{
-    compile_target, target_config, weight_specs, EngineError, TargetModel, LLAMA_DRAFT,
+    compile_target, target_config, weight_specs, EngineError, TargetModel, FAMILIES, LLAMA_DRAFT,
 };

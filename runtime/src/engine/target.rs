@@ -21,6 +21,13 @@ use crate::model::{ConvertedModel, ModelError};
 /// The target model family, compiled into the binary.
 pub const LLAMA_DRAFT: &str = include_str!("../../../models/llama.draft");
 
+/// The target families a checkpoint's `model_type` selects: each a model
+/// description in `models/`, built into the binary.
+pub const FAMILIES: &[(&str, &str)] = &[
+    ("llama", LLAMA_DRAFT),
+    ("qwen2", include_str!("../../../models/qwen2.draft")),
+];
+
 /// Why generation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -40,7 +47,7 @@ pub enum EngineError {
 pub fn target_config(c: &LlamaConfig) -> TargetConfig {
     let mut t = TargetConfig {
         name: c.model_type.clone(),
-        family: "llama".into(),
+        family: c.model_type.clone(),
         ..TargetConfig::default()
     };
     for (k, v) in [
@@ -82,11 +89,19 @@ impl draftc_ir::Resolver for NoFiles {
     }
 }
 
-/// Compiles `llama.draft` for `cfg`.
+/// Compiles the family's model file (`models/{cfg.family}.draft`) for `cfg`.
 pub fn compile_target(cfg: &TargetConfig) -> Result<Graph, EngineError> {
-    draftc_ir::compile(LLAMA_DRAFT, cfg, &BTreeMap::new(), &NoFiles).map_err(|d| {
+    let family = cfg.family.as_str();
+    let Some((_, src)) = FAMILIES.iter().find(|(name, _)| *name == family) else {
+        let known: Vec<&str> = FAMILIES.iter().map(|(n, _)| *n).collect();
+        return Err(EngineError::Graph(format!(
+            "no model file for the target family `{family}` (known: {})",
+            known.join(", ")
+        )));
+    };
+    draftc_ir::compile(src, cfg, &BTreeMap::new(), &NoFiles).map_err(|d| {
         EngineError::Graph(format!(
-            "models/llama.draft does not compile for this checkpoint: {}",
+            "models/{family}.draft does not compile for this checkpoint: {}",
             d.iter()
                 .map(|x| x.message.clone())
                 .collect::<Vec<_>>()

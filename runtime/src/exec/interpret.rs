@@ -332,16 +332,22 @@ impl Interp<'_> {
             kv_heads: hkv,
             head_dim: hd,
         };
-        let lin = |x: &[f32], k: usize, w: &str| -> Result<Vec<f32>, ExecError> {
+        // `part`'s projection, plus its bias with `bias` (never `o_proj`'s).
+        let lin = |x: &[f32], k: usize, part: &str| -> Result<Vec<f32>, ExecError> {
+            let epi = if a.bias && part != "o_proj" {
+                Epilogue::Bias(self.prefixed(id, &format!("{part}.bias"))?)
+            } else {
+                Epilogue::None
+            };
             Ok(linear(
                 x,
-                self.prefixed(id, w)?,
+                self.prefixed(id, &format!("{part}.weight"))?,
                 k,
                 Prologue::None,
-                Epilogue::None,
+                epi,
             ))
         };
-        let mut q = lin(&x.data, dm, "q_proj.weight")?;
+        let mut q = lin(&x.data, dm, "q_proj")?;
         let q_pos = self.step.positions();
         let q_lens = self.step.lens();
         // Source of the new K/V rows and their positions / per-sequence counts.
@@ -367,8 +373,8 @@ impl Interp<'_> {
             } else {
                 (x.data.clone(), dm, q_pos.clone(), q_lens.clone())
             };
-        let mut k = lin(&src, dsrc, "k_proj.weight")?;
-        let v = lin(&src, dsrc, "v_proj.weight")?;
+        let mut k = lin(&src, dsrc, "k_proj")?;
+        let v = lin(&src, dsrc, "v_proj")?;
         if let Some(theta) = a.rope {
             let th = theta.get() as f32;
             q = draftc_ops::rope::reference::rope(&q, &q_pos, h, hd, th);
@@ -439,6 +445,6 @@ impl Interp<'_> {
                 attention_ref(&q, &kk, &vv, dims, &batch, mask)
             }
         };
-        lin(&o, h * hd, "o_proj.weight")
+        lin(&o, h * hd, "o_proj")
     }
 }

@@ -29,9 +29,12 @@ pub struct LlamaConfig {
     pub rms_norm_eps: f64,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
-    pub bos_token_id: u32,
-    /// Every id that ends a sequence (Llama 3 lists three); written as one
-    /// number when there is one, as transformers does.
+    /// Unused by draftc; absent in a Qwen 2 config that sets none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bos_token_id: Option<u32>,
+    /// Every id that ends a sequence (Llama 3 lists three; none: a run ends
+    /// at its token limit, as transformers' would); written as one number
+    /// when there is one, as transformers does.
     #[serde(serialize_with = "one_or_list")]
     pub eos_token_id: Vec<u32>,
     pub hidden_act: String,
@@ -89,6 +92,7 @@ struct HfConfig {
     attention_bias: Option<bool>,
     mlp_bias: Option<bool>,
     sliding_window: Option<serde_json::Value>,
+    use_sliding_window: Option<bool>,
 }
 
 impl HfConfig {
@@ -97,14 +101,21 @@ impl HfConfig {
     fn into_llama(self) -> Result<LlamaConfig> {
         let refuse = |detail: String| {
             Err(ModelError::Config {
-                detail: format!("{detail} (only plain Llama checkpoints run today; issue 54)"),
+                detail: format!(
+                    "{detail} (plain Llama and Qwen 2 checkpoints run today; issue 54)"
+                ),
             })
         };
-        match self.model_type.as_deref() {
-            Some("llama") => {}
+        // Per family, what transformers' config class defaults and which
+        // fields it has: Qwen2Config has no bias switches (q/k/v biases are
+        // always there, `models/qwen2.draft`), keeps `sliding_window` unused
+        // unless `use_sliding_window`, and defaults no bos/eos id.
+        let qwen2 = match self.model_type.as_deref() {
+            Some("llama") => false,
+            Some("qwen2") => true,
             Some(other) => return refuse(format!("model_type `{other}` is not supported")),
             None => return refuse("config.json has no `model_type`".into()),
-        }
+        };
         if let Some(scaling) = self.rope_scaling.filter(|v| !v.is_null()) {
             let kind = ["rope_type", "type"]
                 .iter()
@@ -112,13 +123,14 @@ impl HfConfig {
                 .unwrap_or("(unnamed)");
             return refuse(format!("rope_scaling of type `{kind}` is not supported"));
         }
-        if self.attention_bias == Some(true) {
+        if self.attention_bias == Some(true) && !qwen2 {
             return refuse("`attention_bias: true` (q/k/v/o biases) is not supported".into());
         }
-        if self.mlp_bias == Some(true) {
+        if self.mlp_bias == Some(true) && !qwen2 {
             return refuse("`mlp_bias: true` is not supported".into());
         }
-        if let Some(w) = self.sliding_window.filter(|v| !v.is_null()) {
+        let windowed = !qwen2 || self.use_sliding_window == Some(true);
+        if let Some(w) = self.sliding_window.filter(|v| !v.is_null() && windowed) {
             return refuse(format!("`sliding_window: {w}` is not supported"));
         }
         let hidden_act = self.hidden_act.unwrap_or_else(|| "silu".into());
@@ -127,18 +139,22 @@ impl HfConfig {
                 "hidden_act `{hidden_act}` is not supported (only `silu`)"
             ));
         }
-        let bos = self.bos_token_id.map(Ids::into_vec).unwrap_or(vec![1]);
-        let [bos_token_id] = bos[..] else {
-            return refuse(format!("bos_token_id must be one id, found {bos:?}"));
+        let (bos, eos) = if qwen2 {
+            (vec![], vec![])
+        } else {
+            (vec![1], vec![2])
         };
-        let eos_token_id = self.eos_token_id.map(Ids::into_vec).unwrap_or(vec![2]);
-        if eos_token_id.is_empty() {
-            return refuse("eos_token_id is an empty list".into());
-        }
+        let bos = self.bos_token_id.map(Ids::into_vec).unwrap_or(bos);
+        let bos_token_id = match bos[..] {
+            [] => None,
+            [one] => Some(one),
+            _ => return refuse(format!("bos_token_id must be one id, found {bos:?}")),
+        };
+        let eos_token_id = self.eos_token_id.map(Ids::into_vec).unwrap_or(eos);
         let heads = self.num_attention_heads;
         Ok(LlamaConfig {
             architectures: self.architectures,
-            model_type: "llama".into(),
+            model_type: if qwen2 { "qwen2" } else { "llama" }.into(),
             hidden_size: self.hidden_size,
             num_hidden_layers: self.num_hidden_layers,
             num_attention_heads: heads,
@@ -148,7 +164,11 @@ impl HfConfig {
             rope_theta: self.rope_theta.unwrap_or(10_000.0),
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(2048),
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(if qwen2 {
+                32_768
+            } else {
+                2048
+            }),
             bos_token_id,
             eos_token_id,
             hidden_act,
@@ -196,7 +216,7 @@ impl LlamaConfig {
             rms_norm_eps: meta.require_f64("llama.attention.layer_norm_rms_epsilon")?,
             tie_word_embeddings: tied,
             max_position_embeddings: u("llama.context_length")?,
-            bos_token_id: meta.require_u64("tokenizer.ggml.bos_token_id")? as u32,
+            bos_token_id: Some(meta.require_u64("tokenizer.ggml.bos_token_id")? as u32),
             eos_token_id: vec![meta.require_u64("tokenizer.ggml.eos_token_id")? as u32],
             hidden_act: "silu".into(),
             head_dim: hidden_size.checked_div(heads).unwrap_or(0),
@@ -235,16 +255,15 @@ impl LlamaConfig {
                 self.head_dim
             ));
         }
-        if self.bos_token_id as usize >= self.vocab_size
+        if self
+            .bos_token_id
+            .is_some_and(|b| b as usize >= self.vocab_size)
             || self
                 .eos_token_id
                 .iter()
                 .any(|&e| e as usize >= self.vocab_size)
         {
             return fail("bos/eos token id outside the vocabulary".into());
-        }
-        if self.eos_token_id.is_empty() {
-            return fail("no eos token id".into());
         }
         Ok(())
     }

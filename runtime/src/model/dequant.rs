@@ -2,7 +2,8 @@
 //!
 //! Every ggml type is known by name and size (so a file holding types draftc
 //! cannot decode still parses, and the error names the type). Decoded: F32,
-//! F16, BF16, Q8_0, Q4_0, Q4_1 — the block layouts of ggml-quants.c
+//! F16, BF16, Q8_0, Q4_0, Q4_1 here, Q5_0, Q4_K, Q5_K and Q6_K in
+//! [`super::dequant_k`] — the block layouts of ggml-quants.c
 //! (`dequantize_row_q4_0` etc.): a block of 32 weights stores an f16 scale
 //! `d` (and for Q4_1 an f16 minimum `m`) followed by the quants; for the 4-bit
 //! types byte `j` holds weight `j` in its low nibble and weight `j + 16` in its
@@ -10,6 +11,7 @@
 
 use half::{bf16, f16};
 
+use super::dequant_k;
 use super::error::{ModelError, Result};
 
 /// A ggml tensor type (`enum ggml_type`), by its on-disk tag.
@@ -66,7 +68,11 @@ impl GgmlType {
     pub const F16: GgmlType = GgmlType(1);
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q4_1: GgmlType = GgmlType(3);
+    pub const Q5_0: GgmlType = GgmlType(6);
     pub const Q8_0: GgmlType = GgmlType(8);
+    pub const Q2_K: GgmlType = GgmlType(10);
+    pub const Q4_K: GgmlType = GgmlType(12);
+    pub const Q5_K: GgmlType = GgmlType(13);
     pub const Q6_K: GgmlType = GgmlType(14);
     pub const BF16: GgmlType = GgmlType(30);
 
@@ -111,6 +117,10 @@ impl GgmlType {
                 | GgmlType::Q8_0
                 | GgmlType::Q4_0
                 | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q4_K
+                | GgmlType::Q5_K
+                | GgmlType::Q6_K
         )
     }
 }
@@ -203,6 +213,15 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n_elements: u64, tensor: &str) -> 
                 out.extend(qs.iter().map(|&q| f32::from(q & 0x0f) * d + m));
                 out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
             }
+        }
+        GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            let decode = match ty {
+                GgmlType::Q5_0 => dequant_k::q5_0,
+                GgmlType::Q4_K => dequant_k::q4_k,
+                GgmlType::Q5_K => dequant_k::q5_k,
+                _ => dequant_k::q6_k,
+            };
+            bytes.chunks_exact(block).for_each(|b| decode(b, &mut out));
         }
         _ => {
             return Err(ModelError::UnsupportedType {

@@ -11,6 +11,7 @@
 pub mod config;
 pub mod convert;
 pub mod dequant;
+mod dequant_k;
 pub mod error;
 pub mod fetch;
 pub mod gguf;

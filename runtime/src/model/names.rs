@@ -57,8 +57,9 @@ pub fn hf_name(gguf_name: &str, config: &LlamaConfig) -> Option<(String, Fixup)>
     Some((format!("model.layers.{layer}.{hf}"), fixup))
 }
 
-/// Every tensor (HF name, row-major shape) of a Llama model with this
-/// config, in a stable order: embeddings, layers, final norm, LM head.
+/// Every tensor (HF name, row-major shape) of a Llama (or Qwen 2: q/k/v
+/// biases too) model with this config, in a stable order: embeddings,
+/// layers, final norm, LM head.
 pub fn expected_tensors(config: &LlamaConfig) -> Vec<(String, Vec<u64>)> {
     let d = config.hidden_size as u64;
     let f = config.intermediate_size as u64;
@@ -72,6 +73,11 @@ pub fn expected_tensors(config: &LlamaConfig) -> Vec<(String, Vec<u64>)> {
         out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, d]));
         out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, d]));
         out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, d]));
+        if config.model_type == "qwen2" {
+            out.push((format!("{p}.self_attn.q_proj.bias"), vec![d]));
+            out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
+            out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
+        }
         out.push((format!("{p}.post_attention_layernorm.weight"), vec![d]));
         out.push((format!("{p}.mlp.gate_proj.weight"), vec![f, d]));
         out.push((format!("{p}.mlp.up_proj.weight"), vec![f, d]));
