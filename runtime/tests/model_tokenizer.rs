@@ -67,13 +67,12 @@ fn round_trips_arbitrary_bytes() {
 }
 
 #[test]
-fn chatml_template_is_recognised_and_rendered() {
+fn chatml_template_renders_its_default_system_turn() {
     let t = ChatTemplate::from_jinja(CHAT_TEMPLATE).unwrap();
     let system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
-    assert_eq!(t.default_system.as_deref(), Some(system));
     let user = [ChatMessage::new("user", "Hi")];
     assert_eq!(
-        t.render(&user, true),
+        t.render(&user, true).unwrap(),
         format!("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     );
     let with_system = [
@@ -81,15 +80,69 @@ fn chatml_template_is_recognised_and_rendered() {
         ChatMessage::new("user", "Hi"),
     ];
     assert_eq!(
-        t.render(&with_system, false),
+        t.render(&with_system, false).unwrap(),
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
     );
-    let e = ChatTemplate::from_jinja(
-        "{{ bos_token }}{% for m in messages %}[INST] {{ m.content }}{% endfor %}",
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("unsupported chat template"), "{e}");
+    // A template that does not parse is refused with its line.
+    let e = ChatTemplate::from_jinja("{% for m in messages %}\n{{ m.content }")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("does not parse") && e.contains("line 2"), "{e}");
+}
+
+/// Templates in the styles real checkpoints ship, rendered by transformers'
+/// `apply_chat_template` (`runtime/tests/fixtures/chat_templates.json`,
+/// written by `tools/fixtures/chat_templates.py`): draftc's rendering is the
+/// same text, and a conversation a template refuses is refused here too,
+/// with the template's message.
+#[test]
+fn chat_templates_render_as_transformers_renders_them() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let token = |k: &str| f[k].as_str().map(str::to_string);
+    let conversations: Vec<Vec<ChatMessage>> = f["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            c.as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
+                })
+                .collect()
+        })
+        .collect();
+    let mut refused = 0;
+    for case in f["cases"].as_array().unwrap() {
+        let name = case["template"].as_str().unwrap();
+        let t = ChatTemplate::from_jinja(f["templates"][name].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .with_tokens(token("bos_token"), token("eos_token"));
+        let conv = &conversations[case["conversation"].as_u64().unwrap() as usize];
+        let gen = case["add_generation_prompt"].as_bool().unwrap();
+        let got = t.render(conv, gen);
+        match (case.get("text"), case.get("error")) {
+            (Some(want), _) => assert_eq!(
+                got.as_deref().map_err(|e| e.to_string()),
+                Ok(want.as_str().unwrap()),
+                "{name}, conversation {}, generation prompt {gen}",
+                case["conversation"]
+            ),
+            (None, Some(message)) => {
+                refused += 1;
+                let e = got.unwrap_err().to_string();
+                assert!(
+                    e.contains("refused the conversation") && e.contains(message.as_str().unwrap()),
+                    "{name}: {e}"
+                );
+            }
+            _ => panic!("a case with neither text nor error"),
+        }
+    }
+    assert!(refused >= 4, "the fixture has refusals to check");
 }
 
 fn fixture(name: &str) -> serde_json::Value {

@@ -8,6 +8,7 @@
 //! [`tokenizer::Tokenizer`], [`safetensors_io`] and [`shards`] (a Hugging
 //! Face checkpoint's one file or its index of shards) for loading.
 
+pub mod chat;
 pub mod config;
 pub mod convert;
 pub mod dequant;

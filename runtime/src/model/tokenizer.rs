@@ -1,13 +1,7 @@
 //! The runtime's tokenizer: a `tokenizer.json` loaded with the `tokenizers`
 //! crate, encode/decode with range-checked ids, and the chat template from
-//! `tokenizer_config.json`.
-//!
-//! Chat templates are Jinja in HF checkpoints; draftc does not embed a Jinja
-//! engine. [`ChatTemplate::from_jinja`] recognises the ChatML family
-//! (`<|im_start|>{role}\n{content}<|im_end|>\n`, optional default system
-//! prompt when the first message is not a system message, generation prompt
-//! `<|im_start|>assistant\n`) and rejects anything else with an error, so an
-//! unknown template is never silently mis-rendered.
+//! `tokenizer_config.json` (rendered by [`super::chat`], a Jinja engine set
+//! up as transformers sets up its own).
 
 use std::path::Path;
 
@@ -19,79 +13,34 @@ fn err(detail: impl Into<String>) -> ModelError {
     }
 }
 
-/// One chat turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
+pub use super::chat::{ChatMessage, ChatTemplate};
 
-impl ChatMessage {
-    pub fn new(role: &str, content: &str) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
+/// `chat_template` of a `tokenizer_config.json`: a string, or (newer
+/// checkpoints) a list of `{name, template}` of which `default` is the chat
+/// template; `None` when absent.
+fn chat_template_of(config: &serde_json::Value) -> Result<Option<String>> {
+    match config.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(t)) => Ok(Some(t.clone())),
+        Some(serde_json::Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+            .and_then(|t| t.get("template").and_then(|t| t.as_str()))
+            .map(|t| Some(t.to_string()))
+            .ok_or_else(|| err("chat_template is a list without a `default` template")),
+        Some(_) => Err(err(
+            "chat_template is neither a string nor a list of templates",
+        )),
     }
 }
 
-/// A ChatML chat template.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChatTemplate {
-    /// Inserted as a system turn when the first message is not `system`.
-    pub default_system: Option<String>,
-}
-
-impl ChatTemplate {
-    /// Recognises a ChatML Jinja template and extracts its default system
-    /// prompt; any other template is an error.
-    pub fn from_jinja(template: &str) -> Result<Self> {
-        let chatml = template.contains(
-            "'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'",
-        ) && template.contains("'<|im_start|>assistant\n'");
-        if !chatml {
-            return Err(err("unsupported chat template: draftc renders only ChatML (<|im_start|>role\\n…<|im_end|>)"));
-        }
-        let default_system = if template.contains("messages[0]['role'] != 'system'") {
-            let start_tag = "'<|im_start|>system\n";
-            let start = template
-                .find(start_tag)
-                .map(|i| i + start_tag.len())
-                .ok_or_else(|| err("chat template: default system turn not found"))?;
-            let len = template[start..]
-                .find("<|im_end|>")
-                .ok_or_else(|| err("chat template: default system turn is not closed"))?;
-            Some(template[start..start + len].to_string())
-        } else {
-            None
-        };
-        Ok(ChatTemplate { default_system })
-    }
-
-    /// Renders the conversation; with `add_generation_prompt` the text ends
-    /// with `<|im_start|>assistant\n`.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> String {
-        let mut out = String::new();
-        let turn = |out: &mut String, role: &str, content: &str| {
-            out.push_str("<|im_start|>");
-            out.push_str(role);
-            out.push('\n');
-            out.push_str(content);
-            out.push_str("<|im_end|>\n");
-        };
-        if let Some(system) = &self.default_system {
-            if messages.first().is_some_and(|m| m.role != "system") {
-                turn(&mut out, "system", system);
-            }
-        }
-        for m in messages {
-            turn(&mut out, &m.role, &m.content);
-        }
-        if add_generation_prompt {
-            out.push_str("<|im_start|>assistant\n");
-        }
-        out
-    }
+/// A special token's text in a `tokenizer_config.json`: a string, or an
+/// added-token object with `content`.
+fn special_token(config: &serde_json::Value, key: &str) -> Option<String> {
+    let v = config.get(key)?;
+    v.as_str()
+        .or_else(|| v.get("content").and_then(|c| c.as_str()))
+        .map(str::to_string)
 }
 
 /// A loaded tokenizer.
@@ -115,8 +64,13 @@ impl Tokenizer {
                 .map_err(|e| ModelError::io(&config_path, e))?;
             let config: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| err(format!("{}: {e}", config_path.display())))?;
-            if let Some(t) = config.get("chat_template").and_then(|t| t.as_str()) {
-                tok.chat = Some(ChatTemplate::from_jinja(t)?);
+            if let Some(t) = chat_template_of(&config)? {
+                let token = |k: &str| special_token(&config, k);
+                tok.chat = Some(
+                    ChatTemplate::from_jinja(&t)
+                        .map_err(|e| err(format!("{}: {e}", config_path.display())))?
+                        .with_tokens(token("bos_token"), token("eos_token")),
+                );
             }
         }
         Ok(tok)
@@ -181,7 +135,7 @@ impl Tokenizer {
         let chat = self.chat.as_ref().ok_or_else(|| {
             err("no chat template (tokenizer_config.json missing or without chat_template)")
         })?;
-        Ok(chat.render(messages, true))
+        chat.render(messages, true)
     }
 
     /// Token ids of [`Tokenizer::chat_prompt`].
