@@ -361,7 +361,7 @@ fn unknown_or_missing_tensors_are_named() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("rope_freqs.weight") && e.contains("no HF Llama counterpart"),
+        e.contains("rope_freqs.weight") && e.contains("no Hugging Face counterpart"),
         "{e}"
     );
 

@@ -335,8 +335,8 @@ fn inconsistent_or_unsupported_metadata_is_named() {
         ),
         (
             "tokenizer.ggml.pre",
-            s("llama-bpe"),
-            "pre-tokeniser `llama-bpe` is not supported",
+            s("deepseek-llm"),
+            "pre-tokeniser `deepseek-llm` is not supported",
         ),
         (
             "llama.block_count",

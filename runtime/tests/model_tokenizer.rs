@@ -273,3 +273,58 @@ fn streamed_pieces_join_to_the_decoded_text() {
         .collect();
     assert_eq!(joined, "ok then");
 }
+
+/// A GGUF's `tokenizer.ggml.pre` picks the split its model's own
+/// `tokenizer.json` makes before byte-level BPE: SmolLM2 and Qwen 2 split
+/// digits one by one, Llama 3 (`llama-bpe`) in runs of up to three, and the
+/// regex ones keep a word's leading space with the word.
+#[test]
+fn gguf_pre_tokenisers_split_as_their_models_do() {
+    use draftc_runtime::model::gguf::Gguf;
+    use draftc_runtime::model::gguf_value::GgufValue;
+    use draftc_runtime::model::tokenizer_build::build_tokenizer;
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+    let split = |pre: &str, text: &str| -> Vec<String> {
+        let mut w = tiny_llama();
+        for (k, v) in w.metadata.iter_mut() {
+            if k == "tokenizer.ggml.pre" {
+                *v = GgufValue::String(pre.into());
+            }
+        }
+        let files = build_tokenizer(&Gguf::parse(w.build()).unwrap()).unwrap();
+        let tok = tokenizers::Tokenizer::from_bytes(files.tokenizer_json.as_bytes()).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        tok.get_pre_tokenizer()
+            .unwrap()
+            .pre_tokenize(&mut s)
+            .unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte)
+            .into_iter()
+            .map(|(piece, _, _)| piece.to_string())
+            .collect()
+    };
+    let text = "Year 12345, it's";
+    assert_eq!(
+        split("qwen2", text),
+        ["Year", "Ġ", "1", "2", "3", "4", "5", ",", "Ġit", "'s"]
+    );
+    assert_eq!(
+        split("llama-bpe", text),
+        ["Year", "Ġ", "123", "45", ",", "Ġit", "'s"]
+    );
+    assert!(split("smollm", text).contains(&"1".to_string()));
+    let mut w = tiny_llama();
+    for (k, v) in w.metadata.iter_mut() {
+        if k == "tokenizer.ggml.pre" {
+            *v = GgufValue::String("deepseek-llm".into());
+        }
+    }
+    let e = build_tokenizer(&Gguf::parse(w.build()).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("pre-tokeniser `deepseek-llm` is not supported"),
+        "{e}"
+    );
+}

@@ -7,7 +7,10 @@
 //! Hugging Face directory, matches transformers' first-step logits and
 //! greedy ids, and decodes the same ids speculatively (prompt lookup, and
 //! model drafters on random weights whose `target.lm_head` is the
-//! checkpoint's head).
+//! checkpoint's head). Each also ships as a GGUF that the `gguf` package
+//! wrote (`model.gguf`, `tools/fixtures/gguf_targets.py`: llama.cpp's
+//! names, keys and Q/K permutation); converted by `draftc convert`, it gives
+//! the same logits and ids.
 
 use std::path::PathBuf;
 
@@ -87,7 +90,7 @@ fn checkpoints_open_as_transformers_saved_them() {
     assert_eq!(tied.config.eos_token_id, vec![2]);
     let (untied, _) = open("llama-untied");
     assert!(!untied.config.tie_word_embeddings);
-    assert_eq!(untied.config.eos_token_id, vec![32, 15]);
+    assert_eq!(untied.config.eos_token_id.len(), 2, "a list of eos ids");
     assert!(dir("llama-untied")
         .join("model.safetensors.index.json")
         .is_file());
@@ -207,11 +210,13 @@ fn greedy_ids_match_transformers_autoregressive_and_speculative() {
 
 #[test]
 fn a_list_of_eos_ids_stops_on_any_of_them() {
-    // The untied checkpoint lists eos ids [32, 15], both reached mid-way by
-    // its greedy runs: a run stops at the first of either.
+    // The untied checkpoint lists two eos ids, both reached mid-way by its
+    // greedy runs (the fixture chose them so): a run stops at the first of
+    // either.
     let (model, e) = open("llama-untied");
     let mut t = load(&model, &e);
-    assert_eq!(t.eos, vec![32, 15]);
+    let eos = model.config.eos_token_id.clone();
+    assert_eq!(t.eos, eos);
     let reqs = requests(&e);
     let n = e.cases[0].greedy.len();
     let stops = Stops(t.eos.clone());
@@ -221,10 +226,55 @@ fn a_list_of_eos_ids_stops_on_any_of_them() {
         let end = c
             .greedy
             .iter()
-            .position(|x| [32, 15].contains(x))
+            .position(|x| eos.contains(x))
             .map_or(c.greedy.len(), |p| p + 1);
         stopped += (end < c.greedy.len()) as usize;
         assert_eq!(got, &c.greedy[..end], "{:?}", c.text);
     }
     assert!(stopped >= 2, "both eos ids end some run early");
+}
+
+#[test]
+fn gguf_written_by_the_gguf_package_converts_to_the_same_model() {
+    use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
+    use draftc_runtime::model::safetensors_io::WeightDtype;
+    for name in NAMES {
+        let (hf, e) = open(name);
+        let out = tempfile::tempdir().unwrap();
+        let opts = ConvertOptions {
+            dtype: WeightDtype::F32,
+            progress: false,
+        };
+        convert_gguf(&dir(name).join("model.gguf"), out.path(), &opts)
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        let model = ConvertedModel::open(out.path()).unwrap();
+        assert_eq!(model.config.model_type, hf.config.model_type, "{name}");
+        assert_eq!(
+            model.config.tie_word_embeddings, hf.config.tie_word_embeddings,
+            "{name}"
+        );
+        // Every tensor equals the checkpoint's (Q/K un-permuted for Llama).
+        for n in hf.weights.names() {
+            let shape = hf.weights.shape(&n).unwrap();
+            assert_eq!(
+                model.weights.tensor_f32(&n, &shape).unwrap(),
+                hf.weights.tensor_f32(&n, &shape).unwrap(),
+                "{name}: {n}"
+            );
+        }
+        let mut t = load(&model, &e);
+        let reqs = requests(&e);
+        let n = e.cases[0].greedy.len();
+        let want: Vec<Vec<u32>> = e.cases.iter().map(|c| c.greedy.clone()).collect();
+        let got = generate(
+            &mut t,
+            &reqs,
+            n,
+            &Sampling::GREEDY,
+            Stops::default(),
+            &mut |_, _| {},
+        )
+        .unwrap();
+        assert_eq!(got.tokens, want, "{name} from its GGUF");
+    }
 }

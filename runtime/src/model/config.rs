@@ -181,41 +181,52 @@ impl HfConfig {
 }
 
 impl LlamaConfig {
-    /// Reads the hyper-parameters of a `general.architecture = llama` GGUF.
-    /// `tied` says whether the file lacks a separate `output.weight`.
+    /// Reads the hyper-parameters of a `general.architecture = llama` or
+    /// `qwen2` GGUF (its `{arch}.*` keys). `tied` says whether the file
+    /// lacks a separate `output.weight`.
     pub fn from_gguf(meta: &impl MetadataExt, tied: bool, dtype: &str) -> Result<Self> {
         let arch = meta.require_str("general.architecture")?;
-        if arch != "llama" {
-            return Err(ModelError::Config {
-                detail: format!("architecture `{arch}` is not supported (only `llama`)"),
-            });
-        }
-        let u = |k: &str| meta.require_u64(k).map(|v| v as usize);
-        let hidden_size = u("llama.embedding_length")?;
-        let heads = u("llama.attention.head_count")?;
-        let vocab_size = match meta.get_value("llama.vocab_size") {
-            Some(_) => u("llama.vocab_size")?,
+        let (class, max_default) = match arch {
+            "llama" => ("LlamaForCausalLM", 2048),
+            "qwen2" => ("Qwen2ForCausalLM", 32_768),
+            _ => {
+                return Err(ModelError::Config {
+                    detail: format!(
+                        "architecture `{arch}` is not supported (`llama` or `qwen2`; issue 54)"
+                    ),
+                })
+            }
+        };
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| meta.require_u64(&key(k)).map(|v| v as usize);
+        let hidden_size = u("embedding_length")?;
+        let heads = u("attention.head_count")?;
+        let vocab_size = match meta.get_value(&key("vocab_size")) {
+            Some(_) => u("vocab_size")?,
             None => meta.require_array("tokenizer.ggml.tokens")?.len(),
         };
         let config = LlamaConfig {
-            architectures: vec!["LlamaForCausalLM".into()],
-            model_type: "llama".into(),
+            architectures: vec![class.into()],
+            model_type: arch.into(),
             hidden_size,
-            num_hidden_layers: u("llama.block_count")?,
+            num_hidden_layers: u("block_count")?,
             num_attention_heads: heads,
-            num_key_value_heads: match meta.get_value("llama.attention.head_count_kv") {
-                Some(_) => u("llama.attention.head_count_kv")?,
+            num_key_value_heads: match meta.get_value(&key("attention.head_count_kv")) {
+                Some(_) => u("attention.head_count_kv")?,
                 None => heads,
             },
-            intermediate_size: u("llama.feed_forward_length")?,
+            intermediate_size: u("feed_forward_length")?,
             vocab_size,
-            rope_theta: match meta.get_value("llama.rope.freq_base") {
-                Some(_) => meta.require_f64("llama.rope.freq_base")?,
+            rope_theta: match meta.get_value(&key("rope.freq_base")) {
+                Some(_) => meta.require_f64(&key("rope.freq_base"))?,
                 None => 10_000.0,
             },
-            rms_norm_eps: meta.require_f64("llama.attention.layer_norm_rms_epsilon")?,
+            rms_norm_eps: meta.require_f64(&key("attention.layer_norm_rms_epsilon"))?,
             tie_word_embeddings: tied,
-            max_position_embeddings: u("llama.context_length")?,
+            max_position_embeddings: match meta.get_value(&key("context_length")) {
+                Some(_) => u("context_length")?,
+                None => max_default,
+            },
             bos_token_id: Some(meta.require_u64("tokenizer.ggml.bos_token_id")? as u32),
             eos_token_id: vec![meta.require_u64("tokenizer.ggml.eos_token_id")? as u32],
             hidden_act: "silu".into(),

@@ -102,7 +102,10 @@ pub fn convert_gguf(
     let mut by_hf = BTreeMap::new();
     for t in &gguf.tensors {
         let (hf, fixup) = names::hf_name(&t.name, &config).ok_or_else(|| ModelError::Config {
-            detail: format!("GGUF tensor `{}` has no HF Llama counterpart", t.name),
+            detail: format!(
+                "GGUF tensor `{}` has no Hugging Face counterpart in a `{}` checkpoint",
+                t.name, config.model_type
+            ),
         })?;
         by_hf.insert(hf, (t, fixup));
     }

@@ -32,21 +32,34 @@ pub fn hf_name(gguf_name: &str, config: &LlamaConfig) -> Option<(String, Fixup)>
     if layer >= config.num_hidden_layers {
         return None;
     }
+    // llama.cpp permutes Llama's Q/K rows for its RoPE layout; Qwen 2's it
+    // keeps as they are.
+    let permuted = config.model_type == "llama";
+    let unpermute = |heads: usize| {
+        if permuted {
+            Fixup::UnpermuteRows { heads }
+        } else {
+            Fixup::None
+        }
+    };
     let (hf, fixup) = match suffix {
         "attn_norm.weight" => ("input_layernorm.weight", Fixup::None),
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Fixup::None),
         "attn_q.weight" => (
             "self_attn.q_proj.weight",
-            Fixup::UnpermuteRows {
-                heads: config.num_attention_heads,
-            },
+            unpermute(config.num_attention_heads),
         ),
         "attn_k.weight" => (
             "self_attn.k_proj.weight",
-            Fixup::UnpermuteRows {
-                heads: config.num_key_value_heads,
-            },
+            unpermute(config.num_key_value_heads),
         ),
+        "attn_q.bias" | "attn_k.bias" | "attn_v.bias" if !permuted => {
+            let part = &suffix[5..6];
+            return Some((
+                format!("model.layers.{layer}.self_attn.{part}_proj.bias"),
+                Fixup::None,
+            ));
+        }
         "attn_v.weight" => ("self_attn.v_proj.weight", Fixup::None),
         "attn_output.weight" => ("self_attn.o_proj.weight", Fixup::None),
         "ffn_gate.weight" => ("mlp.gate_proj.weight", Fixup::None),

@@ -1,10 +1,13 @@
 //! Builds a HuggingFace `tokenizer.json` (and `tokenizer_config.json` with
 //! the chat template) from a GGUF's `tokenizer.ggml.*` metadata.
 //!
-//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE). The
-//! pre-tokeniser is `Sequence[Digits(individual_digits), ByteLevel]` — the one
-//! of SmolLM2 (`tokenizer.ggml.pre = "smollm"`): ByteLevel alone merges digit
-//! runs and mis-tokenises e.g. "ones:\n\n1.". Tokens of type CONTROL (3) or
+//! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE) with the
+//! pre-tokenisers of `tokenizer.ggml.pre` as llama.cpp names them: `smollm`
+//! (`Sequence[Digits(individual_digits), ByteLevel]`; ByteLevel alone merges
+//! digit runs and mis-tokenises e.g. "ones:\n\n1."), `qwen2` and
+//! `llama-bpe` (Llama 3), each a regex split before ByteLevel as their
+//! `tokenizer.json` files write it (`qwen2` splits digits one by one,
+//! `llama-bpe` in runs of up to three). Tokens of type CONTROL (3) or
 //! USER_DEFINED (4) become special added tokens. The result is loaded back
 //! with the `tokenizers` crate before it is returned, so a vocabulary the
 //! crate rejects (duplicate tokens, merges of unknown tokens) fails here.
@@ -13,6 +16,11 @@ use serde_json::{json, Map, Value};
 
 use super::error::{ModelError, Result};
 use super::gguf_value::{GgufValue, MetadataExt};
+
+/// The split regex of Qwen 2's `tokenizer.json` (llama.cpp `qwen2`).
+const SPLIT_QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The split regex of Llama 3's `tokenizer.json` (llama.cpp `llama-bpe`).
+const SPLIT_LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// llama.cpp `llama_token_type` values that mark special tokens.
 const TOKEN_TYPE_CONTROL: u64 = 3;
@@ -44,11 +52,16 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
     // Without `tokenizer.ggml.pre`, llama.cpp falls back to GPT-2's splitting,
     // which differs from ours on digits: refuse rather than mis-tokenise.
     let pre = meta.require_str("tokenizer.ggml.pre")?;
-    if pre != "smollm" {
-        return Err(err(format!(
-            "pre-tokeniser `{pre}` is not supported (only `smollm`: digits split, then byte-level)"
-        )));
-    }
+    let split = match pre {
+        "smollm" => None,
+        "qwen2" => Some(SPLIT_QWEN2),
+        "llama-bpe" => Some(SPLIT_LLAMA3),
+        _ => {
+            return Err(err(format!(
+                "pre-tokeniser `{pre}` is not supported (`smollm`, `qwen2` or `llama-bpe`)"
+            )))
+        }
+    };
     let tokens = meta.require_str_array("tokenizer.ggml.tokens")?;
     let merges = meta.require_str_array("tokenizer.ggml.merges")?;
     let types: Vec<u64> = match meta.get_value("tokenizer.ggml.token_type") {
@@ -96,19 +109,29 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
         .collect::<Result<Vec<Value>>>()?;
 
     let byte_level = |trim_offsets: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": true});
+    let pre_tokenizer = match split {
+        None => json!({
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Digits", "individual_digits": true},
+                byte_level(true),
+            ],
+        }),
+        Some(pattern) => json!({
+            "type": "Sequence",
+            "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+            ],
+        }),
+    };
     let tokenizer = json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
         "added_tokens": added,
         "normalizer": null,
-        "pre_tokenizer": {
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Digits", "individual_digits": true},
-                byte_level(true),
-            ],
-        },
+        "pre_tokenizer": pre_tokenizer,
         "post_processor": byte_level(false),
         "decoder": byte_level(true),
         "model": {
@@ -149,8 +172,12 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
     config.insert("additional_special_tokens".into(), json!(special_names));
     config.insert("add_prefix_space".into(), json!(false));
     config.insert("clean_up_tokenization_spaces".into(), json!(false));
+    let arch = meta
+        .get_value("general.architecture")
+        .and_then(|v| v.as_str())
+        .unwrap_or("llama");
     if let Some(len) = meta
-        .get_value("llama.context_length")
+        .get_value(&format!("{arch}.context_length"))
         .and_then(GgufValue::as_u64)
     {
         config.insert("model_max_length".into(), json!(len));
