@@ -149,3 +149,25 @@ fn qwen2_is_llama_with_q_k_v_biases() {
     let printed = draftc_ir::print::print(&common::compile(qwen2.1, &cfg).unwrap());
     assert!(printed.contains(", bias)"), "{printed}");
 }
+
+#[test]
+fn a_self_speculative_base_target_is_the_targets_own_family() {
+    let magicdec = common::MODELS
+        .iter()
+        .find(|(n, _)| *n == "magicdec")
+        .unwrap()
+        .1;
+    let mut cfg = common::smollm2();
+    let llama = common::compile(magicdec, &cfg).unwrap();
+    assert_eq!(llama.meta.base.as_deref(), Some("llama"));
+    cfg.family = "qwen2".into();
+    let qwen2 = common::compile(magicdec, &cfg).unwrap();
+    assert_eq!(qwen2.meta.base.as_deref(), Some("qwen2"));
+    let biases = |g: &draftc_ir::Graph| {
+        g.params()
+            .iter()
+            .filter(|p| p.name.ends_with("_proj.bias"))
+            .count()
+    };
+    assert_eq!((biases(&llama), biases(&qwen2)), (0, 3 * 30));
+}

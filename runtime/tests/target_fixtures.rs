@@ -188,7 +188,7 @@ fn greedy_ids_match_transformers_autoregressive_and_speculative() {
         // `target.lm_head`) the checkpoint's.
         let specs = weight_specs(&t.graph, &t.weights).unwrap();
         let tw = HostWeights::from_model(&model, &specs).unwrap();
-        for drafter in ["medusa", "beagle", "eagle"] {
+        for drafter in ["medusa", "beagle", "eagle", "magicdec"] {
             let g = tiny::compile(drafter, &t.target_config);
             let w = tiny::drafter_weights(&t, &tw, &g, None);
             let mut d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, None).unwrap();

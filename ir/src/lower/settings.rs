@@ -388,7 +388,12 @@ pub(super) fn lower_self_speculative(
                 .with_label("its graph is the base model's"),
         );
     }
-    let base = lw.graph.meta.base.clone().unwrap_or_default();
+    // `base target`: the target's own model file (its preset's `family`), so
+    // one self-speculative description serves Llama and Qwen 2 targets alike.
+    let mut base = lw.graph.meta.base.clone().unwrap_or_default();
+    if base == "target" {
+        base = lw.config.family.clone();
+    }
     let base_span = file
         .settings
         .iter()
