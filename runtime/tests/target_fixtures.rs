@@ -81,6 +81,24 @@ fn requests(e: &Expected) -> Vec<Request> {
         .collect()
 }
 
+/// transformers' greedy ids for each case, and draftc's autoregressive ones
+/// for the same prompts (no stop id: transformers ran to the limit).
+fn greedy(t: &mut TargetModel<Wgpu>, e: &Expected) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let want: Vec<Vec<u32>> = e.cases.iter().map(|c| c.greedy.clone()).collect();
+    let n = e.cases[0].greedy.len();
+    let got = generate(
+        t,
+        &requests(e),
+        n,
+        &Sampling::GREEDY,
+        Stops::default(),
+        &mut |_, _| {},
+    )
+    .unwrap()
+    .tokens;
+    (want, got)
+}
+
 const NAMES: [&str; 3] = ["llama-tied", "llama-untied", "qwen2-tied"];
 
 #[test]
@@ -153,19 +171,10 @@ fn greedy_ids_match_transformers_autoregressive_and_speculative() {
     for name in NAMES {
         let (model, e) = open(name);
         let mut t = load(&model, &e);
+        let (want, ar) = greedy(&mut t, &e);
+        assert_eq!(ar, want, "{name}: autoregressive");
         let reqs = requests(&e);
         let n = e.cases[0].greedy.len();
-        let want: Vec<Vec<u32>> = e.cases.iter().map(|c| c.greedy.clone()).collect();
-        let ar = generate(
-            &mut t,
-            &reqs,
-            n,
-            &Sampling::GREEDY,
-            Stops::default(),
-            &mut |_, _| {},
-        )
-        .unwrap();
-        assert_eq!(ar.tokens, want, "{name}: autoregressive");
 
         let mut lookup = PromptLookupDrafter {
             lookup: PromptLookup::new(1, 3, 4).unwrap(),
@@ -262,19 +271,7 @@ fn gguf_written_by_the_gguf_package_converts_to_the_same_model() {
                 "{name}: {n}"
             );
         }
-        let mut t = load(&model, &e);
-        let reqs = requests(&e);
-        let n = e.cases[0].greedy.len();
-        let want: Vec<Vec<u32>> = e.cases.iter().map(|c| c.greedy.clone()).collect();
-        let got = generate(
-            &mut t,
-            &reqs,
-            n,
-            &Sampling::GREEDY,
-            Stops::default(),
-            &mut |_, _| {},
-        )
-        .unwrap();
-        assert_eq!(got.tokens, want, "{name} from its GGUF");
+        let (want, got) = greedy(&mut load(&model, &e), &e);
+        assert_eq!(got, want, "{name} from its GGUF");
     }
 }

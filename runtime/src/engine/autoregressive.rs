@@ -73,14 +73,8 @@ pub fn generate<R: Runtime>(
         drafter: None,
         policy: &mut policy,
     };
-    let run = run_static(
-        &mut cx,
-        requests,
-        max_tokens,
-        sampling,
-        stop.into(),
-        on_token,
-    )?;
+    let stop = stop.into();
+    let run = run_static(&mut cx, requests, max_tokens, sampling, stop, on_token)?;
     let stats = GenStats {
         sequences: requests.len(),
         prompt_tokens: requests.iter().map(|r| r.prompt.len()).sum(),

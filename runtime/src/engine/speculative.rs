@@ -353,14 +353,8 @@ pub fn generate_with_policy<R: Runtime>(
         drafter: Some(&mut *drafter),
         policy: &mut *policy,
     };
-    let run = run_static(
-        &mut cx,
-        requests,
-        max_tokens,
-        sampling,
-        stop.into(),
-        on_token,
-    )?;
+    let stop = stop.into();
+    let run = run_static(&mut cx, requests, max_tokens, sampling, stop, on_token)?;
     let e = &run.stats;
     let mut stats = SpecStats {
         sequences: b,
