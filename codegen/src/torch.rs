@@ -464,9 +464,18 @@ impl<'a> Emitter<'a> {
                     Some(m) => format!("({} if ctx.train else {mask})", py_mask(m)?),
                     None => mask,
                 };
-                let theta = at
-                    .rope
-                    .map_or("None".to_string(), |r| format!("{:?}", r.get()));
+                let theta = match (at.rope, at.rope_scaling.as_deref()) {
+                    (None, _) => "None".to_string(),
+                    (Some(r), None) => format!("{:?}", r.get()),
+                    (Some(r), Some(s)) => format!(
+                        "({:?}, {:?}, {:?}, {:?}, {})",
+                        r.get(),
+                        s.factor.get(),
+                        s.low_freq_factor.get(),
+                        s.high_freq_factor.get(),
+                        s.original_context
+                    ),
+                };
                 match at.axis {
                     Axis::Draft => format!(
                         "attention_draft({}, {{{w}}}, {}, {}, {}, {mask}, {})",

@@ -112,9 +112,21 @@ def layer_sum(x, w):
 
 def rope(x, pos, theta):
     # x [B, T, heads, hd], pos [B, T]; HF rotate-half, inv_freq in f32.
+    # `theta` a tuple (theta, factor, low_freq_factor, high_freq_factor,
+    # original_context): Llama 3's scaled frequencies (`rope_scaling=llama3`).
+    scaling = None
+    if isinstance(theta, tuple):
+        theta, *scaling = theta
     hd = x.shape[-1]
     half = hd // 2
     inv = 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=x.device).float() / hd))
+    if scaling is not None:
+        factor, low, high, original = scaling
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > original / low, inv / factor, inv)
+        smooth = (original / wavelen - low) / (high - low)
+        medium = (wavelen >= original / high) & (wavelen <= original / low)
+        inv = torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
     ang = pos.float()[..., None] * inv  # [B, T, half]
     cos = torch.cos(ang)[:, :, None, :]
     sin = torch.sin(ang)[:, :, None, :]

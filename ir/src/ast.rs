@@ -180,7 +180,8 @@ pub enum ExprKind {
     /// `a..b` (inside index lists)
     Range(Box<Expr>, Box<Expr>),
     /// `a if flag else b`: one of two values by a flag of the target preset
-    /// (`tied_embeddings`). Only a setting's value is parsed this way.
+    /// (`tied_embeddings`). A setting's value and a named argument's are
+    /// parsed this way; only settings and `rope_scaling=` accept one.
     Choose {
         then: Box<Expr>,
         flag: Ident,

@@ -137,6 +137,20 @@ pub struct AttentionAttrs {
     /// `bias`: the q, k and v projections add biases (`q_proj.bias`, …;
     /// Qwen 2); the output projection has none.
     pub bias: bool,
+    /// `rope_scaling=llama3`: Llama 3's scaled RoPE frequencies (boxed:
+    /// rare, and it would double every op's size).
+    pub rope_scaling: Option<Box<RopeScaling>>,
+}
+
+/// Llama 3's RoPE frequency scaling (`rope_scaling=llama3`, the preset's
+/// `rope_factor`, `rope_low_freq_factor`, `rope_high_freq_factor` and
+/// `rope_original_context`; transformers' `rope_type: llama3`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RopeScaling {
+    pub factor: F64,
+    pub low_freq_factor: F64,
+    pub high_freq_factor: F64,
+    pub original_context: i64,
 }
 
 /// Where a graph input comes from.

@@ -621,6 +621,11 @@ impl Parser {
                 _ => None,
             };
             let value = self.expr()?;
+            // A named argument's value may choose by a preset flag.
+            let value = match name {
+                Some(_) => self.choice(value)?,
+                None => value,
+            };
             args.push(Arg { name, value });
             if !self.eat(&TokenKind::Comma) {
                 return Ok(args);

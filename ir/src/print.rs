@@ -182,6 +182,9 @@ pub fn call(g: &Graph, node: &Node) -> String {
             if let Some(r) = a.rope {
                 let _ = write!(s, ", rope={r}");
             }
+            if a.rope_scaling.is_some() {
+                s.push_str(", rope_scaling=llama3");
+            }
             if a.bias {
                 s.push_str(", bias");
             }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use draftc_ir::{Diagnostic, Graph, Resolver, TargetConfig};
 
 pub const TINY_PRESET: &str =
-    "preset tiny\nfamily llama\nn 4\nd 64\nh 4\nhkv 2\nf 128\nv 100\ntheta 10000.0\neps 1e-5\ntied_embeddings true\n";
+    "preset tiny\nfamily llama\nn 4\nd 64\nh 4\nhkv 2\nf 128\nv 100\ntheta 10000.0\neps 1e-5\ntied_embeddings true\nrope_llama3 false\n";
 
 pub fn tiny() -> TargetConfig {
     draftc_ir::parse_preset(TINY_PRESET).expect("tiny preset parses")

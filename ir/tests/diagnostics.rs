@@ -446,7 +446,7 @@ fn a_choice_on_a_flag_the_preset_lacks_is_named_with_the_flags_it_has() {
         diags[0]
             .notes
             .iter()
-            .any(|n| n.contains("the preset's flags: tied_embeddings")),
+            .any(|n| n.contains("the preset's flags: ") && n.contains("tied_embeddings")),
         "{diags:?}"
     );
 }

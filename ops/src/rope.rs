@@ -354,12 +354,22 @@ pub fn rope_freqs<R: Runtime>(
             reason: format!("theta must be finite and > 1, got {theta}"),
         });
     }
-    DeviceTensor::<R>::upload_f32(
-        client,
-        &reference::inv_freq(head_dim, theta),
-        &[head_dim / 2],
-        DType::F32,
-    )
+    upload_freqs(client, &reference::inv_freq(head_dim, theta))
+}
+
+/// Frequencies given as values (`[head_dim / 2]`, e.g.
+/// [`reference::inv_freq_llama3`]) on the device, each finite and positive.
+pub fn upload_freqs<R: Runtime>(
+    client: &ComputeClient<R>,
+    freqs: &[f32],
+) -> Result<DeviceTensor<R>> {
+    if freqs.is_empty() || freqs.iter().any(|f| !(f.is_finite() && *f > 0.0)) {
+        return Err(OpsError::InvalidArgument {
+            op: "rope",
+            reason: "RoPE frequencies must be finite and positive".into(),
+        });
+    }
+    DeviceTensor::<R>::upload_f32(client, freqs, &[freqs.len()], DType::F32)
 }
 
 /// [`rope`] with frequencies from [`rope_freqs`] (f32 `[head_dim / 2]`).
@@ -407,6 +417,37 @@ pub mod reference {
     pub fn inv_freq(head_dim: usize, theta: f32) -> Vec<f32> {
         (0..head_dim / 2)
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect()
+    }
+
+    /// Llama 3's scaled `inv_freq` (transformers'
+    /// `_compute_llama3_parameters`): a frequency whose wavelength is
+    /// longer than `original / low_freq_factor` is divided by `factor`, one
+    /// shorter than `original / high_freq_factor` kept, and one between
+    /// blended, with `original` the pre-training context.
+    pub fn inv_freq_llama3(
+        head_dim: usize,
+        theta: f32,
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original: f32,
+    ) -> Vec<f32> {
+        let (low_wavelen, high_wavelen) = (original / low_freq_factor, original / high_freq_factor);
+        inv_freq(head_dim, theta)
+            .into_iter()
+            .map(|f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < high_wavelen {
+                    f
+                } else if wavelen > low_wavelen {
+                    f / factor
+                } else {
+                    let smooth = (original / wavelen - low_freq_factor)
+                        / (high_freq_factor - low_freq_factor);
+                    (1.0 - smooth) * f / factor + smooth * f
+                }
+            })
             .collect()
     }
 
@@ -464,8 +505,12 @@ pub mod reference {
 
     /// RoPE of `x` (`[t, heads, head_dim]`) at `pos` (`[t]`).
     pub fn rope(x: &[f32], pos: &[u32], heads: usize, head_dim: usize, theta: f32) -> Vec<f32> {
+        rope_with(x, pos, heads, head_dim, &inv_freq(head_dim, theta))
+    }
+
+    /// [`rope`] with the frequencies `f` (`[head_dim / 2]`) given.
+    pub fn rope_with(x: &[f32], pos: &[u32], heads: usize, head_dim: usize, f: &[f32]) -> Vec<f32> {
         let half = head_dim / 2;
-        let f = inv_freq(head_dim, theta);
         let mut out = x.to_vec();
         for (th, v) in out.chunks_mut(head_dim).enumerate() {
             let p = pos[th / heads] as f32;

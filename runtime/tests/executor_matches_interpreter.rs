@@ -1,7 +1,8 @@
 //! The executor (plan of fused kernels on wgpu) against the reference
 //! interpreter (graph node by node, ops references on the host), for every
 //! model in `models/`, on random weights and random small configurations:
-//! target sizes (layers, d, heads, kv heads, f, vocab), draft length `l`,
+//! target sizes (layers, d, heads, kv heads, f, vocab; tied or untied head,
+//! RoPE plain or scaled as Llama 3.1's), draft length `l`,
 //! batch size, ragged rows per sequence, fused or unfused plans. Each case
 //! runs three passes through the caches — a prefill, an extension, and a
 //! tree-verification pass (parents given) — and compares every output
@@ -98,6 +99,20 @@ fn tiny_target(c: &Config) -> TargetConfig {
         t.ints.insert(k.into(), v);
     }
     t.flags.insert("tied_embeddings".into(), c.tied);
+    // One case in three scales RoPE as Llama 3.1 does (over a 16-token
+    // pre-training context, so every frequency of these heads changes).
+    let scaled = c.seed.is_multiple_of(3);
+    t.flags.insert("rope_llama3".into(), scaled);
+    if scaled {
+        for (k, v) in [
+            ("rope_factor", 8.0),
+            ("rope_low_freq_factor", 1.0),
+            ("rope_high_freq_factor", 4.0),
+        ] {
+            t.floats.insert(k.into(), v);
+        }
+        t.ints.insert("rope_original_context".into(), 16);
+    }
     t
 }
 

@@ -489,8 +489,13 @@ fn config_json_is_read_as_transformers_reads_it() {
         ),
         (
             "rope_scaling",
+            serde_json::json!({"rope_type": "yarn", "factor": 8.0}),
+            "rope_scaling of type `yarn`",
+        ),
+        (
+            "rope_scaling",
             serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
-            "rope_scaling of type `llama3`",
+            "needs positive factor, low_freq_factor",
         ),
         ("attention_bias", serde_json::json!(true), "attention_bias"),
         ("mlp_bias", serde_json::json!(true), "mlp_bias"),

@@ -2,8 +2,9 @@
 //! itself made and ran (`runtime/tests/fixtures/targets/`, written by
 //! `tools/fixtures/tiny_targets.py`, which records the versions): a Llama
 //! with a tied head in one `model.safetensors`, one with its own head, a
-//! list of eos ids and four shards behind an index, and a Qwen 2 (q/k/v
-//! biases, `models/qwen2.draft`, chosen by `model_type`). Each opens as a
+//! list of eos ids and four shards behind an index, a Qwen 2 (q/k/v
+//! biases, `models/qwen2.draft`, chosen by `model_type`), and a Llama with
+//! Llama 3.1's RoPE scaling (`rope_scaling=llama3`). Each opens as a
 //! Hugging Face directory, matches transformers' first-step logits and
 //! greedy ids, and decodes the same ids speculatively (prompt lookup, and
 //! model drafters on random weights whose `target.lm_head` is the
@@ -99,7 +100,10 @@ fn greedy(t: &mut TargetModel<Wgpu>, e: &Expected) -> (Vec<Vec<u32>>, Vec<Vec<u3
     (want, got)
 }
 
-const NAMES: [&str; 3] = ["llama-tied", "llama-untied", "qwen2-tied"];
+const NAMES: [&str; 4] = ["llama-tied", "llama-untied", "qwen2-tied", "llama3-scaled"];
+/// The fixtures with a GGUF beside them (Llama 3's scaling travels in a
+/// GGUF as a `rope_freqs` tensor, which `draftc convert` refuses).
+const GGUF_NAMES: [&str; 3] = ["llama-tied", "llama-untied", "qwen2-tied"];
 
 #[test]
 fn checkpoints_open_as_transformers_saved_them() {
@@ -247,7 +251,7 @@ fn a_list_of_eos_ids_stops_on_any_of_them() {
 fn gguf_written_by_the_gguf_package_converts_to_the_same_model() {
     use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
     use draftc_runtime::model::safetensors_io::WeightDtype;
-    for name in NAMES {
+    for name in GGUF_NAMES {
         let (hf, e) = open(name);
         let out = tempfile::tempdir().unwrap();
         let opts = ConvertOptions {
@@ -274,4 +278,61 @@ fn gguf_written_by_the_gguf_package_converts_to_the_same_model() {
         let (want, got) = greedy(&mut load(&model, &e), &e);
         assert_eq!(got, want, "{name} from its GGUF");
     }
+}
+
+#[test]
+fn llama3_rope_scaling_is_read_and_changes_the_logits() {
+    let (model, e) = open("llama3-scaled");
+    let s = model.config.rope_scaling.expect("rope_scaling read");
+    assert_eq!(
+        (
+            s.factor,
+            s.low_freq_factor,
+            s.high_freq_factor,
+            s.original_max_position_embeddings
+        ),
+        (8.0, 1.0, 4.0, 16)
+    );
+    // The same weights without the scaling give other logits (so the
+    // logits test above does check the scaled frequencies).
+    let mut plain = draftc_runtime::engine::target_config(&model.config);
+    plain.flags.insert("rope_llama3".into(), false);
+    let g = draftc_runtime::engine::compile_target(&plain).unwrap();
+    let tw = draftc_codegen::TargetWeights::new(&plain, &g.meta.exports);
+    let specs = weight_specs(&g, &tw).unwrap();
+    let w = HostWeights::from_model(&model, &specs).unwrap();
+    let mut t = TargetModel::from_parts(
+        &wgpu_client(),
+        g,
+        plain,
+        w,
+        e.cases.len(),
+        64,
+        PlanDType::F32,
+    )
+    .unwrap();
+    let prompts: Vec<(usize, Vec<u32>)> = e
+        .cases
+        .iter()
+        .map(|c| c.prompt.clone())
+        .enumerate()
+        .collect();
+    let (last, _) = t.prefill(&prompts, |_, _, _| Ok(())).unwrap();
+    let got = last.download_f32(t.client()).unwrap();
+    let v = t.vocab;
+    let far = e
+        .cases
+        .iter()
+        .enumerate()
+        .filter(|(i, c)| {
+            got[i * v..(i + 1) * v]
+                .iter()
+                .zip(&c.first_logits)
+                .any(|(a, b)| (a - b).abs() > 1e-3)
+        })
+        .count();
+    assert!(
+        far >= e.cases.len() - 1,
+        "unscaled RoPE matched transformers' scaled logits"
+    );
 }

@@ -6,7 +6,7 @@ use crate::ast::{Expr, ExprKind};
 use crate::diagnostic::Diagnostic;
 use crate::dim::fmt_shape;
 use crate::graph::ValueId;
-use crate::op::{AttentionAttrs, Axis, Cache, Mask, Op, StateName, F64};
+use crate::op::{AttentionAttrs, Axis, Cache, Mask, Op, RopeScaling, StateName, F64};
 use crate::span::Span;
 
 use super::args::CallArgs;
@@ -232,6 +232,35 @@ impl Lowerer<'_> {
             None => None,
         };
         let bias = a.flag("bias", &mut self.diags);
+        let rope_scaling = match a.get("rope_scaling", None) {
+            None => None,
+            Some(e) => {
+                let e = self.chosen(e)?;
+                match &e.kind {
+                    ExprKind::Name(n) if n == "none" => None,
+                    ExprKind::Name(n) if n == "llama3" => {
+                        Some(Box::new(self.llama3_scaling(e.span)?))
+                    }
+                    _ => {
+                        self.error(
+                            Diagnostic::error(e.span, "bad value for `rope_scaling`")
+                                .with_label("expected `llama3` or `none`"),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        if rope_scaling.is_some() && rope.is_none() {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    "`rope_scaling` scales RoPE, which this attention does not apply",
+                )
+                .with_label("add `rope=theta`"),
+            );
+            return None;
+        }
         let attrs = AttentionAttrs {
             heads,
             kv_heads,
@@ -246,6 +275,7 @@ impl Lowerer<'_> {
             train_mask,
             out: out_width.filter(|&o| dm.as_const() != Some(o)),
             bias,
+            rope_scaling,
         };
         let mut inputs = vec![x];
         if let Some(k) = kv {
@@ -385,5 +415,58 @@ impl Lowerer<'_> {
             }
             _ => bad(self),
         }
+    }
+}
+
+impl Lowerer<'_> {
+    /// Llama 3's RoPE scaling from the preset's `rope_factor`,
+    /// `rope_low_freq_factor`, `rope_high_freq_factor` (numbers) and
+    /// `rope_original_context` (an integer); an error naming those missing.
+    fn llama3_scaling(&mut self, span: Span) -> Option<RopeScaling> {
+        let num = |k: &str| {
+            self.config
+                .floats
+                .get(k)
+                .copied()
+                .or_else(|| self.config.int(k).map(|v| v as f64))
+        };
+        let names = [
+            "rope_factor",
+            "rope_low_freq_factor",
+            "rope_high_freq_factor",
+        ];
+        let vals: Vec<Option<f64>> = names.iter().map(|k| num(k)).collect();
+        let original = self.config.int("rope_original_context");
+        let mut missing: Vec<&str> = names
+            .iter()
+            .zip(&vals)
+            .filter(|(_, v)| !v.is_some_and(|x| x > 0.0 && x.is_finite()))
+            .map(|(k, _)| *k)
+            .collect();
+        if original.is_none_or(|o| o <= 0) {
+            missing.push("rope_original_context");
+        }
+        if let (Some(low), Some(high)) = (vals[1], vals[2]) {
+            if high <= low {
+                missing.push("rope_high_freq_factor (above rope_low_freq_factor)");
+            }
+        }
+        if !missing.is_empty() {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    "`rope_scaling=llama3` needs the preset's scaling values",
+                )
+                .with_label(format!("missing or out of range: {}", missing.join(", "))),
+            );
+            return None;
+        }
+        let v = |i: usize| F64::new(vals[i].unwrap_or(1.0));
+        Some(RopeScaling {
+            factor: v(0),
+            low_freq_factor: v(1),
+            high_freq_factor: v(2),
+            original_context: original.unwrap_or(1),
+        })
     }
 }

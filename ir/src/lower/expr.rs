@@ -122,7 +122,7 @@ impl Lowerer<'_> {
                 self.error(
                     Diagnostic::error(
                         e.span,
-                        "a choice on a flag is only valid as a setting's value or in a weight name",
+                        "a choice on a flag is only valid as a setting's value, in a weight name or as `rope_scaling=`",
                     )
                     .with_label("e.g. `@(model.embed_tokens if tied_embeddings else lm_head)`"),
                 );

@@ -109,6 +109,23 @@ impl Lowerer<'_> {
         self.error(d);
         None
     }
+
+    /// `e` with its choices on preset flags (`a if flag else b`) made;
+    /// `None` after reporting a flag the preset lacks.
+    pub(crate) fn chosen<'e>(
+        &mut self,
+        mut e: &'e crate::ast::Expr,
+    ) -> Option<&'e crate::ast::Expr> {
+        while let crate::ast::ExprKind::Choose {
+            then,
+            flag,
+            otherwise,
+        } = &e.kind
+        {
+            e = if self.flag(flag)? { then } else { otherwise };
+        }
+        Some(e)
+    }
 }
 
 /// Changes applied while lowering a base model for self-speculation.

@@ -37,6 +37,7 @@ const OPS: &[(&str, &[&str], bool)] = &[
             "train_mask",
             "out",
             "bias",
+            "rope_scaling",
         ],
         true,
     ),

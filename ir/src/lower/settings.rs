@@ -51,16 +51,7 @@ fn expr_val(e: &crate::ast::Expr) -> SettingVal {
 /// A setting's value with a choice (`a if flag else b`) resolved against the
 /// target preset's flags; `None` when the flag is not one (reported).
 fn chosen_val(lw: &mut Lowerer, s: &Setting) -> Option<SettingVal> {
-    let mut e = &s.value;
-    while let ExprKind::Choose {
-        then,
-        flag,
-        otherwise,
-    } = &e.kind
-    {
-        e = if lw.flag(flag)? { then } else { otherwise };
-    }
-    Some(expr_val(e))
+    Some(expr_val(lw.chosen(&s.value)?))
 }
 
 fn bad(s: &Setting, expected: &str) -> Diagnostic {

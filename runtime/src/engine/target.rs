@@ -65,6 +65,19 @@ pub fn target_config(c: &LlamaConfig) -> TargetConfig {
     t.floats.insert("eps".into(), c.rms_norm_eps);
     t.flags
         .insert("tied_embeddings".into(), c.tie_word_embeddings);
+    t.flags
+        .insert("rope_llama3".into(), c.rope_scaling.is_some());
+    if let Some(s) = &c.rope_scaling {
+        t.floats.insert("rope_factor".into(), s.factor);
+        t.floats
+            .insert("rope_low_freq_factor".into(), s.low_freq_factor);
+        t.floats
+            .insert("rope_high_freq_factor".into(), s.high_freq_factor);
+        t.ints.insert(
+            "rope_original_context".into(),
+            s.original_max_position_embeddings as i64,
+        );
+    }
     t
 }
 

@@ -125,6 +125,48 @@ pub struct Executor<R: Runtime> {
     rope_freqs: HashMap<(usize, u64), DeviceTensor<R>>,
 }
 
+/// The RoPE frequencies of the graph's attentions with `rope_scaling`
+/// (Llama 3), by (head_dim, theta bits): placed in the executor's frequency
+/// cache up front, so every RoPE launch of that shape reads the scaled ones.
+/// Two attentions of one shape, one scaled and one not, are an error (their
+/// kernels would share one table).
+fn scaled_rope_freqs<R: Runtime>(
+    client: &ComputeClient<R>,
+    graph: &Graph,
+) -> Result<HashMap<(usize, u64), DeviceTensor<R>>, ExecError> {
+    let mut seen: HashMap<(usize, u64), Option<draftc_ir::op::RopeScaling>> = HashMap::new();
+    for id in graph.ids() {
+        if let Op::Attention(a) = &graph.node(id).op {
+            if let Some(theta) = a.rope {
+                let key = (a.head_dim as usize, theta.get().to_bits());
+                let scaling = a.rope_scaling.as_deref().copied();
+                if *seen.entry(key).or_insert(scaling) != scaling {
+                    return Err(ExecError::Internal(format!(
+                        "attentions with head_dim {} and RoPE θ {} differ in rope_scaling",
+                        key.0,
+                        theta.get()
+                    )));
+                }
+            }
+        }
+    }
+    let mut out = HashMap::new();
+    for ((hd, bits), s) in seen {
+        if let Some(s) = s {
+            let f = draftc_ops::rope::reference::inv_freq_llama3(
+                hd,
+                f64::from_bits(bits) as f32,
+                s.factor.get() as f32,
+                s.low_freq_factor.get() as f32,
+                s.high_freq_factor.get() as f32,
+                s.original_context as f32,
+            );
+            out.insert((hd, bits), draftc_ops::rope::upload_freqs(client, &f)?);
+        }
+    }
+    Ok(out)
+}
+
 /// The ops dtype of a plan dtype.
 pub fn ops_dtype(d: PlanDType) -> DType {
     match d {
@@ -210,6 +252,7 @@ impl<R: Runtime> Executor<R> {
         let dev = super::bound::upload(client, &trace.plan, &table, weights, ops_dtype(dtype))?;
         let mut plans = HashMap::new();
         plans.insert(1, Arc::new(trace.plan));
+        let rope_freqs = scaled_rope_freqs(client, graph)?;
         Ok(Executor {
             client: client.clone(),
             graph: graph.clone(),
@@ -220,7 +263,7 @@ impl<R: Runtime> Executor<R> {
             weights: dev,
             plans,
             flush: FlushPolicy::for_device(&device),
-            rope_freqs: HashMap::new(),
+            rope_freqs,
             device,
             host: HostTime::default(),
             profile: std::env::var_os("DRAFTC_PROFILE")

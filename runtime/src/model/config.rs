@@ -40,6 +40,30 @@ pub struct LlamaConfig {
     pub hidden_act: String,
     pub head_dim: usize,
     pub torch_dtype: String,
+    /// Llama 3's RoPE scaling (`rope_type: llama3`); the only kind read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<Llama3Rope>,
+}
+
+/// `rope_scaling` with `rope_type: llama3` (Llama 3.1 and later), written
+/// back as transformers writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Llama3Rope {
+    pub rope_type: Llama3Tag,
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_max_position_embeddings: usize,
+}
+
+/// Serialises as `"llama3"`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llama3Tag;
+
+impl Serialize for Llama3Tag {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str("llama3")
+    }
 }
 
 fn one_or_list<S: Serializer>(ids: &[u32], s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -116,12 +140,40 @@ impl HfConfig {
             Some(other) => return refuse(format!("model_type `{other}` is not supported")),
             None => return refuse("config.json has no `model_type`".into()),
         };
+        let mut rope_scaling = None;
         if let Some(scaling) = self.rope_scaling.filter(|v| !v.is_null()) {
             let kind = ["rope_type", "type"]
                 .iter()
                 .find_map(|k| scaling.get(k).and_then(|t| t.as_str()))
                 .unwrap_or("(unnamed)");
-            return refuse(format!("rope_scaling of type `{kind}` is not supported"));
+            if kind != "llama3" || qwen2 {
+                return refuse(format!("rope_scaling of type `{kind}` is not supported"));
+            }
+            let num = |k: &str| scaling.get(k).and_then(|v| v.as_f64()).filter(|x| *x > 0.0);
+            let (Some(factor), Some(low), Some(high), Some(original)) = (
+                num("factor"),
+                num("low_freq_factor"),
+                num("high_freq_factor"),
+                num("original_max_position_embeddings"),
+            ) else {
+                return refuse(
+                    "rope_scaling `llama3` needs positive factor, low_freq_factor, \
+                     high_freq_factor and original_max_position_embeddings"
+                        .into(),
+                );
+            };
+            if high <= low {
+                return refuse(
+                    "rope_scaling `llama3`: high_freq_factor must exceed low_freq_factor".into(),
+                );
+            }
+            rope_scaling = Some(Llama3Rope {
+                rope_type: Llama3Tag,
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: original as usize,
+            });
         }
         if self.attention_bias == Some(true) && !qwen2 {
             return refuse("`attention_bias: true` (q/k/v/o biases) is not supported".into());
@@ -176,6 +228,7 @@ impl HfConfig {
                 .head_dim
                 .unwrap_or(self.hidden_size.checked_div(heads).unwrap_or(0)),
             torch_dtype: self.torch_dtype.unwrap_or_else(|| "float32".into()),
+            rope_scaling,
         })
     }
 }
@@ -232,6 +285,7 @@ impl LlamaConfig {
             hidden_act: "silu".into(),
             head_dim: hidden_size.checked_div(heads).unwrap_or(0),
             torch_dtype: dtype.into(),
+            rope_scaling: None,
         };
         config.validate()?;
         Ok(config)
