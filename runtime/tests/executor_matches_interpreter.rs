@@ -48,6 +48,9 @@ struct Config {
     /// The target's LM head is its embedding (`tied_embeddings`) or a
     /// tensor of its own.
     tied: bool,
+    /// RoPE scaled as Llama 3.1's (over a 16-token pre-training context, so
+    /// every frequency of these heads changes).
+    scaled: bool,
     seed: u64,
     /// Lower for a GPU profile: the plane layouts run on lavapipe.
     gpu: bool,
@@ -79,6 +82,7 @@ fn config() -> impl Strategy<Value = Config> {
                 rows,
                 fuse,
                 tied,
+                scaled: seed.is_multiple_of(2),
                 seed,
                 gpu: false,
             },
@@ -99,11 +103,8 @@ fn tiny_target(c: &Config) -> TargetConfig {
         t.ints.insert(k.into(), v);
     }
     t.flags.insert("tied_embeddings".into(), c.tied);
-    // One case in three scales RoPE as Llama 3.1 does (over a 16-token
-    // pre-training context, so every frequency of these heads changes).
-    let scaled = c.seed.is_multiple_of(3);
-    t.flags.insert("rope_llama3".into(), scaled);
-    if scaled {
+    t.flags.insert("rope_llama3".into(), c.scaled);
+    if c.scaled {
         for (k, v) in [
             ("rope_factor", 8.0),
             ("rope_low_freq_factor", 1.0),
@@ -406,6 +407,8 @@ proptest! {
         for name in &all {
             check_model(name, &c)?;
         }
+        // The target both ways: RoPE plain and scaled in every case.
+        check_model("llama", &Config { scaled: !c.scaled, ..c.clone() })?;
     }
 }
 
