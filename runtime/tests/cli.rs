@@ -247,3 +247,32 @@ fn serve_runs_the_server_binary_beside_draftc_or_says_how_to_build_it() {
         );
     }
 }
+
+/// A Hugging Face checkpoint directory runs as given (`--model DIR`); one
+/// without a chat template (a base model) asks for `--raw` instead of
+/// failing deep in the tokenizer, and runs with it.
+#[test]
+fn a_checkpoint_without_a_chat_template_asks_for_raw() {
+    let dir = "runtime/tests/fixtures/targets/qwen2-tied";
+    let base = [
+        "generate",
+        "--model",
+        dir,
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "4",
+        "--no-spec",
+    ];
+    let out = draftc(&base);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("--raw") && err.contains("no chat template"),
+        "{err}"
+    );
+    let mut raw = base.to_vec();
+    raw.push("--raw");
+    let out = draftc(&raw);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!err.contains("panicked"));
+}

@@ -187,6 +187,13 @@ fn run_inner(args: &GenerateArgs) -> Result<(), String> {
         None => default_model(args.quiet)?,
     };
     let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
+    if !args.raw && model.tokenizer.chat_template().is_none() {
+        return Err(format!(
+            "{} has no chat template (tokenizer_config.json's chat_template): pass --raw to give the \
+             prompt as plain text (a base model)",
+            dir.display()
+        ));
+    }
     let mut ids = Vec::new();
     for p in &prompts {
         let v = if args.raw {
