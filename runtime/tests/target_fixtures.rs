@@ -82,6 +82,19 @@ fn requests(e: &Expected) -> Vec<Request> {
         .collect()
 }
 
+/// The last-row logits of every case's prompt, prefilled together
+/// (`[cases, vocab]`, row-major).
+fn first_logits(t: &mut TargetModel<Wgpu>, e: &Expected) -> Vec<f32> {
+    let prompts: Vec<(usize, Vec<u32>)> = e
+        .cases
+        .iter()
+        .map(|c| c.prompt.clone())
+        .enumerate()
+        .collect();
+    let (last, _) = t.prefill(&prompts, |_, _, _| Ok(())).unwrap();
+    last.download_f32(t.client()).unwrap()
+}
+
 /// transformers' greedy ids for each case, and draftc's autoregressive ones
 /// for the same prompts (no stop id: transformers ran to the limit).
 fn greedy(t: &mut TargetModel<Wgpu>, e: &Expected) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
@@ -144,14 +157,7 @@ fn first_step_logits_match_transformers() {
     for name in NAMES {
         let (model, e) = open(name);
         let mut t = load(&model, &e);
-        let prompts: Vec<(usize, Vec<u32>)> = e
-            .cases
-            .iter()
-            .map(|c| c.prompt.clone())
-            .enumerate()
-            .collect();
-        let (last, _) = t.prefill(&prompts, |_, _, _| Ok(())).unwrap();
-        let got = last.download_f32(t.client()).unwrap();
+        let got = first_logits(&mut t, &e);
         let v = t.vocab;
         for (i, c) in e.cases.iter().enumerate() {
             assert_eq!(c.first_logits.len(), v, "{name}");
@@ -311,14 +317,7 @@ fn llama3_rope_scaling_is_read_and_changes_the_logits() {
         PlanDType::F32,
     )
     .unwrap();
-    let prompts: Vec<(usize, Vec<u32>)> = e
-        .cases
-        .iter()
-        .map(|c| c.prompt.clone())
-        .enumerate()
-        .collect();
-    let (last, _) = t.prefill(&prompts, |_, _, _| Ok(())).unwrap();
-    let got = last.download_f32(t.client()).unwrap();
+    let got = first_logits(&mut t, &e);
     let v = t.vocab;
     let far = e
         .cases

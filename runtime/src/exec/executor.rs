@@ -153,18 +153,33 @@ fn scaled_rope_freqs<R: Runtime>(
     let mut out = HashMap::new();
     for ((hd, bits), s) in seen {
         if let Some(s) = s {
-            let f = draftc_ops::rope::reference::inv_freq_llama3(
-                hd,
-                f64::from_bits(bits) as f32,
-                s.factor.get() as f32,
-                s.low_freq_factor.get() as f32,
-                s.high_freq_factor.get() as f32,
-                s.original_context as f32,
-            );
+            let f = rope_inv_freq(hd, f64::from_bits(bits), Some(&s));
             out.insert((hd, bits), draftc_ops::rope::upload_freqs(client, &f)?);
         }
     }
     Ok(out)
+}
+
+/// The RoPE frequencies of one attention (`[head_dim / 2]`): HF's
+/// `inv_freq` for base `theta`, scaled as Llama 3's when `scaling` is given.
+/// The executor's tables and the interpreter both come from here.
+pub(super) fn rope_inv_freq(
+    head_dim: usize,
+    theta: f64,
+    scaling: Option<&draftc_ir::op::RopeScaling>,
+) -> Vec<f32> {
+    use draftc_ops::rope::reference::{inv_freq, inv_freq_llama3};
+    match scaling {
+        Some(s) => inv_freq_llama3(
+            head_dim,
+            theta as f32,
+            s.factor.get() as f32,
+            s.low_freq_factor.get() as f32,
+            s.high_freq_factor.get() as f32,
+            s.original_context as f32,
+        ),
+        None => inv_freq(head_dim, theta as f32),
+    }
 }
 
 /// The ops dtype of a plan dtype.

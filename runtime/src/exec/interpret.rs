@@ -376,18 +376,7 @@ impl Interp<'_> {
         let mut k = lin(&src, dsrc, "k_proj")?;
         let v = lin(&src, dsrc, "v_proj")?;
         if let Some(theta) = a.rope {
-            let th = theta.get() as f32;
-            let freqs = match a.rope_scaling.as_deref() {
-                Some(s) => draftc_ops::rope::reference::inv_freq_llama3(
-                    hd,
-                    th,
-                    s.factor.get() as f32,
-                    s.low_freq_factor.get() as f32,
-                    s.high_freq_factor.get() as f32,
-                    s.original_context as f32,
-                ),
-                None => draftc_ops::rope::reference::inv_freq(hd, th),
-            };
+            let freqs = super::executor::rope_inv_freq(hd, theta.get(), a.rope_scaling.as_deref());
             q = draftc_ops::rope::reference::rope_with(&q, &q_pos, h, hd, &freqs);
             k = draftc_ops::rope::reference::rope_with(&k, &k_pos_new, hkv, hd, &freqs);
         }

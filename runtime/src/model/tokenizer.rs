@@ -68,7 +68,13 @@ impl Tokenizer {
                 let token = |k: &str| special_token(&config, k);
                 tok.chat = Some(
                     ChatTemplate::from_jinja(&t)
-                        .map_err(|e| err(format!("{}: {e}", config_path.display())))?
+                        .map_err(|e| match e {
+                            // Named with its file, without a second "tokenizer:".
+                            ModelError::Tokenizer { detail } => {
+                                err(format!("{}: {detail}", config_path.display()))
+                            }
+                            e => e,
+                        })?
                         .with_tokens(token("bos_token"), token("eos_token")),
                 );
             }
