@@ -375,6 +375,75 @@ impl<R: Runtime> ComputeClient<R> {
         });
     }
 
+    /// Starts recording this thread's launches on this client's runtime
+    /// (they still run); `false` if this thread is already recording.
+    ///
+    /// draftc patch (third_party/README.md): cubecl 0.10 has no way to
+    /// reissue a launch without building it again.
+    #[cfg(feature = "std")]
+    pub fn start_recording(&self) -> bool {
+        RECORDING.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.is_some() {
+                return false;
+            }
+            *r = Some(alloc::boxed::Box::new(Vec::<RecordedLaunch<R>>::new()));
+            true
+        })
+    }
+
+    /// Ends this thread's recording and returns its launches in order
+    /// (`None` if this thread was not recording on this runtime).
+    ///
+    /// draftc patch (see [`Self::start_recording`]).
+    #[cfg(feature = "std")]
+    pub fn finish_recording(&self) -> Option<Vec<RecordedLaunch<R>>> {
+        RECORDING.with(|r| {
+            let taken = r.borrow_mut().take()?;
+            taken.downcast::<Vec<RecordedLaunch<R>>>().ok().map(|b| *b)
+        })
+    }
+
+    /// Reissues recorded launches on this client's stream, in order, with
+    /// their kernels, grids and arguments as recorded. The buffers they
+    /// bind must still be alive (a binding does not keep its memory).
+    ///
+    /// draftc patch (see [`Self::start_recording`]).
+    pub fn replay(&self, launches: &[RecordedLaunch<R>]) {
+        use crate::replay::ShareKernel;
+        for l in launches {
+            let kernel = <<R::Server as ComputeServer>::Kernel>::from_shared(&l.kernel);
+            // SAFETY: the launch ran as recorded, with the same mode.
+            unsafe {
+                self.launch_inner(
+                    kernel,
+                    l.count.clone(),
+                    l.bindings.clone(),
+                    l.mode,
+                    self.stream_id(),
+                )
+            }
+        }
+    }
+
+    /// Runs `task` on the server of this client's device, in order with the
+    /// work already submitted, and returns its result.
+    ///
+    /// draftc patch: how backend-specific code reaches its server (draftc's
+    /// CUDA-graph capture, third_party/README.md).
+    pub fn on_server<T: Send, F: FnOnce(&mut R::Server, StreamId) -> T + Send>(
+        &self,
+        task: F,
+    ) -> Result<T, ServerError> {
+        let stream_id = self.stream_id();
+        self.device
+            .submit_blocking(move |server| task(server, stream_id))
+            .map_err(|err| ServerError::Generic {
+                reason: format!("Communication channel with the server is down: {err:?}"),
+                backtrace: BackTrace::capture(),
+            })
+    }
+
     /// Given a resource and shape, stores it and returns the tensor handle and strides.
     /// This may or may not return contiguous strides. The layout is up to the runtime, and care
     /// should be taken when indexing.
@@ -713,6 +782,9 @@ impl<R: Runtime> ComputeClient<R> {
         mode: ExecutionMode,
         stream_id: StreamId,
     ) {
+        // draftc patch: a recording on this thread keeps the launch.
+        #[cfg(feature = "std")]
+        let kernel = record::<R>(kernel, &count, &bindings, mode);
         let level = self.utilities.logger.profile_level();
 
         match level {
@@ -1069,4 +1141,92 @@ impl<R: Runtime> ComputeClient<R> {
 
         (0..num_candidates).map(|i| 2usize.pow(i)).rev()
     }
+}
+
+/// One launch kept by a recording (`ComputeClient::start_recording`): its
+/// kernel (shared), grid, arguments and mode.
+///
+/// draftc patch (third_party/README.md).
+pub struct RecordedLaunch<R: Runtime> {
+    kernel: <<R::Server as ComputeServer>::Kernel as crate::replay::ShareKernel>::Shared,
+    count: CubeCount,
+    bindings: KernelArguments,
+    mode: ExecutionMode,
+}
+
+impl<R: Runtime> RecordedLaunch<R> {
+    /// The kernel's name.
+    pub fn name(&self) -> &'static str {
+        use crate::replay::ShareKernel;
+        <<R::Server as ComputeServer>::Kernel>::from_shared(&self.kernel).name()
+    }
+
+    /// The grid, when static.
+    pub fn cubes(&self) -> Option<(u32, u32, u32)> {
+        match self.count {
+            CubeCount::Static(x, y, z) => Some((x, y, z)),
+            CubeCount::Dynamic(_) => None,
+        }
+    }
+
+    /// The packed scalars and metadata.
+    pub fn scalars(&self) -> &[u64] {
+        &self.bindings.info.data
+    }
+
+    /// Whether `other` launches the same kernel over the same grid with the
+    /// same scalars and buffers (offsets and sizes included).
+    pub fn same_as(&self, other: &Self) -> bool {
+        use crate::replay::ShareKernel;
+        let id = |l: &Self| <<R::Server as ComputeServer>::Kernel>::from_shared(&l.kernel).id();
+        let buffers = |l: &Self| {
+            l.bindings
+                .buffers
+                .iter()
+                .map(|b| (b.memory.descriptor().id, b.offset_start, b.offset_end, b.size))
+                .collect::<Vec<_>>()
+        };
+        id(self) == id(other)
+            && self.cubes() == other.cubes()
+            && self.scalars() == other.scalars()
+            && self.mode == other.mode
+            && buffers(self) == buffers(other)
+    }
+}
+
+#[cfg(feature = "std")]
+std::thread_local! {
+    /// This thread's recording: a `Vec<RecordedLaunch<R>>` of the runtime
+    /// that started it.
+    static RECORDING: core::cell::RefCell<Option<alloc::boxed::Box<dyn core::any::Any>>> =
+        const { core::cell::RefCell::new(None) };
+}
+
+/// Keeps the launch if this thread is recording on `R`; the kernel to launch.
+#[cfg(feature = "std")]
+fn record<R: Runtime>(
+    kernel: <R::Server as ComputeServer>::Kernel,
+    count: &CubeCount,
+    bindings: &KernelArguments,
+    mode: ExecutionMode,
+) -> <R::Server as ComputeServer>::Kernel {
+    use crate::replay::ShareKernel;
+    RECORDING.with(|r| {
+        let mut r = r.borrow_mut();
+        let Some(list) = r
+            .as_mut()
+            .and_then(|b| b.downcast_mut::<Vec<RecordedLaunch<R>>>())
+        else {
+            return kernel;
+        };
+        let shared = kernel.share();
+        let again = <<R::Server as ComputeServer>::Kernel>::from_shared(&shared);
+        list.push(RecordedLaunch {
+            kernel: shared,
+            count: count.clone(),
+            bindings: bindings.clone(),
+            mode,
+        });
+        again
+    })
 }

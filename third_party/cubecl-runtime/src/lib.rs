@@ -23,6 +23,9 @@ pub mod stream;
 /// Compute client module.
 pub mod client;
 
+/// draftc patch: recording a thread's launches and reissuing them.
+pub mod replay;
+
 /// Autotune module
 pub mod tune;
 

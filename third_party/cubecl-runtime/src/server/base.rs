@@ -318,7 +318,10 @@ where
     Self: Sized,
 {
     /// The kernel type defines the computation algorithms.
-    type Kernel: KernelMetadata;
+    ///
+    /// draftc patch: shareable, so a recorded launch can be reissued
+    /// (`crate::replay`).
+    type Kernel: KernelMetadata + crate::replay::ShareKernel;
     /// Information that can be retrieved for the runtime.
     type Info: Debug + Send + Sync;
     /// Manages how allocations are performed for a server.
@@ -755,7 +758,8 @@ impl core::fmt::Debug for IoError {
 }
 
 /// Arguments to execute a kernel.
-#[derive(Debug, Default)]
+// draftc patch: `Clone`, so a recorded launch can be reissued (replay.rs).
+#[derive(Debug, Default, Clone)]
 pub struct KernelArguments {
     /// Buffer bindings
     pub buffers: Vec<Binding>,
@@ -812,7 +816,8 @@ impl KernelArguments {
 ///
 /// The [`ComputeServer`] is responsible to convert those info into actual [`Binding`] when launching
 /// kernels.
-#[derive(new, Debug, Default)]
+// draftc patch: `Clone` (see `KernelArguments`).
+#[derive(new, Debug, Default, Clone)]
 pub struct MetadataBindingInfo {
     /// Scalar and metadata values
     pub data: Vec<u64>,
@@ -841,7 +846,8 @@ pub struct CopyDescriptor {
 }
 
 /// A tensor map used with TMA ops
-#[derive(new, Debug)]
+// draftc patch: `Clone` (see `KernelArguments`).
+#[derive(new, Debug, Clone)]
 pub struct TensorMapBinding {
     /// The binding for the backing tensor
     pub binding: Binding,
