@@ -40,26 +40,92 @@ thread_local! {
     static KEPT: RefCell<HashMap<Key, Vec<Handle>>> = RefCell::new(HashMap::new());
 }
 
+/// A kept buffer by its place in its thread's pool. It does not hold the
+/// buffer: a pass's recording (`crate::replay`) names what it used this
+/// way, so the buffers stay free for other passes between replays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeptRef {
+    key: Key,
+    index: usize,
+}
+
+thread_local! {
+    /// The kept buffers taken while this thread records a pass.
+    static TAKEN: RefCell<Option<Vec<KeptRef>>> = const { RefCell::new(None) };
+}
+
+/// Starts noting the kept buffers this thread takes (`false` if it
+/// already is).
+pub(crate) fn start_noting() -> bool {
+    TAKEN.with(|t| {
+        let mut t = t.borrow_mut();
+        if t.is_some() {
+            return false;
+        }
+        *t = Some(Vec::new());
+        true
+    })
+}
+
+/// Stops noting; the buffers taken since [`start_noting`], each once.
+pub(crate) fn finish_noting() -> Vec<KeptRef> {
+    let mut refs = TAKEN.with(|t| t.borrow_mut().take()).unwrap_or_default();
+    let mut seen = std::collections::HashSet::new();
+    refs.retain(|r| seen.insert(*r));
+    refs
+}
+
+/// The whole kept buffer `r` names (a new holder of it), if this thread's
+/// pool has it.
+pub fn handle(r: &KeptRef) -> Option<Handle> {
+    KEPT.with(|k| k.borrow().get(&r.key).and_then(|l| l.get(r.index)).cloned())
+}
+
+/// Whether nothing but the pool holds `r` (what [`take`] asks before
+/// handing a buffer out).
+pub fn is_free(r: &KeptRef) -> bool {
+    KEPT.with(|k| {
+        k.borrow()
+            .get(&r.key)
+            .and_then(|l| l.get(r.index))
+            .is_some_and(|h| h.can_mut())
+    })
+}
+
 /// A buffer of exactly `bytes` (a view of a kept buffer of `bytes`' class
 /// that nothing else holds, or of a new one that is kept and counted as an
 /// allocation), or `None` when `bytes` is over [`MAX_KEPT_BYTES`].
 pub fn take<R: Runtime>(client: &ComputeClient<R>, bytes: usize) -> Option<Handle> {
+    take_ref(client, bytes).map(|(h, _)| h)
+}
+
+/// [`take`], with which kept buffer it is.
+pub(crate) fn take_ref<R: Runtime>(
+    client: &ComputeClient<R>,
+    bytes: usize,
+) -> Option<(Handle, KeptRef)> {
     if bytes > MAX_KEPT_BYTES {
         return None;
     }
     let class = bytes.max(MIN_CLASS).next_power_of_two();
     let device = client.properties() as *const _ as usize;
     let key = (TypeId::of::<R>(), device, class);
-    let handle = KEPT.with(|k| {
+    let (handle, index) = KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let list = k.entry(key).or_default();
-        if let Some(h) = list.iter().find(|h| h.can_mut()) {
-            return h.clone();
+        if let Some(i) = list.iter().position(|h| h.can_mut()) {
+            return (list[i].clone(), i);
         }
         crate::counters::allocation();
         let h = client.empty(class);
         list.push(h.clone());
-        h
+        (h, list.len() - 1)
     });
-    Some(handle.offset_end((class - bytes) as u64))
+    let r = KeptRef { key, index };
+    TAKEN.with(|t| {
+        if let Some(t) = t.borrow_mut().as_mut() {
+            t.push(r);
+        }
+    });
+    Some((handle.offset_end((class - bytes) as u64), r))
 }

@@ -59,6 +59,7 @@ pub mod error;
 pub mod kept;
 pub mod kv;
 pub mod launch;
+pub mod replay;
 pub mod tensor;
 pub mod tree;
 

@@ -123,9 +123,10 @@ fn read<R: Runtime>(
 /// the patched cubecl's `ComputeClient::write`, third_party/README.md),
 /// queued after the work before it, or a new buffer when too large to keep.
 fn upload_bytes<R: Runtime>(client: &ComputeClient<R>, bytes: Vec<u8>) -> Handle {
-    match crate::kept::take(client, bytes.len()) {
-        Some(h) => {
+    match crate::kept::take_ref(client, bytes.len()) {
+        Some((h, r)) => {
             crate::counters::write();
+            crate::replay::note_write(r, bytes.len());
             client.write(h.clone(), cubecl::bytes::Bytes::from_bytes_vec(bytes));
             h
         }

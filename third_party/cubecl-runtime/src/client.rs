@@ -1169,6 +1169,14 @@ impl<R: Runtime> RecordedLaunch<R> {
         }
     }
 
+    /// The memory ids of the buffers it binds (`Handle::memory_id`).
+    pub fn buffer_ids(&self) -> impl Iterator<Item = usize> + '_ {
+        self.bindings
+            .buffers
+            .iter()
+            .map(|b| b.memory.descriptor().id.value)
+    }
+
     /// The packed scalars and metadata.
     pub fn scalars(&self) -> &[u64] {
         &self.bindings.info.data
@@ -1183,7 +1191,7 @@ impl<R: Runtime> RecordedLaunch<R> {
             l.bindings
                 .buffers
                 .iter()
-                .map(|b| (b.memory.descriptor().id, b.offset_start, b.offset_end, b.size))
+                .map(|b| (b.memory.descriptor().id.value, b.offset_start, b.offset_end, b.size))
                 .collect::<Vec<_>>()
         };
         id(self) == id(other)

@@ -70,6 +70,15 @@ impl Handle {
         self.memory.can_mut()
     }
 
+    /// The id of the memory behind this handle (unique for the process;
+    /// views of one buffer share it).
+    ///
+    /// draftc patch (third_party/README.md): which buffers a recorded
+    /// launch binds.
+    pub fn memory_id(&self) -> usize {
+        self.memory.descriptor().id.value
+    }
+
     /// Returns the [`Binding`] corresponding to the current handle.
     pub fn binding(self) -> Binding {
         Binding {

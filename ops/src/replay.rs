@@ -1,0 +1,262 @@
+//! Recorded passes (issue 56): a capture window that proves a pass is
+//! replayable, and its replay.
+//!
+//! [`record`] runs a closure (a pass: launches, kept buffers, writes into
+//! kept buffers) with its flushes deferred and notes what it did: the
+//! launches in order (cubecl's client records them, a patch in
+//! `third_party/cubecl-runtime`), the kept buffers it took and the kept
+//! buffers it wrote. The recording fails with its reason when anything in
+//! the window would not happen again on a replay: an allocation, a read, a
+//! flush, or an upload into a new buffer.
+//!
+//! [`Recording::replay`] reissues the launches with their arguments as
+//! recorded (no shape checks, argument building or kernel lookup in
+//! draftc), after writing the new data of each recorded write into the
+//! same buffer. A recording names its kept buffers without holding them
+//! (other passes use them in between); a replay first checks that nothing
+//! else holds them ([`ReplayError::Busy`] otherwise: run the pass eagerly),
+//! then holds them while it is issued. Buffers that are not kept (weights,
+//! caches, the caller's inputs) are the caller's to keep alive and
+//! unchanged in place: `buffer_ids` lists every buffer a recording binds.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
+use cubecl::client::RecordedLaunch;
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use crate::counters::{snapshot, Counts};
+use crate::error::{OpsError, Result};
+use crate::kept::{self, KeptRef};
+
+/// Why a pass cannot be recorded for replay.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum NotReplayable {
+    #[error("this thread is already recording a pass")]
+    Nested,
+    #[error(
+        "the pass {what} inside the capture window ({n}×); a replay would not do it again"
+    )]
+    Forbidden { what: &'static str, n: u64 },
+}
+
+/// Why a recording could not be replayed now (nothing was issued).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum ReplayError {
+    #[error("a buffer of the recording is held elsewhere (run the pass eagerly)")]
+    Busy,
+    #[error("write {index} of the recording is {expected} bytes, given {found}")]
+    WriteSize {
+        index: usize,
+        expected: usize,
+        found: usize,
+    },
+    #[error("the recording writes {expected} buffers, given {found}")]
+    Writes { expected: usize, found: usize },
+}
+
+thread_local! {
+    /// The kept buffers written (and their bytes) while this thread records.
+    static WRITES: RefCell<Option<Vec<(KeptRef, usize)>>> = const { RefCell::new(None) };
+}
+
+/// Notes a write of `bytes` into kept buffer `r` when this thread records.
+pub(crate) fn note_write(r: KeptRef, bytes: usize) {
+    WRITES.with(|w| {
+        if let Some(w) = w.borrow_mut().as_mut() {
+            w.push((r, bytes));
+        }
+    });
+}
+
+/// A recorded pass: its launches, the kept buffers it used and the kept
+/// buffers it wrote (with their sizes), in order.
+pub struct Recording<R: Runtime> {
+    launches: Vec<RecordedLaunch<R>>,
+    kept: Vec<KeptRef>,
+    writes: Vec<(KeptRef, usize)>,
+}
+
+/// Runs `f` inside a capture window on this thread (flushes deferred) and
+/// returns its result with the recording, or why it is not replayable.
+/// `f`'s work is then flushed once, outside the window (a device error is
+/// `Err`).
+pub fn record<R: Runtime, T>(
+    client: &ComputeClient<R>,
+    f: impl FnOnce() -> T,
+) -> Result<(T, std::result::Result<Recording<R>, NotReplayable>)> {
+    if !client.start_recording() {
+        return Ok((f(), Err(NotReplayable::Nested)));
+    }
+    let noting = kept::start_noting();
+    WRITES.with(|w| *w.borrow_mut() = Some(Vec::new()));
+    let before = snapshot();
+    let out = {
+        let _defer = crate::launch::defer_flushes();
+        f()
+    };
+    let d = snapshot().since(&before);
+    let writes = WRITES.with(|w| w.borrow_mut().take()).unwrap_or_default();
+    let kept = if noting {
+        kept::finish_noting()
+    } else {
+        Vec::new()
+    };
+    let launches = client.finish_recording().unwrap_or_default();
+    crate::launch::flush(client, "recorded pass")?;
+    let recording = match forbidden(&d, writes.len() as u64) {
+        Some(e) => Err(e),
+        None if !noting => Err(NotReplayable::Nested),
+        None => Ok(Recording {
+            launches,
+            kept,
+            writes,
+        }),
+    };
+    Ok((out, recording))
+}
+
+/// The first thing a window's counts show that a replay would not redo.
+fn forbidden(d: &Counts, writes: u64) -> Option<NotReplayable> {
+    let f = |what, n| Some(NotReplayable::Forbidden { what, n });
+    if d.allocations > 0 {
+        return f("allocated", d.allocations);
+    }
+    if d.reads > 0 {
+        return f("read back", d.reads);
+    }
+    if d.flushes > 0 {
+        return f("flushed", d.flushes);
+    }
+    if d.uploads > writes {
+        return f("uploaded into a new buffer", d.uploads - writes);
+    }
+    None
+}
+
+impl<R: Runtime> Recording<R> {
+    /// Launches recorded.
+    pub fn launches(&self) -> usize {
+        self.launches.len()
+    }
+
+    /// The kernels' names, in order.
+    pub fn kernel_names(&self) -> Vec<&'static str> {
+        self.launches.iter().map(|l| l.name()).collect()
+    }
+
+    /// The kept buffers the pass took.
+    pub fn kept(&self) -> &[KeptRef] {
+        &self.kept
+    }
+
+    /// The kept buffers the pass wrote, with their sizes, in order.
+    pub fn writes(&self) -> &[(KeptRef, usize)] {
+        &self.writes
+    }
+
+    /// Every buffer a launch binds, by memory id (`Handle::memory_id`).
+    pub fn buffer_ids(&self) -> BTreeSet<usize> {
+        self.launches.iter().flat_map(|l| l.buffer_ids()).collect()
+    }
+
+    /// The memory ids of the kept buffers the pass took.
+    pub fn kept_ids(&self) -> BTreeSet<usize> {
+        self.kept
+            .iter()
+            .filter_map(kept::handle)
+            .map(|h| h.memory_id())
+            .collect()
+    }
+
+    /// Whether `other` recorded the same launches (kernels, grids, scalars,
+    /// buffers and offsets) and the same writes.
+    pub fn same_as(&self, other: &Self) -> bool {
+        self.launches.len() == other.launches.len()
+            && self
+                .launches
+                .iter()
+                .zip(&other.launches)
+                .all(|(a, b)| a.same_as(b))
+            && self.writes == other.writes
+    }
+
+    /// The first launch (index, and both kernels' names) where `other`
+    /// differs, for a reason in a log or a test failure.
+    pub fn first_difference(&self, other: &Self) -> Option<(usize, &'static str, &'static str)> {
+        let n = self.launches.len().max(other.launches.len());
+        (0..n).find_map(|i| match (self.launches.get(i), other.launches.get(i)) {
+            (Some(a), Some(b)) if a.same_as(b) => None,
+            (a, b) => Some((
+                i,
+                a.map_or("(none)", |l| l.name()),
+                b.map_or("(none)", |l| l.name()),
+            )),
+        })
+    }
+
+    /// Reissues the pass: writes `data[i]` into the recording's write `i`,
+    /// then its launches, flushing after each when `flush_each` (lavapipe's
+    /// policy) or once at the end. Fails before issuing anything when the
+    /// data do not fit the writes or a kept buffer is held elsewhere.
+    pub fn replay(
+        &self,
+        client: &ComputeClient<R>,
+        data: Vec<Vec<u8>>,
+        flush_each: bool,
+    ) -> std::result::Result<Result<()>, ReplayError> {
+        if data.len() != self.writes.len() {
+            return Err(ReplayError::Writes {
+                expected: self.writes.len(),
+                found: data.len(),
+            });
+        }
+        for (index, ((_, expected), d)) in self.writes.iter().zip(&data).enumerate() {
+            if d.len() != *expected {
+                return Err(ReplayError::WriteSize {
+                    index,
+                    expected: *expected,
+                    found: d.len(),
+                });
+            }
+        }
+        if !self.kept.iter().all(kept::is_free) {
+            return Err(ReplayError::Busy);
+        }
+        let held: Vec<Handle> = self.kept.iter().filter_map(kept::handle).collect();
+        if held.len() != self.kept.len() {
+            return Err(ReplayError::Busy);
+        }
+        Ok(self.issue(client, data, flush_each))
+    }
+
+    fn issue(&self, client: &ComputeClient<R>, data: Vec<Vec<u8>>, flush_each: bool) -> Result<()> {
+        for ((r, bytes), d) in self.writes.iter().zip(data) {
+            let h = kept::handle(r).ok_or_else(|| OpsError::Device {
+                op: "replay",
+                message: "a recorded write's buffer left the pool".into(),
+            })?;
+            let class = h.size_in_used() as usize;
+            crate::counters::write();
+            client.write(
+                h.offset_end((class - bytes) as u64),
+                cubecl::bytes::Bytes::from_bytes_vec(d),
+            );
+        }
+        if flush_each {
+            for l in &self.launches {
+                client.replay(std::slice::from_ref(l));
+                crate::counters::launch();
+                crate::launch::flush(client, "replayed pass")?;
+            }
+        } else {
+            client.replay(&self.launches);
+            for _ in &self.launches {
+                crate::counters::launch();
+            }
+            crate::launch::flush(client, "replayed pass")?;
+        }
+        Ok(())
+    }
+}
