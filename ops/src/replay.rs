@@ -2,12 +2,13 @@
 //! replayable, and its replay.
 //!
 //! [`record`] runs a closure (a pass: launches, kept buffers, writes into
-//! kept buffers) with its flushes deferred and notes what it did: the
+//! kept buffers) and notes what it did: the
 //! launches in order (cubecl's client records them, a patch in
 //! `third_party/cubecl-runtime`), the kept buffers it took and the kept
 //! buffers it wrote. The recording fails with its reason when anything in
 //! the window would not happen again on a replay: an allocation, a read, a
-//! flush, or an upload into a new buffer.
+//! flush (unless the window allows them: a wgpu replay flushes where the
+//! eager pass did), or an upload into a new buffer.
 //!
 //! [`Recording::replay`] reissues the launches with their arguments as
 //! recorded (no shape checks, argument building or kernel lookup in
@@ -35,9 +36,7 @@ use crate::kept::{self, KeptRef};
 pub enum NotReplayable {
     #[error("this thread is already recording a pass")]
     Nested,
-    #[error(
-        "the pass {what} inside the capture window ({n}×); a replay would not do it again"
-    )]
+    #[error("the pass {what} inside the capture window ({n}×); a replay would not do it again")]
     Forbidden { what: &'static str, n: u64 },
 }
 
@@ -78,25 +77,40 @@ pub struct Recording<R: Runtime> {
     writes: Vec<(KeptRef, usize)>,
 }
 
-/// Runs `f` inside a capture window on this thread (flushes deferred) and
-/// returns its result with the recording, or why it is not replayable.
-/// `f`'s work is then flushed once, outside the window (a device error is
-/// `Err`).
+/// Whether a capture window lets its pass flush.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flushes {
+    /// The pass's flushes are deferred, and one inside is refused (a CUDA
+    /// graph cannot hold one); the caller flushes after the window.
+    Forbid,
+    /// The pass flushes as it would eagerly (lavapipe's flush after each
+    /// launch); a replay then flushes after each launch too.
+    Allow,
+}
+
+/// Runs `f` inside a capture window on this thread and returns its result
+/// with the recording, or why it is not replayable. `f` always runs as it
+/// would outside the window (only its flushes are deferred under
+/// [`Flushes::Forbid`]).
 pub fn record<R: Runtime, T>(
     client: &ComputeClient<R>,
+    flushes: Flushes,
     f: impl FnOnce() -> T,
-) -> Result<(T, std::result::Result<Recording<R>, NotReplayable>)> {
+) -> (T, std::result::Result<Recording<R>, NotReplayable>) {
     if !client.start_recording() {
-        return Ok((f(), Err(NotReplayable::Nested)));
+        return (f(), Err(NotReplayable::Nested));
     }
     let noting = kept::start_noting();
     WRITES.with(|w| *w.borrow_mut() = Some(Vec::new()));
     let before = snapshot();
     let out = {
-        let _defer = crate::launch::defer_flushes();
+        let _defer = (flushes == Flushes::Forbid).then(crate::launch::defer_flushes);
         f()
     };
-    let d = snapshot().since(&before);
+    let mut d = snapshot().since(&before);
+    if flushes == Flushes::Allow {
+        d.flushes = 0;
+    }
     let writes = WRITES.with(|w| w.borrow_mut().take()).unwrap_or_default();
     let kept = if noting {
         kept::finish_noting()
@@ -104,7 +118,6 @@ pub fn record<R: Runtime, T>(
         Vec::new()
     };
     let launches = client.finish_recording().unwrap_or_default();
-    crate::launch::flush(client, "recorded pass")?;
     let recording = match forbidden(&d, writes.len() as u64) {
         Some(e) => Err(e),
         None if !noting => Err(NotReplayable::Nested),
@@ -114,7 +127,7 @@ pub fn record<R: Runtime, T>(
             writes,
         }),
     };
-    Ok((out, recording))
+    (out, recording)
 }
 
 /// The first thing a window's counts show that a replay would not redo.
@@ -154,6 +167,12 @@ impl<R: Runtime> Recording<R> {
     /// The kept buffers the pass wrote, with their sizes, in order.
     pub fn writes(&self) -> &[(KeptRef, usize)] {
         &self.writes
+    }
+
+    /// Whether nothing but the pool holds any of its kept buffers (a
+    /// [`Recording::replay`] now would not be refused as busy).
+    pub fn ready(&self) -> bool {
+        self.kept.iter().all(kept::is_free)
     }
 
     /// Every buffer a launch binds, by memory id (`Handle::memory_id`).
@@ -197,8 +216,9 @@ impl<R: Runtime> Recording<R> {
     }
 
     /// Reissues the pass: writes `data[i]` into the recording's write `i`,
-    /// then its launches, flushing after each when `flush_each` (lavapipe's
-    /// policy) or once at the end. Fails before issuing anything when the
+    /// then its launches, ending each as an eager launch ends when
+    /// `flush_each` (lavapipe's policy: flushed unless the thread defers
+    /// flushes), or flushing once at the end. Fails before issuing anything when the
     /// data do not fit the writes or a kept buffer is held elsewhere.
     pub fn replay(
         &self,
@@ -245,10 +265,10 @@ impl<R: Runtime> Recording<R> {
             );
         }
         if flush_each {
+            // As an eager launch ends: flushed unless the thread defers.
             for l in &self.launches {
                 client.replay(std::slice::from_ref(l));
-                crate::counters::launch();
-                crate::launch::flush(client, "replayed pass")?;
+                crate::launch::finish(client, "replayed pass")?;
             }
         } else {
             client.replay(&self.launches);

@@ -146,6 +146,23 @@ pub type FloatsAndIds = (Vec<Vec<f32>>, Vec<Vec<u32>>);
 /// alignment on every adapter it supports (256), a multiple of CUDA's.
 pub const PACK_ALIGN: usize = 256;
 
+/// The words of [`DeviceTensor::upload_u32_packed`]'s one upload and each
+/// part's byte offset in it: every part padded to a whole section aligned
+/// to [`PACK_ALIGN`] bytes (never empty). A replayed pass writes these
+/// bytes into its recorded upload (`crate::replay`).
+pub fn pack_u32(parts: &[(&[u32], &[usize])]) -> Result<(Vec<u32>, Vec<usize>)> {
+    let mut offsets = Vec::with_capacity(parts.len());
+    let mut words: Vec<u32> = Vec::new();
+    for (data, shape) in parts {
+        check_len("upload_u32_packed", data.len(), shape)?;
+        offsets.push(words.len() * 4);
+        words.extend_from_slice(data);
+        let section = padded_bytes(data.len(), DType::U32).div_ceil(PACK_ALIGN) * PACK_ALIGN;
+        words.resize(offsets[offsets.len() - 1] / 4 + section / 4, 0);
+    }
+    Ok((words, offsets))
+}
+
 /// Allocation size for `numel` elements: padded to 16 bytes, never zero
 /// (what [`DeviceTensor::empty`] asks for).
 pub fn padded_bytes(numel: usize, dtype: DType) -> usize {
@@ -217,16 +234,7 @@ impl<R: Runtime> DeviceTensor<R> {
         client: &ComputeClient<R>,
         parts: &[(&[u32], &[usize])],
     ) -> Result<Vec<Self>> {
-        let mut offsets = Vec::with_capacity(parts.len());
-        let mut words: Vec<u32> = Vec::new();
-        for (data, shape) in parts {
-            check_len("upload_u32_packed", data.len(), shape)?;
-            offsets.push(words.len() * 4);
-            words.extend_from_slice(data);
-            // Every part padded to a whole, aligned section (never empty).
-            let section = padded_bytes(data.len(), DType::U32).div_ceil(PACK_ALIGN) * PACK_ALIGN;
-            words.resize(offsets[offsets.len() - 1] / 4 + section / 4, 0);
-        }
+        let (words, offsets) = pack_u32(parts)?;
         if words.is_empty() {
             return Ok(Vec::new());
         }

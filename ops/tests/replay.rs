@@ -7,12 +7,22 @@
 use cubecl::prelude::*;
 use draftc_ops::embedding::embedding_clamped;
 use draftc_ops::kept;
-use draftc_ops::replay::{record, NotReplayable, Recording, ReplayError};
+use draftc_ops::replay::{self, Flushes, NotReplayable, Recording, ReplayError};
 use draftc_ops::testing::{config, random_f32, random_u32, test_client, TestRuntime};
 use draftc_ops::{DType, DeviceTensor};
 use proptest::prelude::*;
 
 type Client = ComputeClient<TestRuntime>;
+
+/// [`replay::record`] with flushes refused, flushed after the window.
+fn record<T>(
+    client: &Client,
+    f: impl FnOnce() -> T,
+) -> Result<(T, Result<Recording<TestRuntime>, NotReplayable>), draftc_ops::OpsError> {
+    let out = replay::record(client, Flushes::Forbid, f);
+    draftc_ops::launch::flush(client, "test")?;
+    Ok(out)
+}
 
 /// A small "step": ids (the one upload) → embedding → RMSNorm → SiLU.
 struct Pass {
@@ -89,7 +99,10 @@ fn check_replay(vocab: usize, rows: usize, d: usize, dtype: DType, seed: u64) {
     let (id, shape) = (out.handle.memory_id(), out.shape().to_vec());
     let recorded = out.download_f32(&client).unwrap();
     drop(out);
-    assert_eq!(recorded, pass.run(&client, &first).download_f32(&client).unwrap());
+    assert_eq!(
+        recorded,
+        pass.run(&client, &first).download_f32(&client).unwrap()
+    );
     for k in 0..3 {
         let ids = random_u32(seed + 10 + k, rows, vocab as u32);
         rec.replay(&client, vec![ids_bytes(&ids)], k % 2 == 0)
@@ -130,7 +143,12 @@ fn recordings_compare_by_launches_not_data() {
     let client = test_client();
     let pass = Pass::new(&client, 11, 3, 16, DType::F32, 7);
     drop(pass.run(&client, &[0, 0, 0]));
-    let rec = |ids: &[u32]| record(&client, || drop(pass.run(&client, ids))).unwrap().1.unwrap();
+    let rec = |ids: &[u32]| {
+        record(&client, || drop(pass.run(&client, ids)))
+            .unwrap()
+            .1
+            .unwrap()
+    };
     let a = rec(&[1, 2, 3]);
     let b = rec(&[4, 5, 6]);
     assert!(a.same_as(&b));
@@ -154,14 +172,26 @@ fn the_window_refuses_what_a_replay_would_skip() {
     drop(pass.run(&client, &[0, 0]));
     let (_, r) = record(&client, || pass.run(&client, &[1, 2]).download_f32(&client)).unwrap();
     assert!(
-        matches!(r, Err(NotReplayable::Forbidden { what: "read back", n: 1 })),
+        matches!(
+            r,
+            Err(NotReplayable::Forbidden {
+                what: "read back",
+                n: 1
+            })
+        ),
         "{:?}",
         r.err()
     );
     let big = kept::MAX_KEPT_BYTES / 4 + 1;
     let (_, r) = record(&client, || DeviceTensor::empty(&client, &[big], DType::F32)).unwrap();
     assert!(
-        matches!(r, Err(NotReplayable::Forbidden { what: "allocated", .. })),
+        matches!(
+            r,
+            Err(NotReplayable::Forbidden {
+                what: "allocated",
+                ..
+            })
+        ),
         "{:?}",
         r.err()
     );
@@ -169,11 +199,29 @@ fn the_window_refuses_what_a_replay_would_skip() {
         DeviceTensor::upload_f32(&client, &[1.0; 4], &[4], DType::F32).unwrap()
     })
     .unwrap();
-    assert!(matches!(r, Err(NotReplayable::Forbidden { .. })), "{:?}", r.err());
-    let (_, r) = record(&client, || record(&client, || ()).unwrap().1.err()).unwrap();
-    assert!(r.is_ok());
-    let (inner, _) = record(&client, || record(&client, || ()).unwrap().1.err()).unwrap();
+    assert!(
+        matches!(r, Err(NotReplayable::Forbidden { .. })),
+        "{:?}",
+        r.err()
+    );
+    let nested = || replay::record(&client, Flushes::Forbid, || ()).1.err();
+    let (inner, outer) = replay::record(&client, Flushes::Forbid, nested);
+    assert!(outer.is_ok());
     assert_eq!(inner, Some(NotReplayable::Nested));
+    let flush = || draftc_ops::launch::flush(&client, "test").unwrap();
+    let (_, r) = replay::record(&client, Flushes::Forbid, flush);
+    assert!(
+        matches!(
+            r,
+            Err(NotReplayable::Forbidden {
+                what: "flushed",
+                n: 1
+            })
+        ),
+        "{:?}",
+        r.err()
+    );
+    assert!(replay::record(&client, Flushes::Allow, flush).1.is_ok());
 }
 
 /// A replay over a buffer the caller still holds (last pass's output)
@@ -197,7 +245,10 @@ fn a_replay_refuses_held_buffers_and_misfit_data() {
     ));
     assert!(matches!(
         rec.replay(&client, vec![], false).err(),
-        Some(ReplayError::Writes { expected: 1, found: 0 })
+        Some(ReplayError::Writes {
+            expected: 1,
+            found: 0
+        })
     ));
     rec.replay(&client, vec![bytes], false).unwrap().unwrap();
 }

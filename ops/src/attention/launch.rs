@@ -151,48 +151,14 @@ impl<R: Runtime> AttnMeta<R> {
         key_rows: usize,
         extra: &[(&[u32], &[usize])],
     ) -> Result<(Self, Vec<DeviceTensor<R>>)> {
-        batch.validate("attention", &mask)?;
-        if key_base.len() != batch.batch() {
-            return Err(OpsError::ShapeMismatch {
-                op: "attention",
-                arg: "key_base",
-                expected: format!("[{}] (one base row per sequence)", batch.batch()),
-                found: vec![key_base.len()],
-            });
-        }
-        let (q_starts, k_starts) = (batch.q_starts(), batch.k_starts());
-        let rows = (0..batch.batch())
-            .map(|s| key_base[s] + batch.k_lens[s])
-            .max()
-            .unwrap_or(0);
-        if rows > key_rows {
-            return Err(OpsError::InvalidArgument {
-                op: "attention",
-                reason: format!("keys reach row {rows} but the K/V buffers have {key_rows} rows"),
-            });
-        }
-        let mut k_pos = vec![0u32; key_rows.max(1)];
-        let mut meta = Vec::with_capacity(batch.total_q() * 4);
-        for s in 0..batch.batch() {
-            let (base, len) = (key_base[s], batch.k_lens[s]);
-            k_pos[base..base + len].copy_from_slice(&batch.k_pos[k_starts[s]..k_starts[s + 1]]);
-            let tree_base = base + len - batch.tree_keys(s, &mask);
-            for row in q_starts[s]..q_starts[s + 1] {
-                meta.extend([
-                    batch.q_pos[row],
-                    base as u32,
-                    (base + len) as u32,
-                    tree_base as u32,
-                ]);
-            }
-        }
-        let (anc, words) = batch.tree_bits(&mask).unwrap_or((vec![0], 0));
-        let (meta, k_pos, anc, rest) = upload_meta(client, batch, &meta, &k_pos, &anc, extra)?;
+        let h = KeyBaseArrays::new(batch, mask, key_base, key_rows)?;
+        let (meta, k_pos, anc, rest) =
+            upload_meta(client, batch, &h.meta, &h.k_pos, &h.anc, extra)?;
         let m = AttnMeta {
             meta,
             k_pos,
             anc,
-            words,
+            words: h.words,
             total_q: batch.total_q(),
             total_k: key_rows,
             mask,
@@ -416,4 +382,78 @@ pub(super) fn check_rows<R: Runtime>(
         });
     }
     Ok(!rows.is_empty())
+}
+
+/// The bytes [`AttnMeta::with_key_base_and`] uploads for the same
+/// arguments, without uploading: what a replayed pass writes into its
+/// recorded upload (`crate::replay`).
+pub fn key_base_bytes(
+    batch: &SeqBatch,
+    mask: Mask,
+    key_base: &[usize],
+    key_rows: usize,
+    extra: &[(&[u32], &[usize])],
+) -> Result<Vec<u8>> {
+    let h = KeyBaseArrays::new(batch, mask, key_base, key_rows)?;
+    let (q, kp, a) = ([batch.total_q(), 4], [h.k_pos.len()], [h.anc.len()]);
+    let mut parts: Vec<(&[u32], &[usize])> = vec![(&h.meta, &q), (&h.k_pos, &kp), (&h.anc, &a)];
+    parts.extend_from_slice(extra);
+    let (words, _) = crate::tensor::pack_u32(&parts)?;
+    Ok(bytemuck::cast_slice::<u32, u8>(&words).to_vec())
+}
+
+/// The host arrays of [`AttnMeta::with_key_base_and`]: per-row metadata,
+/// key positions scattered to their cache rows, tree bits and their words.
+struct KeyBaseArrays {
+    meta: Vec<u32>,
+    k_pos: Vec<u32>,
+    anc: Vec<u32>,
+    words: usize,
+}
+
+impl KeyBaseArrays {
+    fn new(batch: &SeqBatch, mask: Mask, key_base: &[usize], key_rows: usize) -> Result<Self> {
+        batch.validate("attention", &mask)?;
+        if key_base.len() != batch.batch() {
+            return Err(OpsError::ShapeMismatch {
+                op: "attention",
+                arg: "key_base",
+                expected: format!("[{}] (one base row per sequence)", batch.batch()),
+                found: vec![key_base.len()],
+            });
+        }
+        let (q_starts, k_starts) = (batch.q_starts(), batch.k_starts());
+        let rows = (0..batch.batch())
+            .map(|s| key_base[s] + batch.k_lens[s])
+            .max()
+            .unwrap_or(0);
+        if rows > key_rows {
+            return Err(OpsError::InvalidArgument {
+                op: "attention",
+                reason: format!("keys reach row {rows} but the K/V buffers have {key_rows} rows"),
+            });
+        }
+        let mut k_pos = vec![0u32; key_rows.max(1)];
+        let mut meta = Vec::with_capacity(batch.total_q() * 4);
+        for s in 0..batch.batch() {
+            let (base, len) = (key_base[s], batch.k_lens[s]);
+            k_pos[base..base + len].copy_from_slice(&batch.k_pos[k_starts[s]..k_starts[s + 1]]);
+            let tree_base = base + len - batch.tree_keys(s, &mask);
+            for row in q_starts[s]..q_starts[s + 1] {
+                meta.extend([
+                    batch.q_pos[row],
+                    base as u32,
+                    (base + len) as u32,
+                    tree_base as u32,
+                ]);
+            }
+        }
+        let (anc, words) = batch.tree_bits(&mask).unwrap_or((vec![0], 0));
+        Ok(KeyBaseArrays {
+            meta,
+            k_pos,
+            anc,
+            words,
+        })
+    }
 }

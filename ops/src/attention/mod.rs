@@ -27,7 +27,7 @@ mod mask;
 mod reference;
 
 pub use decode::{attention_planes, supports as planes_support, AttnPlaneShape};
-pub use launch::{attention, attention_rows, draft_dim_attention, AttnMeta};
+pub use launch::{attention, attention_rows, draft_dim_attention, key_base_bytes, AttnMeta};
 pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TreeTail, TREE_ROOT};
 pub use reference::attention_ref;
 // For `crate::source` (kernel source text without a device).

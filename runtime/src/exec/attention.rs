@@ -13,6 +13,7 @@ use draftc_ops::DeviceTensor;
 
 use super::cache::CacheStore;
 use super::executor::{ops_mask, ExecError, RowSource, Run};
+use super::step::Step;
 
 impl<R: Runtime> Run<'_, R> {
     /// Cache half name of a state buffer and whether it lives in the target's store.
@@ -259,22 +260,7 @@ impl<R: Runtime> Run<'_, R> {
         store: &CacheStore<R>,
         cache: &str,
     ) -> Result<MetaKey, ExecError> {
-        let mut k_lens = Vec::new();
-        let mut k_pos = Vec::new();
-        let mut key_base = Vec::new();
-        let is_memory =
-            cache.ends_with(".kv") && self.step.memory.contains_key(&cache[..cache.len() - 3]);
-        for seq in &self.step.seqs {
-            k_lens.push(store.len(cache, seq.slot));
-            k_pos.extend_from_slice(store.positions(cache, seq.slot));
-            key_base.push(seq.slot * store.capacity());
-        }
-        let (batch, mask) = self.step.cache_batch(mask, k_lens, k_pos, is_memory)?;
-        Ok(MetaKey {
-            batch,
-            mask,
-            key_base: Some((key_base, store.total_rows())),
-        })
+        meta_key(self.step, mask, store, cache)
     }
 
     /// The attention metadata of `key`, uploaded once per pass: every layer
@@ -309,6 +295,51 @@ impl<R: Runtime> Run<'_, R> {
             _ => Ok(meta),
         }
     }
+}
+
+/// What an attention over `store`'s `cache` with `mask` needs of its
+/// metadata for `step` (after the step's rows are reserved): each
+/// sequence's keys, positions and first key row, and the tree.
+pub(super) fn meta_key<R: Runtime>(
+    step: &Step,
+    mask: Mask,
+    store: &CacheStore<R>,
+    cache: &str,
+) -> Result<MetaKey, ExecError> {
+    let mut k_lens = Vec::new();
+    let mut k_pos = Vec::new();
+    let mut key_base = Vec::new();
+    let is_memory = cache.ends_with(".kv") && step.memory.contains_key(&cache[..cache.len() - 3]);
+    for seq in &step.seqs {
+        k_lens.push(store.len(cache, seq.slot));
+        k_pos.extend_from_slice(store.positions(cache, seq.slot));
+        key_base.push(seq.slot * store.capacity());
+    }
+    let (batch, mask) = step.cache_batch(mask, k_lens, k_pos, is_memory)?;
+    Ok(MetaKey {
+        batch,
+        mask,
+        key_base: Some((key_base, store.total_rows())),
+    })
+}
+
+/// The bytes of a pass's one upload over a cache (`Run::upload_step`):
+/// `key`'s attention metadata, the step's positions and the cache `slots`
+/// its rows go to. A replayed pass writes them into its recorded upload.
+pub(super) fn step_upload_bytes(
+    step: &Step,
+    key: &MetaKey,
+    slots: &[u32],
+) -> Result<Vec<u8>, ExecError> {
+    let Some((base, rows)) = key.key_base.as_ref() else {
+        return Err(ExecError::Internal("a step upload without a cache".into()));
+    };
+    let positions = step.positions();
+    let extra: [(&[u32], &[usize]); 2] =
+        [(&positions, &[positions.len()]), (slots, &[slots.len()])];
+    Ok(draftc_ops::attention::key_base_bytes(
+        &key.batch, key.mask, base, *rows, &extra,
+    )?)
 }
 
 /// What an attention's metadata is built from: the sequences, the mask and

@@ -100,6 +100,12 @@ impl<R: Runtime> CacheStore<R> {
             .map_or(&[], Vec::as_slice)
     }
 
+    /// The memory ids of the halves allocated so far, in name order (a
+    /// replayed pass binds them; `replay.rs`).
+    pub(crate) fn half_ids(&self) -> Vec<usize> {
+        self.halves.values().map(|t| t.handle.memory_id()).collect()
+    }
+
     /// Cache names in use.
     pub fn caches(&self) -> Vec<String> {
         self.rows.keys().cloned().collect()

@@ -32,10 +32,12 @@ use draftc_ops::{DType, DeviceTensor, OpsError};
 use super::arena::pass_buffer;
 use super::bound::weight;
 use super::cache::CacheStore;
+use super::replay::{self, PassKey, Replays};
 use super::step::Step;
 use super::timing::{HostTime, Profile};
 use super::weights::HostWeights;
 use crate::device::FlushPolicy;
+use draftc_ops::replay::Flushes;
 
 /// Why a pass could not run.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +125,8 @@ pub struct Executor<R: Runtime> {
     /// RoPE frequencies by (head_dim, theta bits): per-model constants,
     /// uploaded once.
     rope_freqs: HashMap<(usize, u64), DeviceTensor<R>>,
+    /// Recorded passes, replayed once stable (`replay.rs`).
+    replays: Replays<R>,
 }
 
 /// The RoPE frequencies of the graph's attentions with `rope_scaling`
@@ -279,6 +283,7 @@ impl<R: Runtime> Executor<R> {
             plans,
             flush: FlushPolicy::for_device(&device),
             rope_freqs,
+            replays: Replays::new(),
             device,
             host: HostTime::default(),
             profile: std::env::var_os("DRAFTC_PROFILE")
@@ -309,6 +314,7 @@ impl<R: Runtime> Executor<R> {
             self.flush = FlushPolicy::for_device(&device);
             self.device = device;
             self.plans.clear();
+            self.replays.clear();
         }
     }
 
@@ -374,7 +380,7 @@ impl<R: Runtime> Executor<R> {
         step: &Step,
         inputs: &BTreeMap<String, DeviceTensor<R>>,
         caches: &mut CacheStore<R>,
-        mut target_caches: Option<&mut CacheStore<R>>,
+        target_caches: Option<&mut CacheStore<R>>,
     ) -> Result<Outputs<R>, ExecError> {
         let rows = step.rows();
         if rows == 0 {
@@ -382,6 +388,91 @@ impl<R: Runtime> Executor<R> {
         }
         self.plan(rows)?;
         let plan = Arc::clone(&self.plans[&rows]);
+        let key = (self.replays.on && self.profile.is_none())
+            .then(|| PassKey::of(&plan, step, inputs, caches, target_caches.is_some()))
+            .flatten();
+        let Some((key, mask)) = key else {
+            return self.run_eager(&plan, step, inputs, caches, target_caches, true);
+        };
+        let t = std::time::Instant::now();
+        let flush_each = self.flush == FlushPolicy::PerLaunch;
+        if let Some(r) = self
+            .replays
+            .try_replay(&self.client, &key, step, caches, flush_each)
+        {
+            let (out, launches) = r?;
+            self.host.launches += launches as u64;
+            self.host.issue_s += t.elapsed().as_secs_f64();
+            return Ok(out);
+        }
+        let before = replay::lens(caches, step);
+        let client = self.client.clone();
+        // As the eager pass flushes: once at its end under the per-pass
+        // policy (after the window), after each launch under per-launch.
+        let per_pass = self.flush == FlushPolicy::PerPass;
+        let window = if per_pass {
+            Flushes::Forbid
+        } else {
+            Flushes::Allow
+        };
+        let (out, rec) = draftc_ops::replay::record(&client, window, || {
+            self.run_eager(&plan, step, inputs, caches, None, !per_pass)
+        });
+        let out = out?;
+        if per_pass {
+            draftc_ops::launch::flush(&client, "pass").map_err(|e| {
+                ExecError::Internal(format!("a recorded pass failed on the device: {e}"))
+            })?;
+        }
+        match rec {
+            Ok(rec) => {
+                let owned = self
+                    .weights
+                    .values()
+                    .chain(self.rope_freqs.values())
+                    .chain(inputs.values())
+                    .map(|t| t.handle.memory_id())
+                    .collect();
+                self.replays
+                    .keep(key, mask, rec, &out, step, caches, &before, owned);
+            }
+            Err(e) => self.replays.refusal = Some(e.to_string()),
+        }
+        Ok(out)
+    }
+
+    /// Passes replayed and recorded so far, and why the last recorded pass
+    /// cannot be replayed (`None`: it can).
+    pub fn replay_stats(&self) -> (u64, u64, Option<&str>) {
+        (
+            self.replays.replayed,
+            self.replays.recorded,
+            self.replays.refusal.as_deref(),
+        )
+    }
+
+    /// Turns replay on or off for this executor (on unless
+    /// `DRAFTC_REPLAY=off`); off forgets every recording.
+    pub fn set_replay(&mut self, on: bool) {
+        self.replays.on = on;
+        if !on {
+            self.replays.clear();
+        }
+    }
+
+    /// One pass launched op by op. `flush`: flush at its end under the
+    /// per-pass policy (a recorded pass is flushed by its window instead).
+    fn run_eager(
+        &mut self,
+        plan: &Arc<Plan>,
+        step: &Step,
+        inputs: &BTreeMap<String, DeviceTensor<R>>,
+        caches: &mut CacheStore<R>,
+        mut target_caches: Option<&mut CacheStore<R>>,
+        flush: bool,
+    ) -> Result<Outputs<R>, ExecError> {
+        let rows = step.rows();
+        let plan = Arc::clone(plan);
         let mut run = Run {
             client: &self.client,
             plan: &plan,
@@ -437,7 +528,7 @@ impl<R: Runtime> Executor<R> {
                 );
             }
         }
-        if deferred.is_some() {
+        if deferred.is_some() && flush {
             drop(deferred);
             draftc_ops::launch::flush(&self.client, "pass").map_err(|e| {
                 ExecError::Internal(format!(

@@ -17,6 +17,7 @@
 //! | `buffers.rs` | a pass's buffers: inputs bound, the tensor behind each plan buffer, per-pass uploads |
 //! | `arena.rs` | a pass's buffers (slots, pending K/V, outputs), from the thread's kept buffers (`draftc_ops::kept`) |
 //! | `timing.rs` | [`HostTime`] (host time issuing launches) and [`Profile`] (`DRAFTC_PROFILE=1`) |
+//! | `replay.rs` | recorded passes: which passes replay, their keys, a replay's host work |
 //! | `qkv.rs` | a self-attention's fused q/k/v step: projection, RoPE and KV append in one launch |
 //! | `interpret.rs` | [`interpret`]: graph evaluation on the host |
 //!
@@ -36,6 +37,7 @@ mod executor;
 mod interpret;
 mod launch;
 mod qkv;
+mod replay;
 mod step;
 mod timing;
 mod weights;

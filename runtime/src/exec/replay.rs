@@ -1,0 +1,351 @@
+//! Replayed passes (issue 56, items 1–3): a pass the executor has run
+//! twice with the same launches is reissued from its recording instead of
+//! being launched op by op again.
+//!
+//! Which passes: those whose every step-dependent input reaches the device
+//! in the pass's one upload (attention metadata, positions, cache slots;
+//! `attention.rs`), which is every target decode or verification pass over
+//! the executor's own caches: no memory streams, no selected output rows,
+//! no memory tail, no target caches. A pass is keyed by what fixes its
+//! launches ([`PassKey`]): rows per sequence and slot, tree or chain, the
+//! plane attention's key splits, the caller's input buffers and the cache
+//! halves. The first passes of a key run eagerly inside a capture window
+//! (`draftc_ops::replay::record`); when two recordings of a key agree
+//! launch for launch (kernels, grids, scalars, buffers), the key is
+//! replayed from then on.
+//!
+//! A replay does what the eager pass does on the host and nothing else:
+//! reserves the step's rows in every cache, builds the one upload's bytes
+//! (`attention::step_upload_bytes`), writes them into the recorded upload
+//! buffer and reissues the launches. It runs only when nothing else holds
+//! the recording's kept buffers (a caller still holding an older pass's
+//! logits makes the pass run eagerly, as it always did); a key keeps two
+//! recordings, so a caller alternating two output buffers still replays.
+//! Every buffer a recording binds must be a kept buffer of its own, the
+//! caller's inputs, the executor's weights or RoPE tables, or the cache
+//! halves, which the key pins by identity; otherwise it is not replayed.
+//!
+//! `DRAFTC_REPLAY=off` runs every pass eagerly.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use cubecl::prelude::*;
+use draftc_codegen::{AttentionLayout, BufferClass, Kernel, Plan};
+use draftc_ops::attention::Mask;
+use draftc_ops::kept::{self, KeptRef};
+use draftc_ops::replay::Recording;
+use draftc_ops::{DType, DeviceTensor};
+
+use super::attention::{meta_key, step_upload_bytes};
+use super::cache::CacheStore;
+use super::executor::{ops_mask, ExecError, Outputs};
+use super::step::Step;
+
+/// The environment variable that turns replay off (`off`).
+pub const ENV: &str = "DRAFTC_REPLAY";
+
+/// Whether passes replay: on unless `DRAFTC_REPLAY=off`.
+pub(super) fn enabled() -> bool {
+    std::env::var(ENV).map_or(true, |v| v != "off")
+}
+
+/// What fixes a replayable pass's launches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(super) struct PassKey {
+    /// (cache slot, rows) per sequence.
+    seqs: Vec<(usize, usize)>,
+    tree: bool,
+    /// Key splits of each plane-layout attention (a grid size).
+    splits: Vec<usize>,
+    /// The caller's input buffers by name (memory ids).
+    inputs: Vec<(String, usize)>,
+    /// The cache halves' memory ids.
+    halves: Vec<usize>,
+}
+
+impl PassKey {
+    /// The key of a pass, or `None` when the pass is not replayable by
+    /// construction (memory streams, selected rows, a memory tail, the
+    /// target's caches, or attention that is not over this store with one
+    /// mask).
+    pub(super) fn of<R: Runtime>(
+        plan: &Plan,
+        step: &Step,
+        inputs: &BTreeMap<String, DeviceTensor<R>>,
+        caches: &CacheStore<R>,
+        with_target: bool,
+    ) -> Option<(PassKey, Option<Mask>)> {
+        if with_target
+            || !step.memory.is_empty()
+            || step.output_rows.is_some()
+            || step.seqs.iter().any(|s| s.memory_tail.is_some())
+            || inputs.contains_key(super::MEMORY_TAIL_BITS)
+        {
+            return None;
+        }
+        let mut mask = None;
+        let mut chunks = Vec::new();
+        for l in &plan.launches {
+            if let Kernel::Attention {
+                mask: m, layout, ..
+            } = l.kernel
+            {
+                if plan.buffer(l.inputs[1]).class != BufferClass::State
+                    || plan.buffer(l.inputs[1]).name.starts_with("target.")
+                    || mask.is_some_and(|x| x != m)
+                {
+                    return None;
+                }
+                mask = Some(m);
+                if let AttentionLayout::Planes { chunk, .. } = layout {
+                    chunks.push(chunk as usize);
+                }
+            }
+        }
+        let first = caches.caches().into_iter().next();
+        let max_keys = step
+            .seqs
+            .iter()
+            .map(|s| first.as_ref().map_or(0, |c| caches.len(c, s.slot)) + s.positions.len())
+            .max()
+            .unwrap_or(0);
+        Some((
+            PassKey {
+                seqs: step
+                    .seqs
+                    .iter()
+                    .map(|s| (s.slot, s.positions.len()))
+                    .collect(),
+                tree: step.is_tree(),
+                splits: chunks
+                    .iter()
+                    .map(|c| max_keys.div_ceil(*c).max(1))
+                    .collect(),
+                inputs: inputs
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.handle.memory_id()))
+                    .collect(),
+                halves: caches.half_ids(),
+            },
+            mask.map(ops_mask),
+        ))
+    }
+}
+
+/// A graph output of a recorded pass: its kept buffer and view.
+struct OutputView {
+    name: String,
+    buffer: KeptRef,
+    used: u64,
+    shape: Vec<usize>,
+    dtype: DType,
+}
+
+/// One recording of a key.
+struct Entry<R: Runtime> {
+    rec: Recording<R>,
+    /// A second recording of the key agreed with this one.
+    stable: bool,
+    outputs: Vec<OutputView>,
+    mask: Option<Mask>,
+}
+
+/// The executor's recorded passes and what became of them.
+pub(super) struct Replays<R: Runtime> {
+    pub(super) on: bool,
+    entries: HashMap<PassKey, Vec<Entry<R>>>,
+    /// Passes replayed, and recorded, so far.
+    pub(super) replayed: u64,
+    pub(super) recorded: u64,
+    /// Why the last recorded pass cannot be replayed (`None`: it can).
+    pub(super) refusal: Option<String>,
+}
+
+impl<R: Runtime> Replays<R> {
+    pub(super) fn new() -> Self {
+        Replays {
+            on: enabled(),
+            entries: HashMap::new(),
+            replayed: 0,
+            recorded: 0,
+            refusal: None,
+        }
+    }
+
+    /// Forgets every recording (the plans changed).
+    pub(super) fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Replays the pass of `key` when a stable recording of it is free to
+    /// run: `None` (nothing done) otherwise.
+    pub(super) fn try_replay(
+        &mut self,
+        client: &ComputeClient<R>,
+        key: &PassKey,
+        step: &Step,
+        caches: &mut CacheStore<R>,
+        flush_each: bool,
+    ) -> Option<Result<(Outputs<R>, usize), ExecError>> {
+        let e = self
+            .entries
+            .get(key)?
+            .iter()
+            .find(|e| e.stable && e.rec.ready())?;
+        let names = caches.caches();
+        // Every cache takes the step's rows at the same place (what the
+        // eager pass's one upload assumed), or this pass runs eagerly.
+        let same = step.seqs.iter().all(|s| {
+            let l = names.first().map_or(0, |c| caches.len(c, s.slot));
+            names.iter().all(|c| caches.len(c, s.slot) == l)
+        });
+        let writes = e.rec.writes().len();
+        if !same || (writes > 0) != !names.is_empty() || writes > 1 {
+            return None;
+        }
+        let out = (|| {
+            let mut slots = Vec::new();
+            for (i, c) in names.iter().enumerate() {
+                for s in &step.seqs {
+                    let rows = caches.reserve(c, s.slot, &s.positions)?;
+                    if i == 0 {
+                        slots.extend(rows);
+                    }
+                }
+            }
+            let mut data = Vec::new();
+            if let (Some(c), Some(mask)) = (names.first(), e.mask) {
+                let key = meta_key(step, mask, caches, c)?;
+                data.push(step_upload_bytes(step, &key, &slots)?);
+            }
+            e.rec
+                .replay(client, data, flush_each)
+                .map_err(|r| ExecError::Internal(format!("replay: {r}")))??;
+            let mut tensors = BTreeMap::new();
+            for o in &e.outputs {
+                let h = kept::handle(&o.buffer).ok_or_else(|| {
+                    ExecError::Internal("a replayed output's buffer left the pool".into())
+                })?;
+                let end = h.size_in_used() - o.used;
+                let t = DeviceTensor::from_handle(h.offset_end(end), &o.shape, o.dtype)?;
+                tensors.insert(o.name.clone(), t);
+            }
+            Ok((Outputs { tensors }, e.rec.launches()))
+        })();
+        self.replayed += 1;
+        Some(out)
+    }
+
+    /// Keeps the recording of an eager pass of `key` when it can be
+    /// replayed: `lens_before` are the caches' lengths per sequence before
+    /// the pass, `owned` the memory ids of buffers the executor keeps
+    /// (weights, RoPE tables) and the caller's inputs.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn keep(
+        &mut self,
+        key: PassKey,
+        mask: Option<Mask>,
+        rec: Recording<R>,
+        outputs: &Outputs<R>,
+        step: &Step,
+        caches: &CacheStore<R>,
+        lens_before: &BTreeMap<String, Vec<usize>>,
+        owned: BTreeSet<usize>,
+    ) {
+        self.recorded += 1;
+        match entry(rec, outputs, step, caches, lens_before, owned, mask) {
+            Err(why) => self.refusal = Some(why),
+            Ok(mut new) => {
+                self.refusal = None;
+                let list = self.entries.entry(key).or_default();
+                if let Some(old) = list.iter_mut().find(|o| o.rec.same_as(&new.rec)) {
+                    old.stable = true;
+                    return;
+                }
+                new.stable = false;
+                if list.len() >= 2 {
+                    list.remove(0);
+                }
+                list.push(new);
+            }
+        }
+    }
+}
+
+/// The entry of a recorded pass, or why it cannot be replayed.
+fn entry<R: Runtime>(
+    rec: Recording<R>,
+    outputs: &Outputs<R>,
+    step: &Step,
+    caches: &CacheStore<R>,
+    lens_before: &BTreeMap<String, Vec<usize>>,
+    mut owned: BTreeSet<usize>,
+    mask: Option<Mask>,
+) -> Result<Entry<R>, String> {
+    let names = caches.caches();
+    for c in &names {
+        for (i, s) in step.seqs.iter().enumerate() {
+            let before = lens_before.get(c).map_or(0, |l| l[i]);
+            if caches.len(c, s.slot) != before + s.positions.len() {
+                return Err(format!("cache `{c}` did not take exactly the step's rows"));
+            }
+        }
+    }
+    let want = usize::from(!names.is_empty());
+    if rec.writes().len() != want {
+        return Err(format!(
+            "{} uploads in the pass (a replay builds {want})",
+            rec.writes().len()
+        ));
+    }
+    let kept_ids = rec.kept_ids();
+    owned.extend(caches.half_ids());
+    owned.extend(kept_ids.iter().copied());
+    if let Some(id) = rec.buffer_ids().into_iter().find(|id| !owned.contains(id)) {
+        return Err(format!(
+            "a launch binds buffer {id}, which the pass does not own"
+        ));
+    }
+    let mut views = Vec::new();
+    for (name, t) in &outputs.tensors {
+        let h = &t.handle;
+        let buffer = rec
+            .kept()
+            .iter()
+            .find(|r| kept::handle(r).is_some_and(|k| k.memory_id() == h.memory_id()))
+            .ok_or_else(|| format!("output `{name}` is not in a kept buffer"))?;
+        let whole = kept::handle(buffer).map_or(0, |k| k.size_in_used());
+        let used = h.size_in_used();
+        if h.offset_start.unwrap_or(0) != 0 || h.offset_end.unwrap_or(0) != whole - used {
+            return Err(format!("output `{name}` is not a buffer's first bytes"));
+        }
+        views.push(OutputView {
+            name: name.clone(),
+            buffer: *buffer,
+            used,
+            shape: t.shape().to_vec(),
+            dtype: t.dtype(),
+        });
+    }
+    Ok(Entry {
+        rec,
+        stable: false,
+        outputs: views,
+        mask,
+    })
+}
+
+/// The caches' lengths per sequence of `step` (before a pass).
+pub(super) fn lens<R: Runtime>(
+    caches: &CacheStore<R>,
+    step: &Step,
+) -> BTreeMap<String, Vec<usize>> {
+    caches
+        .caches()
+        .into_iter()
+        .map(|c| {
+            let l = step.seqs.iter().map(|s| caches.len(&c, s.slot)).collect();
+            (c, l)
+        })
+        .collect()
+}

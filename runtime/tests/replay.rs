@@ -1,0 +1,105 @@
+//! Replayed passes (issue 56): a target decode pass that the executor has
+//! recorded twice is reissued from its recording; its logits equal the
+//! eager pass's bit for bit, at batch 1, 3 and 16, on the lane layouts
+//! (lavapipe's) and the GPU layouts (plane attention, whose key splits
+//! change as the context crosses a chunk: the pass is then recorded again,
+//! never replayed with the old grid). Speculative decoding with replay
+//! gives the tokens it gives without.
+
+mod tiny;
+
+use draftc_codegen::PlanDType;
+use draftc_runtime::device::gpu_layout_profile;
+use draftc_runtime::engine::TargetModel;
+use draftc_runtime::exec::{SeqStep, Step};
+use tiny::*;
+
+type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+/// The tiny target for `b` sequences of `capacity` rows, replay on or off.
+fn model(b: usize, capacity: usize, gpu: bool, replay: bool) -> TargetModel<Wgpu> {
+    let (mut t, _) = target_sized(b, PlanDType::F32, 7, capacity);
+    if gpu {
+        let p = gpu_layout_profile(t.client());
+        t.exec.set_device(p);
+    }
+    t.exec.set_replay(replay);
+    t
+}
+
+fn logits(t: &mut TargetModel<Wgpu>, step: &Step, ids: &[u32]) -> Vec<u32> {
+    let out = t.forward(step, ids).unwrap();
+    let l = out.get("logits").unwrap().download_f32(t.client()).unwrap();
+    l.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Prefills `b` prompts of `prompt` tokens, then decodes `steps` steps with
+/// both models (the ids the eager model picks): every step's logits equal.
+/// Returns the passes the replaying model replayed.
+fn check(b: usize, prompt: usize, steps: usize, capacity: usize, gpu: bool) -> u64 {
+    let mut eager = model(b, capacity, gpu, false);
+    let mut fast = model(b, capacity, gpu, true);
+    let vocab = eager.vocab as u32;
+    let seqs: Vec<SeqStep> = (0..b).map(|s| SeqStep::chain(s, 0, prompt)).collect();
+    let step = Step {
+        seqs,
+        ..Default::default()
+    };
+    let ids: Vec<u32> = (0..b * prompt)
+        .map(|i| (i as u32 * 7 + 3) % vocab)
+        .collect();
+    assert_eq!(
+        logits(&mut eager, &step, &ids),
+        logits(&mut fast, &step, &ids)
+    );
+    let mut next: Vec<u32> = (0..b as u32).map(|s| s + 1).collect();
+    for k in 0..steps {
+        let pos = (prompt + k) as u32;
+        let step = Step {
+            seqs: (0..b).map(|s| SeqStep::chain(s, pos, 1)).collect(),
+            ..Default::default()
+        };
+        let a = logits(&mut eager, &step, &next);
+        let f = logits(&mut fast, &step, &next);
+        assert!(
+            a == f,
+            "batch {b}, gpu {gpu}: decode step {k} differs from the eager step"
+        );
+        let v = vocab as usize;
+        next = (0..b)
+            .map(|s| {
+                let row = &a[s * v..(s + 1) * v];
+                let best = (0..v)
+                    .max_by(|&i, &j| f32::from_bits(row[i]).total_cmp(&f32::from_bits(row[j])))
+                    .unwrap_or(0);
+                best as u32
+            })
+            .collect();
+    }
+    let (replayed, recorded, why) = fast.exec.replay_stats();
+    assert_eq!(eager.exec.replay_stats().0, 0);
+    eprintln!(
+        "batch {b} gpu {gpu}: {replayed} replayed, {recorded} recorded, last refusal {why:?}"
+    );
+    replayed
+}
+
+#[test]
+fn replayed_decode_steps_equal_eager_steps() {
+    for b in [1, 3, 16] {
+        for gpu in [false, true] {
+            let replayed = check(b, 5, 10, 32, gpu);
+            // Two recordings of the decode key, then every step replays.
+            assert!(replayed >= 7, "batch {b}, gpu {gpu}: {replayed} replayed");
+        }
+    }
+}
+
+/// The plane attention's key splits go from 1 to 2 at 256 keys: the step
+/// at 257 keys is recorded again (a replay of the old grid would read only
+/// 256 keys and differ here).
+#[test]
+fn a_new_key_split_is_recorded_again() {
+    let replayed = check(1, 250, 14, 300, true);
+    assert!(replayed >= 8, "{replayed} replayed");
+}
