@@ -16,8 +16,14 @@
 //! (concurrent drafting runs the drafter on a thread of its own), and tests
 //! running in parallel do not see each other's work. Take a [`snapshot`]
 //! before and after the work and subtract ([`Counts::since`]).
+//!
+//! One count is not per thread and not of the device: host heap
+//! allocations ([`Counts::heap`]), counted by [`CountingAlloc`] when the
+//! binary installs it as its global allocator (`draftc` does).
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Device requests made by one thread (monotonic; subtract two snapshots).
@@ -37,6 +43,9 @@ pub struct Counts {
     /// Wall seconds the host spent inside reads and flushes, waiting for
     /// the device or its runner thread.
     pub blocked_s: f64,
+    /// Host heap allocations, all threads ([`CountingAlloc`]; 0 where the
+    /// binary does not install it).
+    pub heap: u64,
 }
 
 impl Counts {
@@ -49,6 +58,7 @@ impl Counts {
             uploads: self.uploads - earlier.uploads,
             allocations: self.allocations - earlier.allocations,
             blocked_s: self.blocked_s - earlier.blocked_s,
+            heap: self.heap - earlier.heap,
         }
     }
 
@@ -61,6 +71,7 @@ impl Counts {
             uploads: self.uploads + other.uploads,
             allocations: self.allocations + other.allocations,
             blocked_s: self.blocked_s + other.blocked_s,
+            heap: self.heap + other.heap,
         }
     }
 }
@@ -74,13 +85,52 @@ thread_local! {
             uploads: 0,
             allocations: 0,
             blocked_s: 0.0,
+            heap: 0,
         })
     };
 }
 
 /// This thread's counts so far.
 pub fn snapshot() -> Counts {
-    COUNTS.with(Cell::get)
+    let mut c = COUNTS.with(Cell::get);
+    c.heap = HEAP.load(Ordering::Relaxed);
+    c
+}
+
+/// Host heap allocations so far (every thread), counted by [`CountingAlloc`].
+static HEAP: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations (not frees) for
+/// [`Counts::heap`]: what a decode step or a replayed pass costs the host
+/// in allocations. A binary installs it with
+/// `#[global_allocator] static A: CountingAlloc = CountingAlloc;`.
+pub struct CountingAlloc;
+
+// SAFETY: forwards every call to `System` unchanged; the counter is an
+// atomic add that neither allocates nor panics.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        HEAP.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        HEAP.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        HEAP.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
 }
 
 fn bump(f: impl FnOnce(&mut Counts)) {

@@ -5,6 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use draftc_runtime::cli;
 
+/// Host heap allocations are counted (`draftc_ops::counters::CountingAlloc`):
+/// `bench decode` reports them per step, eager and replayed.
+#[global_allocator]
+static ALLOC: draftc_ops::counters::CountingAlloc = draftc_ops::counters::CountingAlloc;
+
 #[derive(Parser)]
 #[command(
     name = "draftc",

@@ -30,12 +30,24 @@ pub struct DecodeConfig {
     /// Timed decode passes per batch size.
     pub steps: usize,
     pub dtype: PlanDType,
+    /// Replay settings to measure each batch size with, in order
+    /// (`Executor::set_replay`).
+    pub replay: Vec<bool>,
 }
+
+/// Decode passes before the timed ones: the first compiles kernels and
+/// builds plans, the first two record the step for replay
+/// (`exec/replay.rs`).
+const WARM_UP: usize = 2;
 
 /// One batch size's measurement.
 #[derive(Clone, Debug, Serialize)]
 pub struct DecodePoint {
     pub batch: usize,
+    /// Whether the timed passes could replay (`--replay`).
+    pub replay: bool,
+    /// Timed passes that were replayed.
+    pub replayed_steps: u64,
     pub steps: usize,
     /// Tokens produced by the timed passes (`batch · steps`).
     pub tokens: usize,
@@ -64,6 +76,9 @@ pub struct DecodePoint {
     pub reads_per_step: f64,
     pub uploads_per_step: f64,
     pub allocations_per_step: f64,
+    /// Host heap allocations per step, every thread (`draftc`'s counting
+    /// allocator; 0 in a binary without it).
+    pub heap_allocations_per_step: f64,
     /// Host microseconds per step: the step's wall time less the time the
     /// host was blocked in reads and flushes (waiting for the device).
     pub host_us_per_step: f64,
@@ -118,15 +133,26 @@ pub fn run_decode<R: Runtime>(
     progress.message(&format!("loading {} …", model.dir.display()));
     let mut target = TargetModel::load(client, model, max_b, capacity, cfg.dtype)?;
     let mut points = Vec::new();
-    for (i, &b) in cfg.batches.iter().enumerate() {
+    if cfg.replay.is_empty() {
+        return Err(EngineError::Invalid("no replay setting to measure".into()));
+    }
+    let runs: Vec<(usize, bool)> = cfg
+        .batches
+        .iter()
+        .flat_map(|&b| cfg.replay.iter().map(move |&r| (b, r)))
+        .collect();
+    for (i, &(b, replay)) in runs.iter().enumerate() {
         progress.step(
             i,
-            cfg.batches.len(),
+            runs.len(),
             &format!(
-                "batch {b}: prefill, one warm-up pass, then {} timed decode passes",
+                "batch {b}{}: prefill, {WARM_UP} warm-up passes, then {} timed decode passes",
+                if replay { ", replayed" } else { ", eager" },
                 cfg.steps
             ),
         );
+        target.exec.set_replay(replay);
+        let replayed0 = target.exec.replay_stats().0;
         let requests: Vec<Request> = prompts[..b]
             .iter()
             .map(|p| Request { prompt: p.clone() })
@@ -134,28 +160,29 @@ pub fn run_decode<R: Runtime>(
         let run = generate(
             &mut target,
             &requests,
-            cfg.steps + 2,
+            cfg.steps + WARM_UP + 1,
             &Sampling::GREEDY,
             None,
             &mut |_, _| {},
         )?;
         let timed = timed_passes(&run.stats.decode_pass_s, cfg.steps)?;
         // Host issue time of the same timed passes.
-        let host = run.stats.decode_pass_host[1..=cfg.steps].iter().fold(
-            crate::exec::HostTime::default(),
-            |a, h| crate::exec::HostTime {
-                launches: a.launches + h.launches,
-                issue_s: a.issue_s + h.issue_s,
-            },
-        );
+        let host = run.stats.decode_pass_host[WARM_UP..WARM_UP + cfg.steps]
+            .iter()
+            .fold(crate::exec::HostTime::default(), |a, h| {
+                crate::exec::HostTime {
+                    launches: a.launches + h.launches,
+                    issue_s: a.issue_s + h.issue_s,
+                }
+            });
         let seconds = timed.iter().sum::<f64>().max(1e-9);
-        let counts = run.stats.decode_pass_counts[1..=cfg.steps]
+        let counts = run.stats.decode_pass_counts[WARM_UP..WARM_UP + cfg.steps]
             .iter()
             .fold(Counts::default(), |a, c| a.plus(c));
         let per_step = |n: u64| n as f64 / cfg.steps as f64;
         let prompt_mean = requests.iter().map(|r| r.prompt.len()).sum::<usize>() as f64 / b as f64;
-        // The timed passes read contexts prompt + 1 … prompt + steps.
-        let mean_context = prompt_mean + (cfg.steps + 1) as f64 / 2.0;
+        // The timed passes read contexts prompt + W … prompt + W + steps − 1.
+        let mean_context = prompt_mean + WARM_UP as f64 + (cfg.steps - 1) as f64 / 2.0;
         let plan = draftc_codegen::plan(
             &target.graph,
             &target.weights,
@@ -175,6 +202,8 @@ pub fn run_decode<R: Runtime>(
         let tokens = b * cfg.steps;
         points.push(DecodePoint {
             batch: b,
+            replay,
+            replayed_steps: target.exec.replay_stats().0 - replayed0,
             steps: cfg.steps,
             tokens,
             seconds,
@@ -193,6 +222,7 @@ pub fn run_decode<R: Runtime>(
             reads_per_step: per_step(counts.reads),
             uploads_per_step: per_step(counts.uploads),
             allocations_per_step: per_step(counts.allocations),
+            heap_allocations_per_step: per_step(counts.heap),
             host_us_per_step: 1e6 * (seconds - counts.blocked_s).max(0.0) / cfg.steps as f64,
             plan_launches_per_step: plan.launches.len(),
             host_us_per_launch: host.us_per_launch(),
@@ -215,11 +245,11 @@ pub fn run_decode<R: Runtime>(
 /// (the warm-up). An error, not a short measurement, when the run stopped
 /// early.
 fn timed_passes(pass_s: &[f64], steps: usize) -> Result<&[f64], EngineError> {
-    match pass_s.get(1..=steps) {
+    match pass_s.get(WARM_UP..WARM_UP + steps) {
         Some(timed) => Ok(timed),
         None => Err(EngineError::Invalid(format!(
-            "decode benchmark: expected {} decode passes (1 warm-up + {steps} timed), the run made {}",
-            steps + 1,
+            "decode benchmark: expected {} decode passes ({WARM_UP} warm-up + {steps} timed), the run made {}",
+            steps + WARM_UP,
             pass_s.len()
         ))),
     }
@@ -231,8 +261,8 @@ impl DecodeReport {
         let mut s = format!(
             "## autoregressive decode — {}, {} ({} MB of weights)\n\
              rooflines: device streaming read {:.2} GB/s, host read {:.1} GB/s, host copy {:.1} GB/s\n\n\
-             | batch | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s | launches/step | flushes | reads | uploads | allocations | host µs/step | host µs/launch |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+             | batch | passes | tokens/s | ms/step | context | MB/step | MB/token | GB/s | % device read | % host read | GFLOP/s | launches/step | flushes | reads | uploads | allocations | host allocations | host µs/step | host µs/launch |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
             self.device,
             self.dtype,
             self.weight_bytes / 1_000_000,
@@ -242,8 +272,12 @@ impl DecodeReport {
         );
         for p in &self.points {
             s.push_str(&format!(
-                "| {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.1} |\n",
+                "| {} | {} | {:.2} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2} | {:.0}% | {:.1}% | {:.2} | {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} |\n",
                 p.batch,
+                match (p.replay, p.replayed_steps) {
+                    (false, _) => "eager".to_string(),
+                    (true, n) => format!("replayed {n}/{}", p.steps),
+                },
                 p.tokens_per_s,
                 p.step_ms,
                 p.mean_context,
@@ -258,6 +292,7 @@ impl DecodeReport {
                 p.reads_per_step,
                 p.uploads_per_step,
                 p.allocations_per_step,
+                p.heap_allocations_per_step,
                 p.host_us_per_step,
                 p.host_us_per_launch,
             ));
@@ -269,8 +304,23 @@ impl DecodeReport {
     /// against the device's streaming-read roofline.
     pub fn write_svg(&self, path: &std::path::Path) -> Result<(), String> {
         use crate::plot::{Panel, Series};
-        let pts = |f: &dyn Fn(&DecodePoint) -> f64| -> Vec<(f64, f64)> {
-            self.points.iter().map(|p| (p.batch as f64, f(p))).collect()
+        let modes: Vec<bool> = [false, true]
+            .into_iter()
+            .filter(|m| self.points.iter().any(|p| p.replay == *m))
+            .collect();
+        let series = |f: &dyn Fn(&DecodePoint) -> f64, what: &str| -> Vec<Series> {
+            modes
+                .iter()
+                .map(|&m| Series {
+                    label: format!("{what}, {}", if m { "replayed" } else { "eager" }),
+                    points: self
+                        .points
+                        .iter()
+                        .filter(|p| p.replay == m)
+                        .map(|p| (p.batch as f64, f(p)))
+                        .collect(),
+                })
+                .collect()
         };
         let panels = [
             Panel {
@@ -278,10 +328,10 @@ impl DecodeReport {
                 x_label: "batch size".into(),
                 y_label: "tokens/s".into(),
                 log_x: true,
-                series: vec![Series {
-                    label: format!("autoregressive, {}", self.dtype),
-                    points: pts(&|p| p.tokens_per_s),
-                }],
+                series: series(
+                    &|p| p.tokens_per_s,
+                    &format!("autoregressive, {}", self.dtype),
+                ),
                 reference: None,
             },
             Panel {
@@ -289,10 +339,7 @@ impl DecodeReport {
                 x_label: "batch size".into(),
                 y_label: "GB/s".into(),
                 log_x: true,
-                series: vec![Series {
-                    label: "decode step".into(),
-                    points: pts(&|p| p.achieved_bytes_per_s / 1e9),
-                }],
+                series: series(&|p| p.achieved_bytes_per_s / 1e9, "decode step"),
                 reference: Some((
                     self.device_read_bytes_per_s / 1e9,
                     "device streaming-read roofline".into(),
@@ -312,16 +359,16 @@ mod tests {
     use super::timed_passes;
 
     #[test]
-    fn the_first_decode_pass_is_the_warm_up() {
-        let passes = [9.0, 1.0, 2.0, 3.0];
+    fn the_first_two_decode_passes_are_the_warm_up() {
+        let passes = [9.0, 8.0, 1.0, 2.0, 3.0];
         assert_eq!(timed_passes(&passes, 3).unwrap(), &[1.0, 2.0, 3.0]);
         assert_eq!(timed_passes(&passes, 2).unwrap(), &[1.0, 2.0]);
     }
 
     #[test]
     fn a_run_that_stopped_early_is_an_error() {
-        let err = timed_passes(&[9.0, 1.0], 3).unwrap_err().to_string();
-        assert!(err.contains("expected 4 decode passes"), "{err}");
+        let err = timed_passes(&[9.0, 8.0, 1.0], 3).unwrap_err().to_string();
+        assert!(err.contains("expected 5 decode passes"), "{err}");
         assert!(timed_passes(&[], 1).is_err());
     }
 }

@@ -66,6 +66,11 @@ pub struct DecodeArgs {
     /// Timed decode steps per batch size.
     #[arg(long, default_value_t = 16)]
     pub steps: usize,
+    /// Replayed passes (`on`, the default), eager ones (`off`, as
+    /// `DRAFTC_REPLAY=off`), or `both`: every batch size measured eagerly,
+    /// then replayed, in one run.
+    #[arg(long, default_value = "on", value_parser = ["on", "off", "both"])]
+    pub replay: String,
 }
 
 #[derive(Args, Clone)]
@@ -299,10 +304,16 @@ fn decode(
     dtype: PlanDType,
     args: &DecodeArgs,
 ) -> Result<(), String> {
+    let replay = match args.replay.as_str() {
+        "off" => vec![false],
+        "both" => vec![false, true],
+        _ => vec![true],
+    };
     let cfg = DecodeConfig {
         batches: args.common.batch.clone(),
         steps: args.steps,
         dtype,
+        replay,
     };
     let report = client.decode(model, &cfg, progress)?;
     print!("{}", report.table());
