@@ -19,9 +19,10 @@
 #   1. the GGUF reassembled and converted (f32 safetensors);
 #   2. the CUDA kernel tests (ops-* binaries, --features cuda-tests), one
 #      run per test module, 8 modules at a time on 2 threads each, 90 s;
-#   3. `draftc bench decode` in f16 and f32 at batch 1/4/16/64 with the
-#      measured counters (launches, flushes, reads, uploads, allocations,
-#      host µs per step), and f16 again with DRAFTC_FLUSH=launch (the old
+#   3. `draftc bench decode` in f16 (eager and replayed, `--replay both`)
+#      and f32 at batch 1/4/16/64 with the measured counters (launches,
+#      flushes, reads, uploads, allocations, host allocations, host µs per
+#      step), and f16 again with DRAFTC_FLUSH=launch (the old
 #      per-launch flush) beside it;
 #   4. `draftc bench spec` for the shipped Beagle at batch 1 and 16, budgets
 #      1 and 3 fixed and planned up to 3 (`--speculate fixed,auto`, issue 34: auto
@@ -221,8 +222,10 @@ bench)
   say "decode benches"
   for dt in f16 f32; do
     mkdir -p "$work/decode-$dt"
+    # f16: eager, then replayed (issue 56), each batch size in one run.
+    replay=on; [ $dt = f16 ] && replay=both
     timeout 90 draftc bench decode --backend cuda --dtype $dt --model "$m" --batch 1,4,16,64 --steps 32 \
-      --out "$work/decode-$dt" 2>"$work/decode-$dt/decode.err" >"$work/decode-$dt/decode.md" ||
+      --replay $replay --out "$work/decode-$dt" 2>"$work/decode-$dt/decode.err" >"$work/decode-$dt/decode.md" ||
       echo "decode $dt failed or timed out (exit $?): $(tail -3 "$work/decode-$dt/decode.err")"
     { echo; cat "$work/decode-$dt/decode.md"; } >>"$report"
   done
