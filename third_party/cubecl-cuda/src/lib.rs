@@ -8,6 +8,8 @@ mod runtime;
 
 pub use device::*;
 pub use runtime::*;
+/// draftc patch: CUDA stream capture (`CudaServer::begin_capture` ...).
+pub use compute::CudaGraphExec;
 
 #[cfg(feature = "ptx-wmma")]
 pub(crate) type WmmaCompiler = cubecl_cpp::cuda::mma::PtxWmmaCompiler;

@@ -47,6 +47,10 @@ use std::{
 
 pub(crate) const MB: usize = 1024 * 1024;
 
+// draftc patch: CUDA stream capture (draftc's third_party/README.md).
+mod graph;
+pub use graph::CudaGraphExec;
+
 #[derive(Debug)]
 pub struct CudaServer {
     ctx: CudaContext,
@@ -55,6 +59,8 @@ pub struct CudaServer {
     utilities: Arc<ServerUtilities<Self>>,
     comm_stream: *mut CUstream_st,
     communicators: HashMap<CommunicationId, *mut cudarc::nccl::sys::ncclComm>,
+    /// draftc patch: the stream under CUDA graph capture, if any.
+    capture: Option<graph::Capture>,
 }
 
 // SAFETY: `CudaServer` is only accessed from one thread at a time via the `DeviceHandle`,
@@ -96,6 +102,10 @@ impl ComputeServer for CudaServer {
         descriptors: Vec<CopyDescriptor>,
         stream_id: StreamId,
     ) -> DynFut<Result<Vec<Bytes>, ServerError>> {
+        // draftc patch: not under capture.
+        if let Err(err) = self.refuse_under_capture(stream_id, "a read") {
+            return Box::pin(async move { Err(err) });
+        }
         match self.command(
             stream_id,
             descriptors.iter().map(|d| &d.handle),
@@ -110,6 +120,13 @@ impl ComputeServer for CudaServer {
     }
 
     fn initialize_memory(&mut self, memory: ManagedMemoryHandle, size: u64, stream_id: StreamId) {
+        // draftc patch: not under capture (the error stays on the stream).
+        if self
+            .refuse_under_capture(stream_id, "an allocation")
+            .is_err()
+        {
+            return;
+        }
         let mut command = match self.command_no_inputs(
             stream_id,
             StreamErrorMode {
@@ -126,6 +143,10 @@ impl ComputeServer for CudaServer {
     }
 
     fn write(&mut self, descriptors: Vec<(CopyDescriptor, Bytes)>, stream_id: StreamId) {
+        // draftc patch: not under capture (the error stays on the stream).
+        if self.refuse_under_capture(stream_id, "a write").is_err() {
+            return;
+        }
         let mut command = match self.command(
             stream_id,
             descriptors.iter().map(|desc| &desc.0.handle),
@@ -164,6 +185,8 @@ impl ComputeServer for CudaServer {
     }
 
     fn flush(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
+        // draftc patch: not under capture.
+        self.refuse_under_capture(stream_id, "a flush")?;
         let mut command = self.command_no_inputs(
             stream_id,
             StreamErrorMode {
@@ -180,6 +203,10 @@ impl ComputeServer for CudaServer {
     }
 
     fn sync(&mut self, stream_id: StreamId) -> DynFut<Result<(), ServerError>> {
+        // draftc patch: not under capture.
+        if let Err(err) = self.refuse_under_capture(stream_id, "a sync") {
+            return Box::pin(async move { Err(err) });
+        }
         let command = self.command_no_inputs(
             stream_id,
             StreamErrorMode {
@@ -569,6 +596,7 @@ impl CudaServer {
             utilities: Arc::new(utilities),
             comm_stream,
             communicators: HashMap::default(),
+            capture: None,
         }
     }
 
@@ -645,6 +673,17 @@ impl CudaServer {
             .compilation_options
             .supports_features
             .grid_constants;
+        // draftc patch: a launch under capture must replay as captured.
+        if self.capture.is_some() {
+            self.check_capturable_launch(
+                stream_id,
+                kernel.name(),
+                &kernel_id,
+                &count,
+                &bindings,
+                grid_constants,
+            )?;
+        }
         let mut command = self.command(
             stream_id,
             bindings.buffers.iter(),
