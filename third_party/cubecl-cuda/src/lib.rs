@@ -8,6 +8,7 @@ mod runtime;
 
 pub use device::*;
 pub use runtime::*;
+
 /// draftc patch: CUDA stream capture (`CudaServer::begin_capture` ...).
 pub use compute::CudaGraphExec;
 

@@ -131,7 +131,10 @@ impl CudaServer {
         let sys = self.stream_sys(stream_id)?;
         // SAFETY: `sys` is a live stream of this server, its context current.
         unsafe {
-            cuStreamBeginCapture_v2(sys, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            cuStreamBeginCapture_v2(
+                sys,
+                CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
         }
         .result()
         .map_err(|err| capture_error(format!("cuStreamBeginCapture failed: {err:?}")))?;
