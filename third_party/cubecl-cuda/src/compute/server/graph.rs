@@ -28,6 +28,8 @@ use std::ptr::null_mut;
 pub(super) struct Capture {
     stream_id: StreamId,
     sys: CUstream,
+    /// The first request refused under this capture, if any.
+    refused: Option<String>,
 }
 
 /// draftc patch: a captured, instantiated CUDA graph (the graph and its
@@ -138,7 +140,11 @@ impl CudaServer {
         }
         .result()
         .map_err(|err| capture_error(format!("cuStreamBeginCapture failed: {err:?}")))?;
-        self.capture = Some(Capture { stream_id, sys });
+        self.capture = Some(Capture {
+            stream_id,
+            sys,
+            refused: None,
+        });
         Ok(())
     }
 
@@ -260,9 +266,11 @@ impl CudaServer {
         if !self.under_capture(stream_id) {
             return Ok(());
         }
-        let err = capture_error(format!(
-            "{what} can't be captured in a CUDA graph (only kernel launches can)"
-        ));
+        let reason = format!("{what} can't be captured in a CUDA graph (only kernel launches can)");
+        if let Some(capture) = &mut self.capture {
+            capture.refused.get_or_insert_with(|| reason.clone());
+        }
+        let err = capture_error(reason);
         if let Ok(mut streams) = self.streams.resolve(stream_id, [].into_iter(), false) {
             streams.current().errors.push(err.clone());
         }
@@ -270,7 +278,10 @@ impl CudaServer {
     }
 
     /// draftc patch hook: fails if a launch on the stream under capture
-    /// would not replay as captured (the returned error fails the capture).
+    /// would not replay as captured (the returned error fails the capture),
+    /// or once a request was refused under this capture: a refused
+    /// allocation leaves its handle without memory, which cubecl's stream
+    /// resolution would not survive.
     pub(super) fn check_capturable_launch(
         &mut self,
         stream_id: StreamId,
@@ -282,6 +293,12 @@ impl CudaServer {
     ) -> Result<(), ServerError> {
         if !self.under_capture(stream_id) {
             return Ok(());
+        }
+        let refused = self.capture.as_ref().and_then(|c| c.refused.clone());
+        if let Some(refused) = refused {
+            return Err(capture_error(format!(
+                "the launch of {name} was not captured: the capture already failed ({refused})"
+            )));
         }
         let info = &bindings.info;
         let uploads_info = if grid_constants {
