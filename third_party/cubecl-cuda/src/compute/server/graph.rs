@@ -117,11 +117,13 @@ impl CudaServer {
     /// Flushes the stream first (as [`ComputeServer::flush`]: fails if the
     /// stream holds errors; frees pending deallocations and rotates the
     /// staged host memory), so neither happens inside the capture. The
-    /// capture mode is thread-local: the driver refuses unsafe calls
-    /// (synchronous allocations, pinned host allocations, synchronous
-    /// copies) made by this server's thread, where every call of this
-    /// server is made, and leaves other threads alone. One capture at a
-    /// time per server; end it with [`Self::end_capture`].
+    /// capture mode is relaxed: every stream of this device is driven from
+    /// this server's one thread, and the stricter modes would make the
+    /// driver refuse other streams' ordinary work on it during the capture
+    /// (pinned host or synchronous allocations); what the capture stream
+    /// itself may do is policed by this patch's hooks and by `end_capture`
+    /// accepting kernel nodes only. One capture at a time per server; end
+    /// it with [`Self::end_capture`].
     pub fn begin_capture(&mut self, stream_id: StreamId) -> Result<(), ServerError> {
         if let Some(open) = &self.capture {
             return Err(capture_error(format!(
@@ -133,10 +135,7 @@ impl CudaServer {
         let sys = self.stream_sys(stream_id)?;
         // SAFETY: `sys` is a live stream of this server, its context current.
         unsafe {
-            cuStreamBeginCapture_v2(
-                sys,
-                CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            )
+            cuStreamBeginCapture_v2(sys, CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
         }
         .result()
         .map_err(|err| capture_error(format!("cuStreamBeginCapture failed: {err:?}")))?;
