@@ -29,7 +29,7 @@ use std::time::Instant;
 /// Device requests made by one thread (monotonic; subtract two snapshots).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Counts {
-    /// Kernel launches (one per `finish`).
+    /// Kernel launches (one per `finish`; a CUDA graph launch counts one).
     pub launches: u64,
     /// Flushes / submissions of queued work.
     pub flushes: u64,

@@ -50,11 +50,14 @@
 //! fused prologue/epilogue), [`rope`], [`elementwise`], [`embedding`],
 //! [`softmax`], [`argmax_topk`], [`sampling`], [`layer_sum`]. Measurement:
 //! [`probe`] (the device's streaming-read roofline), [`counters`] (what the
-//! host asks of the device, per thread).
+//! host asks of the device, per thread). CUDA only: `cuda_graph` (capture launches
+//! once, replay them with one driver call).
 
 pub mod attention;
 pub mod block;
 pub mod counters;
+#[cfg(feature = "cuda")]
+pub mod cuda_graph;
 pub mod error;
 pub mod kept;
 pub mod kv;

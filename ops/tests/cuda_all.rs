@@ -13,6 +13,9 @@ mod argmax_topk;
 #[path = "attention.rs"]
 mod attention;
 #[cfg(feature = "cuda-tests")]
+#[path = "cuda_graph.rs"]
+mod cuda_graph;
+#[cfg(feature = "cuda-tests")]
 #[path = "elementwise.rs"]
 mod elementwise;
 #[cfg(feature = "cuda-tests")]
