@@ -40,6 +40,9 @@ mod linear_rope;
 #[path = "probe.rs"]
 mod probe;
 #[cfg(feature = "cuda-tests")]
+#[path = "replay.rs"]
+mod replay;
+#[cfg(feature = "cuda-tests")]
 #[path = "rms_norm.rs"]
 mod rms_norm;
 #[cfg(feature = "cuda-tests")]
