@@ -75,6 +75,9 @@ pub struct Recording<R: Runtime> {
     launches: Vec<RecordedLaunch<R>>,
     kept: Vec<KeptRef>,
     writes: Vec<(KeptRef, usize)>,
+    /// The launches captured as a CUDA graph ([`Recording::capture_graph`]):
+    /// a `cuda_graph::CudaGraph` where the runtime is CUDA.
+    graph: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// Whether a capture window lets its pass flush.
@@ -125,6 +128,7 @@ pub fn record<R: Runtime, T>(
             launches,
             kept,
             writes,
+            graph: None,
         }),
     };
     (out, recording)
@@ -149,6 +153,47 @@ fn forbidden(d: &Counts, writes: u64) -> Option<NotReplayable> {
 }
 
 impl<R: Runtime> Recording<R> {
+    /// Captures the recorded launches as one device graph where the
+    /// runtime has them (CUDA: `cuda_graph::capture` around a replay of the
+    /// launches; they do not run now), so that [`Recording::replay`] issues
+    /// them with one driver call. `Ok(false)`: this runtime has no graphs.
+    /// `Err`: why the capture failed; the recording still replays launch by
+    /// launch.
+    pub fn capture_graph(
+        &mut self,
+        client: &ComputeClient<R>,
+    ) -> std::result::Result<bool, String> {
+        #[cfg(feature = "cuda")]
+        {
+            use cubecl::cuda::CudaRuntime;
+            use std::any::Any;
+            let any: &dyn Any = client;
+            let launches: &dyn Any = &self.launches;
+            if let (Some(c), Some(l)) = (
+                any.downcast_ref::<ComputeClient<CudaRuntime>>(),
+                launches.downcast_ref::<Vec<RecordedLaunch<CudaRuntime>>>(),
+            ) {
+                let g = crate::cuda_graph::capture(c, || {
+                    c.replay(l);
+                    for _ in l {
+                        crate::counters::launch();
+                    }
+                    Ok(())
+                })
+                .map_err(|e| e.to_string())?;
+                self.graph = Some(Box::new(g));
+                return Ok(true);
+            }
+        }
+        let _ = client;
+        Ok(false)
+    }
+
+    /// Whether the launches replay as one captured graph.
+    pub fn has_graph(&self) -> bool {
+        self.graph.is_some()
+    }
+
     /// Launches recorded.
     pub fn launches(&self) -> usize {
         self.launches.len()
@@ -263,6 +308,19 @@ impl<R: Runtime> Recording<R> {
                 h.offset_end((class - bytes) as u64),
                 cubecl::bytes::Bytes::from_bytes_vec(d),
             );
+        }
+        #[cfg(feature = "cuda")]
+        if let Some(g) = &self.graph {
+            use cubecl::cuda::CudaRuntime;
+            use std::any::Any;
+            let any: &dyn Any = client;
+            if let (Some(c), Some(g)) = (
+                any.downcast_ref::<ComputeClient<CudaRuntime>>(),
+                g.downcast_ref::<crate::cuda_graph::CudaGraph>(),
+            ) {
+                g.launch(c)?;
+                return crate::launch::flush(client, "replayed graph");
+            }
         }
         if flush_each {
             // As an eager launch ends: flushed unless the thread defers.

@@ -103,3 +103,27 @@ fn a_new_key_split_is_recorded_again() {
     let replayed = check(1, 250, 14, 300, true);
     assert!(replayed >= 8, "{replayed} replayed");
 }
+
+/// `draftc bench replay`'s check on the tiny target: decode steps and
+/// repeated tree verifications, replayed, equal to eager ones bit for bit
+/// (the tree passes replay too: their mask bits ride in the one upload).
+#[test]
+fn the_bench_check_replays_decode_and_tree_verification() {
+    use draftc_runtime::bench::replay::{check_replay, table};
+    for gpu in [false, true] {
+        for b in [1, 3] {
+            let mut eager = model(b, 48, gpu, false);
+            let mut fast = model(b, 48, gpu, true);
+            let prompts: Vec<Vec<u32>> = (0..b)
+                .map(|s| (0..4 + s as u32).map(|i| (i * 5 + s as u32) % 20).collect())
+                .collect();
+            let checks = check_replay(&mut eager, &mut fast, &prompts, 6).unwrap();
+            eprintln!("{}", table("lavapipe", &checks));
+            assert_eq!(checks.len(), 2);
+            for c in &checks {
+                assert_eq!(c.first_difference, None, "{c:?}");
+                assert!(c.replayed >= 3, "batch {b} gpu {gpu}: {c:?}");
+            }
+        }
+    }
+}

@@ -6,6 +6,7 @@
 //! | `against_baseline.rs` | `draftc generate`'s speedup: alternated speculative and autoregressive runs, medians, paired speedups |
 //! | `prompts.rs` | the fixed prompt set (chat, code, summarisation with copying, math) |
 //! | `decode.rs` | autoregressive decode tokens/s per batch size, bytes per token, fraction of the rooflines |
+//! | `replay.rs` | replayed target passes (decode, tree verify) against eager ones, bit for bit |
 //! | `speculative.rs` | drafters × batch sizes × budgets: τ, k, κ, tokens/s, speedup over autoregressive, acceptance per draft position |
 //!
 //! Long runs show progress on stderr ([`Progress`]); timings are wall
@@ -14,6 +15,7 @@
 pub mod against_baseline;
 pub mod decode;
 pub mod prompts;
+pub mod replay;
 pub mod speculative;
 
 use std::io::IsTerminal;

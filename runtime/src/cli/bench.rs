@@ -1,4 +1,4 @@
-//! `draftc bench decode|spec`: the benchmarks of [`crate::bench`] on the
+//! `draftc bench decode|spec|replay`: the benchmarks of [`crate::bench`] on the
 //! default (or `--model`) target. Each prints a markdown table on stdout and
 //! writes `<name>.json` and `<name>.svg` under `--out`; progress goes to
 //! stderr. `--backend cuda` needs a build with the `cuda` feature.
@@ -33,6 +33,18 @@ pub enum BenchKind {
     /// Speculative vs autoregressive decoding: τ, k, κ, tokens/s, speedup,
     /// acceptance by depth, per drafter × batch size × budget.
     Spec(Box<SpecArgs>),
+    /// Replayed target passes (decode steps, tree verifications) against
+    /// eager ones, bit for bit, per batch size; exit 1 if any differs.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args, Clone)]
+pub struct ReplayArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    /// Decode steps, and tree verifications, per batch size.
+    #[arg(long, default_value_t = 8)]
+    pub steps: usize,
 }
 
 /// Options every benchmark has.
@@ -178,6 +190,7 @@ fn default_drafters(weights: &str) -> Vec<String> {
 pub fn run(args: BenchArgs) -> ExitCode {
     let got = match &args.which {
         BenchKind::Decode(a) => with_backend(&a.common, |c, m, p, d| decode(c, m, p, d, a)),
+        BenchKind::Replay(a) => with_backend(&a.common, |c, m, p, d| replay(c, m, p, d, a)),
         // Flags and prompts are checked before the model is loaded: bad
         // ones fail fast.
         BenchKind::Spec(a) => check_spec_args(a)
@@ -225,6 +238,13 @@ pub trait AnyClient {
         cfg: &SpecConfig,
         progress: &Progress,
     ) -> Result<crate::bench::speculative::SpecReport, String>;
+    fn replay(
+        &self,
+        model: &ConvertedModel,
+        args: &ReplayArgs,
+        dtype: PlanDType,
+        progress: &Progress,
+    ) -> Result<String, String>;
     /// The device class (the key of tuned settings).
     fn class(&self) -> draftc_codegen::DeviceClass;
 }
@@ -250,9 +270,48 @@ impl<R: Runtime> AnyClient for Client<R> {
         run_spec(&self.0, model, cfg, progress)
     }
 
+    fn replay(
+        &self,
+        model: &ConvertedModel,
+        args: &ReplayArgs,
+        dtype: PlanDType,
+        progress: &Progress,
+    ) -> Result<String, String> {
+        use crate::bench::replay::{run_replay, table};
+        let checks = run_replay(
+            &self.0,
+            model,
+            &args.common.batch,
+            args.steps,
+            dtype,
+            progress,
+        )
+        .map_err(|e| e.to_string())?;
+        let device = crate::bench::device_name(&self.0);
+        print!("{}", table(&device, &checks));
+        save_json(&args.common.out, "replay", &checks)?;
+        match checks.iter().find(|c| c.first_difference.is_some()) {
+            Some(c) => Err(format!(
+                "replayed {} passes at batch {} differ from the eager ones",
+                c.pass, c.batch
+            )),
+            None => Ok(device),
+        }
+    }
+
     fn class(&self) -> draftc_codegen::DeviceClass {
         crate::device::profile(&self.0).class
     }
+}
+
+fn replay(
+    client: &dyn AnyClient,
+    model: &ConvertedModel,
+    progress: &Progress,
+    dtype: PlanDType,
+    args: &ReplayArgs,
+) -> Result<(), String> {
+    client.replay(model, args, dtype, progress).map(|_| ())
 }
 
 /// Opens the model and the backend's client, then runs `body`.
@@ -432,12 +491,18 @@ fn save<T: Serialize>(
     report: &T,
     svg: impl FnOnce(&Path) -> Result<(), String>,
 ) -> Result<(), String> {
-    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let json = out.join(format!("{name}.json"));
-    let text = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
-    std::fs::write(&json, text).map_err(|e| format!("{}: {e}", json.display()))?;
+    let json = save_json(out, name, report)?;
     let plot = out.join(format!("{name}.svg"));
     svg(&plot)?;
     eprintln!("wrote {} and {}", json.display(), plot.display());
     Ok(())
+}
+
+/// Writes `<out>/<name>.json`; its path.
+fn save_json<T: Serialize>(out: &Path, name: &str, report: &T) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let json = out.join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+    std::fs::write(&json, text).map_err(|e| format!("{}: {e}", json.display()))?;
+    Ok(json)
 }

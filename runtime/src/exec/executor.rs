@@ -434,7 +434,7 @@ impl<R: Runtime> Executor<R> {
                     .map(|t| t.handle.memory_id())
                     .collect();
                 self.replays
-                    .keep(key, mask, rec, &out, step, caches, &before, owned);
+                    .keep(&client, key, mask, rec, &out, step, caches, &before, owned);
             }
             Err(e) => self.replays.refusal = Some(e.to_string()),
         }
@@ -449,6 +449,12 @@ impl<R: Runtime> Executor<R> {
             self.replays.recorded,
             self.replays.refusal.as_deref(),
         )
+    }
+
+    /// Device graphs captured so far (CUDA), and why the last capture
+    /// failed.
+    pub fn graph_stats(&self) -> (u64, Option<&str>) {
+        (self.replays.graphs, self.replays.graph_refusal.as_deref())
     }
 
     /// Turns replay on or off for this executor (on unless

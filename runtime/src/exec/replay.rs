@@ -25,6 +25,11 @@
 //! caller's inputs, the executor's weights or RoPE tables, or the cache
 //! halves, which the key pins by identity; otherwise it is not replayed.
 //!
+//! On CUDA a key's recording is captured as one CUDA graph when the key
+//! settles (`Recording::capture_graph`), so a replay is one driver call; a
+//! capture that fails is logged once and the key replays launch by launch.
+//! `DRAFTC_GRAPHS=off` keeps every replay launch by launch.
+//!
 //! `DRAFTC_REPLAY=off` runs every pass eagerly.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -47,6 +52,16 @@ pub const ENV: &str = "DRAFTC_REPLAY";
 /// Whether passes replay: on unless `DRAFTC_REPLAY=off`.
 pub(super) fn enabled() -> bool {
     std::env::var(ENV).map_or(true, |v| v != "off")
+}
+
+/// The environment variable that keeps replays launch by launch on CUDA
+/// (`off`): no graph is captured.
+pub const GRAPHS_ENV: &str = "DRAFTC_GRAPHS";
+
+/// Whether a stable recording is captured as a device graph where the
+/// runtime has them (CUDA): on unless `DRAFTC_GRAPHS=off`.
+fn graphs_enabled() -> bool {
+    std::env::var(GRAPHS_ENV).map_or(true, |v| v != "off")
 }
 
 /// What fixes a replayable pass's launches.
@@ -159,6 +174,9 @@ pub(super) struct Replays<R: Runtime> {
     pub(super) recorded: u64,
     /// Why the last recorded pass cannot be replayed (`None`: it can).
     pub(super) refusal: Option<String>,
+    /// Graphs captured, and why the last capture failed.
+    pub(super) graphs: u64,
+    pub(super) graph_refusal: Option<String>,
 }
 
 impl<R: Runtime> Replays<R> {
@@ -169,6 +187,8 @@ impl<R: Runtime> Replays<R> {
             replayed: 0,
             recorded: 0,
             refusal: None,
+            graphs: 0,
+            graph_refusal: None,
         }
     }
 
@@ -243,6 +263,7 @@ impl<R: Runtime> Replays<R> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn keep(
         &mut self,
+        client: &ComputeClient<R>,
         key: PassKey,
         mask: Option<Mask>,
         rec: Recording<R>,
@@ -259,6 +280,22 @@ impl<R: Runtime> Replays<R> {
                 self.refusal = None;
                 let list = self.entries.entry(key).or_default();
                 if let Some(old) = list.iter_mut().find(|o| o.rec.same_as(&new.rec)) {
+                    if !old.stable && graphs_enabled() {
+                        // One graph per key, captured when the key settles.
+                        match old.rec.capture_graph(client) {
+                            Ok(true) => self.graphs += 1,
+                            Ok(false) => {}
+                            Err(why) => {
+                                if self.graph_refusal.is_none() {
+                                    eprintln!(
+                                        "draftc: a pass was not captured as a CUDA graph ({why}); \
+                                         it replays launch by launch"
+                                    );
+                                }
+                                self.graph_refusal = Some(why);
+                            }
+                        }
+                    }
                     old.stable = true;
                     return;
                 }
