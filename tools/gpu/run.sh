@@ -40,8 +40,10 @@
 #      (DRAFTC_TREE_PICKS=device; the host picks them by default), up to 40 s;
 #   7. compute-sanitizer memcheck, one run per kernel test module (attention
 #      and the KV ops first) while the time lasts; the report says which ran.
-# CUDA-graph replay is not built yet (issue 31 item 6), so there is no
-# graphs-on/off pair; the flush-policy pair is the host-overhead A/B.
+# Before the kernel tests, `draftc bench replay` checks replayed passes (CUDA
+# graphs) against eager ones bit for bit (issue 56); the decode stage
+# measures f16 eager and replayed in one run, and replayed without graphs
+# (DRAFTC_GRAPHS=off) beside the flush-policy pair.
 #
 # What comes back in $OUT: report.md (every table), bench.tar.xz (logs,
 # JSON, SVG). STAGE is a directory outside the repository that survives
@@ -214,6 +216,15 @@ bench)
   model >"$work/model.log" 2>&1 || { say "MODEL FAILED"; cat "$work/model.log"; exit 3; }
   m="$stage/model/f32"
 
+  say "replay check (up to 60 s)"
+  # Issue 56: replayed passes (CUDA graphs) against eager ones, bit for bit,
+  # decode steps and tree verifications at batch 1, 16 and 64.
+  mkdir -p "$work/replay"
+  timeout 60 draftc bench replay --backend cuda --dtype f16 --model "$m" --batch 1,16,64 --steps 8 \
+    --out "$work/replay" 2>"$work/replay/replay.err" >"$work/replay/replay.md" ||
+    echo "replay check failed or timed out (exit $?): $(tail -3 "$work/replay/replay.err")"
+  { echo; cat "$work/replay/replay.md"; } | tee -a "$report"
+
   say "kernel tests (up to 90 s)"
   mkdir -p "$work/tests"
   { echo; echo "## CUDA kernel tests"; echo; echo '```'; tests "$work/tests" $(($(date +%s) + 90)); echo '```'; } |
@@ -235,6 +246,12 @@ bench)
     >"$work/decode-f16-flush-launch/decode.md" || echo "decode (flush per launch) failed (exit $?)"
   { echo; echo "### f16 with DRAFTC_FLUSH=launch (a flush after every launch, the policy before issue 31)";
     cat "$work/decode-f16-flush-launch/decode.md"; } >>"$report"
+  mkdir -p "$work/decode-f16-no-graphs"
+  DRAFTC_GRAPHS=off timeout 60 draftc bench decode --backend cuda --dtype f16 --model "$m" --batch 1,64 --steps 32 \
+    --out "$work/decode-f16-no-graphs" 2>"$work/decode-f16-no-graphs/decode.err" \
+    >"$work/decode-f16-no-graphs/decode.md" || echo "decode (no graphs) failed (exit $?)"
+  { echo; echo "### f16 with DRAFTC_GRAPHS=off (replayed launch by launch, no CUDA graph)";
+    cat "$work/decode-f16-no-graphs/decode.md"; } >>"$report"
   cat "$work"/decode-*/decode.md
 
   say "speculative bench (up to 90 s)"

@@ -220,7 +220,7 @@ impl<R: Runtime> Replays<R> {
             names.iter().all(|c| caches.len(c, s.slot) == l)
         });
         let writes = e.rec.writes().len();
-        if !same || (writes > 0) != !names.is_empty() || writes > 1 {
+        if !same || (writes > 0) == names.is_empty() || writes > 1 {
             return None;
         }
         let out = (|| {
