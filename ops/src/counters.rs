@@ -17,13 +17,12 @@
 //! running in parallel do not see each other's work. Take a [`snapshot`]
 //! before and after the work and subtract ([`Counts::since`]).
 //!
-//! One count is not per thread and not of the device: host heap
-//! allocations ([`Counts::heap`]), counted by [`CountingAlloc`] when the
+//! One count is not of the device: host heap allocations
+//! ([`Counts::heap`]), counted per thread by [`CountingAlloc`] when the
 //! binary installs it as its global allocator (`draftc` does).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 /// Device requests made by one thread (monotonic; subtract two snapshots).
@@ -43,8 +42,9 @@ pub struct Counts {
     /// Wall seconds the host spent inside reads and flushes, waiting for
     /// the device or its runner thread.
     pub blocked_s: f64,
-    /// Host heap allocations, all threads ([`CountingAlloc`]; 0 where the
-    /// binary does not install it).
+    /// Host heap allocations made on this thread ([`CountingAlloc`]; 0
+    /// where the binary does not install it): the host work of issuing
+    /// passes, not the device runner's or the driver's threads.
     pub heap: u64,
 }
 
@@ -93,24 +93,33 @@ thread_local! {
 /// This thread's counts so far.
 pub fn snapshot() -> Counts {
     let mut c = COUNTS.with(Cell::get);
-    c.heap = HEAP.load(Ordering::Relaxed);
+    c.heap = HEAP.with(Cell::get);
     c
 }
 
-/// Host heap allocations so far (every thread), counted by [`CountingAlloc`].
-static HEAP: AtomicU64 = AtomicU64::new(0);
+thread_local! {
+    /// This thread's host heap allocations, counted by [`CountingAlloc`]
+    /// (const-initialised, no destructor: safe to touch from an allocator).
+    static HEAP: Cell<u64> = const { Cell::new(0) };
+}
 
-/// The system allocator, counting allocations (not frees) for
-/// [`Counts::heap`]: what a decode step or a replayed pass costs the host
+/// Counts one heap allocation on this thread.
+fn heap_alloc() {
+    // `try_with`: a thread being torn down no longer counts.
+    let _ = HEAP.try_with(|h| h.set(h.get() + 1));
+}
+
+/// The system allocator, counting each thread's allocations (not frees)
+/// for [`Counts::heap`]: what a decode step or a replayed pass costs the host
 /// in allocations. A binary installs it with
 /// `#[global_allocator] static A: CountingAlloc = CountingAlloc;`.
 pub struct CountingAlloc;
 
-// SAFETY: forwards every call to `System` unchanged; the counter is an
-// atomic add that neither allocates nor panics.
+// SAFETY: forwards every call to `System` unchanged; the counter is a
+// const-initialised thread-local cell that neither allocates nor panics.
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        HEAP.fetch_add(1, Ordering::Relaxed);
+        heap_alloc();
         // SAFETY: the caller's contract is `System`'s.
         unsafe { System.alloc(layout) }
     }
@@ -121,13 +130,13 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        HEAP.fetch_add(1, Ordering::Relaxed);
+        heap_alloc();
         // SAFETY: as above.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        HEAP.fetch_add(1, Ordering::Relaxed);
+        heap_alloc();
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }

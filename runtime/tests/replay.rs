@@ -127,3 +127,49 @@ fn the_bench_check_replays_decode_and_tree_verification() {
         }
     }
 }
+
+/// Speculative rounds replay their verification pass (a chain of the same
+/// rows every round) and give the tokens they give eagerly.
+#[test]
+fn speculative_rounds_replay_their_verification() {
+    use draftc_runtime::engine::{generate_speculative, Sampling};
+    for (name, tree, budget) in [("beagle", Some("chain"), 3), ("specformer", None, 4)] {
+        for b in [1, 3] {
+            let mut tokens = Vec::new();
+            let mut stats = Vec::new();
+            for replay in [false, true] {
+                let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
+                t.exec.set_replay(replay);
+                let run = generate_speculative(
+                    &mut t,
+                    d.as_mut(),
+                    &prompts(b),
+                    24,
+                    &Sampling::GREEDY,
+                    budget,
+                    None,
+                    &mut |_, _| {},
+                )
+                .unwrap();
+                tokens.push(run.tokens);
+                let (replayed, recorded, why) = t.exec.replay_stats();
+                stats.push((
+                    run.stats.rounds,
+                    replayed,
+                    recorded,
+                    why.map(str::to_string),
+                ));
+            }
+            eprintln!("{name} batch {b}: (rounds, replayed, recorded, refusal) {stats:?}");
+            assert_eq!(
+                tokens[0], tokens[1],
+                "{name} batch {b}: replay changed the tokens"
+            );
+            assert_eq!(stats[0].1, 0);
+            assert!(
+                stats[1].1 > 0,
+                "{name} batch {b}: nothing replayed: {stats:?}"
+            );
+        }
+    }
+}

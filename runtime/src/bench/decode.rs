@@ -76,8 +76,8 @@ pub struct DecodePoint {
     pub reads_per_step: f64,
     pub uploads_per_step: f64,
     pub allocations_per_step: f64,
-    /// Host heap allocations per step, every thread (`draftc`'s counting
-    /// allocator; 0 in a binary without it).
+    /// Host heap allocations per step on the thread that issues the passes
+    /// (`draftc`'s counting allocator; 0 in a binary without it).
     pub heap_allocations_per_step: f64,
     /// Host microseconds per step: the step's wall time less the time the
     /// host was blocked in reads and flushes (waiting for the device).

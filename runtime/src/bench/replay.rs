@@ -1,7 +1,8 @@
 //! `draftc bench replay`: replayed target passes against eager ones, bit
 //! for bit (issue 56). Two copies of the target run the same passes, one
 //! eagerly (`Executor::set_replay(false)`), one replaying (and, on CUDA,
-//! launching its captured graphs): a prefill, then decode steps fed the
+//! launching its captured graphs): a prefill pass a prompt, then decode
+//! steps fed the
 //! eager copy's greedy choices, then repeated tree verifications (four rows
 //! a sequence, two branches, truncated after each pass as a rejected draft
 //! is). Every pass's logits must be equal bit for bit. On a GPU this is the
@@ -18,13 +19,15 @@ use crate::exec::{SeqStep, Step};
 #[derive(Clone, Debug, Serialize)]
 pub struct ReplayCheck {
     pub batch: usize,
-    /// `decode` or `tree verify`.
+    /// `prefill + decode` (a prefill pass a prompt, then the decode steps)
+    /// or `tree verify`.
     pub pass: &'static str,
     pub passes: usize,
     /// Passes the replaying copy replayed, and graphs it captured.
     pub replayed: u64,
     pub graphs: u64,
-    /// The first pass whose logits differ (`None`: all equal).
+    /// The first pass (in order, from 0) whose logits differ (`None`: all
+    /// equal).
     pub first_difference: Option<usize>,
     /// Why the replaying copy's last recording or graph capture was
     /// refused, if one was.
@@ -80,14 +83,21 @@ pub fn check_replay<R: Runtime>(
     }
     let vocab = eager.vocab;
     let lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let step = Step {
-        seqs: (0..b).map(|s| SeqStep::chain(s, 0, lens[s])).collect(),
-        ..Default::default()
-    };
-    let ids: Vec<u32> = prompts.concat();
-    let a = logits(eager, &step, &ids)?;
-    let mut first = (a != logits(fast, &step, &ids)?).then_some(0);
-    let mut next = greedy(&a, vocab, &lens);
+    // One prefill pass a prompt (a whole batch's prompt rows of logits
+    // would pass a device's binding limit).
+    let mut first = None;
+    let mut next = Vec::with_capacity(b);
+    for (s, p) in prompts.iter().enumerate() {
+        let step = Step {
+            seqs: vec![SeqStep::chain(s, 0, p.len())],
+            ..Default::default()
+        };
+        let a = logits(eager, &step, p)?;
+        if first.is_none() && a != logits(fast, &step, p)? {
+            first = Some(s);
+        }
+        next.extend(greedy(&a, vocab, &[p.len()]));
+    }
     let mut out = Vec::new();
     let (replayed0, graphs0) = (fast.exec.replay_stats().0, fast.exec.graph_stats().0);
     for k in 0..steps {
@@ -99,15 +109,15 @@ pub fn check_replay<R: Runtime>(
         };
         let a = logits(eager, &step, &next)?;
         if first.is_none() && a != logits(fast, &step, &next)? {
-            first = Some(k + 1);
+            first = Some(b + k);
         }
         next = greedy(&a, vocab, &vec![1; b]);
     }
     out.push(summary(
         fast,
         b,
-        "decode",
-        steps + 1,
+        "prefill + decode",
+        b + steps,
         first,
         replayed0,
         graphs0,
