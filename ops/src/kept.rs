@@ -92,6 +92,14 @@ pub fn is_free(r: &KeptRef) -> bool {
     })
 }
 
+/// Whether nothing holds kept buffer `h` but the pool and `pins` holders
+/// that set it aside (a recording that pins its buffers, `crate::replay`).
+pub fn free_but_for(h: &Handle, pins: usize) -> bool {
+    // `can_mut`'s rule (two handles: the pool's and the memory manager's)
+    // with the pins added.
+    h.holders() <= 2 + pins
+}
+
 /// A buffer of exactly `bytes` (a view of a kept buffer of `bytes`' class
 /// that nothing else holds, or of a new one that is kept and counted as an
 /// allocation), or `None` when `bytes` is over [`MAX_KEPT_BYTES`].

@@ -78,6 +78,8 @@ pub struct Recording<R: Runtime> {
     /// The launches captured as a CUDA graph ([`Recording::capture_graph`]):
     /// a `cuda_graph::CudaGraph` where the runtime is CUDA.
     graph: Option<Box<dyn std::any::Any + Send>>,
+    /// The kept buffers, held once [`Recording::pin`] set them aside.
+    pins: Vec<Handle>,
 }
 
 /// Whether a capture window lets its pass flush.
@@ -129,6 +131,7 @@ pub fn record<R: Runtime, T>(
             kept,
             writes,
             graph: None,
+            pins: Vec::new(),
         }),
     };
     (out, recording)
@@ -214,10 +217,25 @@ impl<R: Runtime> Recording<R> {
         &self.writes
     }
 
-    /// Whether nothing but the pool holds any of its kept buffers (a
-    /// [`Recording::replay`] now would not be refused as busy).
+    /// Sets the recording's kept buffers aside for it: the pool hands them
+    /// to no one else while the recording lives, so other passes cannot be
+    /// holding them when it replays (a drafter keeping a verification's
+    /// hidden states, the engine its logits). Other passes make their own.
+    pub fn pin(&mut self) {
+        if self.pins.is_empty() {
+            self.pins = self.kept.iter().filter_map(kept::handle).collect();
+        }
+    }
+
+    /// Whether nothing but the pool (and the recording's pin) holds any of
+    /// its kept buffers (a [`Recording::replay`] now would not be refused as
+    /// busy).
     pub fn ready(&self) -> bool {
-        self.kept.iter().all(kept::is_free)
+        if self.pins.is_empty() {
+            self.kept.iter().all(kept::is_free)
+        } else {
+            self.pins.iter().all(|h| kept::free_but_for(h, 1))
+        }
     }
 
     /// Every buffer a launch binds, by memory id (`Handle::memory_id`).
@@ -244,6 +262,43 @@ impl<R: Runtime> Recording<R> {
                 .zip(&other.launches)
                 .all(|(a, b)| a.same_as(b))
             && self.writes == other.writes
+    }
+
+    /// Whether `other` recorded the same launches up to which kept buffers
+    /// they use: kernels, grids, scalars, offsets and sizes equal, every
+    /// other buffer the same, and kept buffers used in the same pattern (a
+    /// recording of the pass that took other free buffers).
+    pub fn same_structure(&self, other: &Self) -> bool {
+        let roles = |r: &Self| -> Vec<usize> {
+            let kept = r.kept_ids();
+            let mut seen: Vec<usize> = Vec::new();
+            r.launches
+                .iter()
+                .flat_map(|l| l.buffer_ids())
+                .map(|id| {
+                    if !kept.contains(&id) {
+                        return id;
+                    }
+                    let i = seen.iter().position(|&s| s == id).unwrap_or_else(|| {
+                        seen.push(id);
+                        seen.len() - 1
+                    });
+                    usize::MAX - i
+                })
+                .collect()
+        };
+        self.launches.len() == other.launches.len()
+            && self
+                .launches
+                .iter()
+                .zip(&other.launches)
+                .all(|(a, b)| a.same_but_buffers(b))
+            && self
+                .writes
+                .iter()
+                .map(|w| w.1)
+                .eq(other.writes.iter().map(|w| w.1))
+            && roles(self) == roles(other)
     }
 
     /// The first launch (index, and both kernels' names) where `other`
@@ -286,9 +341,10 @@ impl<R: Runtime> Recording<R> {
                 });
             }
         }
-        if !self.kept.iter().all(kept::is_free) {
+        if !self.ready() {
             return Err(ReplayError::Busy);
         }
+        // Held while the pass is issued (a pinned recording holds them).
         let held: Vec<Handle> = self.kept.iter().filter_map(kept::handle).collect();
         if held.len() != self.kept.len() {
             return Err(ReplayError::Busy);

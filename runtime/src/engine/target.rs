@@ -182,9 +182,32 @@ impl<R: Runtime> TargetModel<R> {
 
     /// One pass: `ids` packed in step order.
     pub fn forward(&mut self, step: &Step, ids: &[u32]) -> Result<Outputs<R>, EngineError> {
-        // Checked in `forward_on_device` (the upload itself checks nothing).
-        let t = DeviceTensor::upload_u32(self.client(), ids, &[ids.len()])?;
-        self.forward_on_device(step, ids, t)
+        self.check_ids(step, ids, ids.len())?;
+        // The pass uploads the ids itself: a replayed pass writes them into
+        // the buffer it recorded (`exec/replay.rs`).
+        let none = BTreeMap::new();
+        Ok(self
+            .exec
+            .run_uploading(step, &[("ids", ids)], &none, &mut self.caches, None)?)
+    }
+
+    /// Fails unless `ids` (and `on_device` ids on the device) fit the step
+    /// and the vocabulary.
+    fn check_ids(&self, step: &Step, ids: &[u32], on_device: usize) -> Result<(), EngineError> {
+        if ids.len() != step.rows() || on_device != ids.len() {
+            return Err(EngineError::Invalid(format!(
+                "{} ids ({on_device} on the device) for a pass of {} rows",
+                ids.len(),
+                step.rows()
+            )));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.vocab) {
+            return Err(EngineError::Invalid(format!(
+                "token id {bad} is outside the vocabulary (size {})",
+                self.vocab
+            )));
+        }
+        Ok(())
     }
 
     /// [`Self::forward`] with the ids already on the device as `dev` (the
@@ -196,20 +219,10 @@ impl<R: Runtime> TargetModel<R> {
         ids: &[u32],
         dev: DeviceTensor<R>,
     ) -> Result<Outputs<R>, EngineError> {
-        if ids.len() != step.rows() || dev.numel() != ids.len() || dev.dtype() != DType::U32 {
-            return Err(EngineError::Invalid(format!(
-                "{} ids ({} on the device) for a pass of {} rows",
-                ids.len(),
-                dev.numel(),
-                step.rows()
-            )));
+        if dev.dtype() != DType::U32 {
+            return Err(EngineError::Invalid("ids on the device must be u32".into()));
         }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.vocab) {
-            return Err(EngineError::Invalid(format!(
-                "token id {bad} is outside the vocabulary (size {})",
-                self.vocab
-            )));
-        }
+        self.check_ids(step, ids, dev.numel())?;
         let inputs = BTreeMap::from([("ids".to_string(), dev)]);
         Ok(self.exec.run(step, &inputs, &mut self.caches, None)?)
     }

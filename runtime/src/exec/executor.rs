@@ -186,6 +186,21 @@ pub(super) fn rope_inv_freq(
     }
 }
 
+/// `inputs` with each of `uploads` uploaded (`DeviceTensor::upload_u32`,
+/// a kept buffer written in place) under its name.
+fn with_uploads<R: Runtime>(
+    client: &ComputeClient<R>,
+    uploads: &[(&str, &[u32])],
+    inputs: &BTreeMap<String, DeviceTensor<R>>,
+) -> Result<BTreeMap<String, DeviceTensor<R>>, ExecError> {
+    let mut all = inputs.clone();
+    for (name, data) in uploads {
+        let t = DeviceTensor::upload_u32(client, data, &[data.len()])?;
+        all.insert(name.to_string(), t);
+    }
+    Ok(all)
+}
+
 /// The ops dtype of a plan dtype.
 pub fn ops_dtype(d: PlanDType) -> DType {
     match d {
@@ -382,6 +397,20 @@ impl<R: Runtime> Executor<R> {
         caches: &mut CacheStore<R>,
         target_caches: Option<&mut CacheStore<R>>,
     ) -> Result<Outputs<R>, ExecError> {
+        self.run_uploading(step, &[], inputs, caches, target_caches)
+    }
+
+    /// [`Executor::run`] with u32 inputs given on the host (`uploads`, by
+    /// name: a verification pass's token ids), uploaded by the pass itself:
+    /// a replayed pass writes them into the buffers it recorded.
+    pub fn run_uploading(
+        &mut self,
+        step: &Step,
+        uploads: &[(&str, &[u32])],
+        inputs: &BTreeMap<String, DeviceTensor<R>>,
+        caches: &mut CacheStore<R>,
+        target_caches: Option<&mut CacheStore<R>>,
+    ) -> Result<Outputs<R>, ExecError> {
         let rows = step.rows();
         if rows == 0 {
             return Err(ExecError::Unsupported("a pass with no rows".into()));
@@ -389,16 +418,26 @@ impl<R: Runtime> Executor<R> {
         self.plan(rows)?;
         let plan = Arc::clone(&self.plans[&rows]);
         let key = (self.replays.on && self.profile.is_none())
-            .then(|| PassKey::of(&plan, step, inputs, caches, target_caches.is_some()))
+            .then(|| {
+                PassKey::of(
+                    &plan,
+                    step,
+                    inputs,
+                    uploads,
+                    caches,
+                    target_caches.is_some(),
+                )
+            })
             .flatten();
         let Some((key, mask)) = key else {
-            return self.run_eager(&plan, step, inputs, caches, target_caches, true);
+            let inputs = with_uploads(&self.client, uploads, inputs)?;
+            return self.run_eager(&plan, step, &inputs, caches, target_caches, true);
         };
         let t = std::time::Instant::now();
         let flush_each = self.flush == FlushPolicy::PerLaunch;
-        if let Some(r) = self
-            .replays
-            .try_replay(&self.client, &key, step, caches, flush_each)
+        if let Some(r) =
+            self.replays
+                .try_replay(&self.client, &key, step, uploads, caches, flush_each)
         {
             let (out, launches) = r?;
             self.host.launches += launches as u64;
@@ -415,8 +454,10 @@ impl<R: Runtime> Executor<R> {
         } else {
             Flushes::Allow
         };
+        let mut all = BTreeMap::new();
         let (out, rec) = draftc_ops::replay::record(&client, window, || {
-            self.run_eager(&plan, step, inputs, caches, None, !per_pass)
+            all = with_uploads(&client, uploads, inputs)?;
+            self.run_eager(&plan, step, &all, caches, None, !per_pass)
         });
         let out = out?;
         if per_pass {
@@ -433,8 +474,18 @@ impl<R: Runtime> Executor<R> {
                     .chain(inputs.values())
                     .map(|t| t.handle.memory_id())
                     .collect();
-                self.replays
-                    .keep(&client, key, mask, rec, &out, step, caches, &before, owned);
+                self.replays.keep(
+                    &client,
+                    key,
+                    mask,
+                    uploads.len(),
+                    rec,
+                    &out,
+                    step,
+                    caches,
+                    &before,
+                    owned,
+                );
             }
             Err(e) => self.replays.refusal = Some(e.to_string()),
         }

@@ -1,29 +1,34 @@
 //! Replayed passes (issue 56, items 1–3): a pass the executor has run
-//! twice with the same launches is reissued from its recording instead of
+//! twice with the same launches is reissued from a recording instead of
 //! being launched op by op again.
 //!
 //! Which passes: those whose every step-dependent input reaches the device
 //! in the pass's one upload (attention metadata, positions, cache slots;
-//! `attention.rs`), which is every target decode or verification pass over
-//! the executor's own caches: no memory streams, no selected output rows,
-//! no memory tail, no target caches. A pass is keyed by what fixes its
-//! launches ([`PassKey`]): rows per sequence and slot, tree or chain, the
-//! plane attention's key splits, the caller's input buffers and the cache
-//! halves. The first passes of a key run eagerly inside a capture window
-//! (`draftc_ops::replay::record`); when two recordings of a key agree
-//! launch for launch (kernels, grids, scalars, buffers), the key is
-//! replayed from then on.
+//! `attention.rs`) or in an input the pass uploads itself from the host
+//! (`Executor::run_uploading`: a verification pass's token ids), which is
+//! every target decode or verification pass over the executor's own
+//! caches: no memory streams, no selected output rows, no memory tail, no
+//! target caches. A pass is keyed by what fixes its launches ([`PassKey`]):
+//! rows per sequence and slot, tree or chain, the plane attention's key
+//! splits, the caller's device inputs, the inputs it uploads, and the
+//! cache halves. Each pass of a key that is not replayed runs eagerly
+//! inside a capture window (`draftc_ops::replay::record`); its recording
+//! then keeps the kept buffers it used for itself (`Recording::pin`), and
+//! once two recordings of a key agree launch for launch (kernels, grids,
+//! scalars, offsets; the same buffers, or their own kept ones in the same
+//! pattern) both replay from then on.
 //!
 //! A replay does what the eager pass does on the host and nothing else:
-//! reserves the step's rows in every cache, builds the one upload's bytes
-//! (`attention::step_upload_bytes`), writes them into the recorded upload
-//! buffer and reissues the launches. It runs only when nothing else holds
-//! the recording's kept buffers (a caller still holding an older pass's
-//! logits makes the pass run eagerly, as it always did); a key keeps two
-//! recordings, so a caller alternating two output buffers still replays.
-//! Every buffer a recording binds must be a kept buffer of its own, the
-//! caller's inputs, the executor's weights or RoPE tables, or the cache
-//! halves, which the key pins by identity; otherwise it is not replayed.
+//! writes the pass's own uploads, reserves the step's rows in every cache,
+//! builds the step upload's bytes (`attention::step_upload_bytes`), writes
+//! them into the recorded buffer and reissues the launches. A recording
+//! whose outputs the caller still holds (last round's logits, hidden
+//! states a drafter keeps) waits; a key keeps two recordings, each with its
+//! own buffers, so one of them is free. Every buffer a recording binds
+//! must be one of its kept buffers, the caller's inputs, the executor's
+//! weights or RoPE tables, or the cache halves, which the key pins by
+//! identity; otherwise it is not replayed. At most [`MAX_KEYS`] keys are
+//! kept (the oldest goes), each pinning its recordings' buffers.
 //!
 //! On CUDA a key's recording is captured as one CUDA graph when the key
 //! settles (`Recording::capture_graph`), so a replay is one driver call; a
@@ -64,6 +69,14 @@ fn graphs_enabled() -> bool {
     std::env::var(GRAPHS_ENV).map_or(true, |v| v != "off")
 }
 
+/// Keys kept at most: each pins its recordings' buffers.
+const MAX_KEYS: usize = 16;
+
+/// Recordings kept per key, each with its own buffers: a caller still
+/// holding one's outputs (last round's logits, hidden states a drafter
+/// reads) leaves the other free to replay.
+const ENTRIES_PER_KEY: usize = 2;
+
 /// What fixes a replayable pass's launches.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) struct PassKey {
@@ -74,6 +87,9 @@ pub(super) struct PassKey {
     splits: Vec<usize>,
     /// The caller's input buffers by name (memory ids).
     inputs: Vec<(String, usize)>,
+    /// Inputs the pass uploads from the host itself (names; their buffers
+    /// are the recording's writes).
+    uploads: Vec<String>,
     /// The cache halves' memory ids.
     halves: Vec<usize>,
 }
@@ -87,6 +103,7 @@ impl PassKey {
         plan: &Plan,
         step: &Step,
         inputs: &BTreeMap<String, DeviceTensor<R>>,
+        uploads: &[(&str, &[u32])],
         caches: &CacheStore<R>,
         with_target: bool,
     ) -> Option<(PassKey, Option<Mask>)> {
@@ -140,6 +157,7 @@ impl PassKey {
                     .iter()
                     .map(|(n, t)| (n.clone(), t.handle.memory_id()))
                     .collect(),
+                uploads: uploads.iter().map(|(n, _)| n.to_string()).collect(),
                 halves: caches.half_ids(),
             },
             mask.map(ops_mask),
@@ -169,6 +187,9 @@ struct Entry<R: Runtime> {
 pub(super) struct Replays<R: Runtime> {
     pub(super) on: bool,
     entries: HashMap<PassKey, Vec<Entry<R>>>,
+    /// Keys in the order they were first recorded (the oldest is dropped
+    /// past [`MAX_KEYS`]).
+    order: std::collections::VecDeque<PassKey>,
     /// Passes replayed, and recorded, so far.
     pub(super) replayed: u64,
     pub(super) recorded: u64,
@@ -184,6 +205,7 @@ impl<R: Runtime> Replays<R> {
         Replays {
             on: enabled(),
             entries: HashMap::new(),
+            order: Default::default(),
             replayed: 0,
             recorded: 0,
             refusal: None,
@@ -195,6 +217,7 @@ impl<R: Runtime> Replays<R> {
     /// Forgets every recording (the plans changed).
     pub(super) fn clear(&mut self) {
         self.entries.clear();
+        self.order.clear();
     }
 
     /// Replays the pass of `key` when a stable recording of it is free to
@@ -204,6 +227,7 @@ impl<R: Runtime> Replays<R> {
         client: &ComputeClient<R>,
         key: &PassKey,
         step: &Step,
+        uploads: &[(&str, &[u32])],
         caches: &mut CacheStore<R>,
         flush_each: bool,
     ) -> Option<Result<(Outputs<R>, usize), ExecError>> {
@@ -219,8 +243,8 @@ impl<R: Runtime> Replays<R> {
             let l = names.first().map_or(0, |c| caches.len(c, s.slot));
             names.iter().all(|c| caches.len(c, s.slot) == l)
         });
-        let writes = e.rec.writes().len();
-        if !same || (writes > 0) == names.is_empty() || writes > 1 {
+        let step_writes = e.rec.writes().len().checked_sub(uploads.len())?;
+        if !same || (step_writes > 0) == names.is_empty() || step_writes > 1 {
             return None;
         }
         let out = (|| {
@@ -233,7 +257,9 @@ impl<R: Runtime> Replays<R> {
                     }
                 }
             }
-            let mut data = Vec::new();
+            // The pass's own uploads first (as the eager pass wrote them),
+            // then the step's.
+            let mut data: Vec<Vec<u8>> = uploads.iter().map(|(_, d)| upload_bytes(d)).collect();
             if let (Some(c), Some(mask)) = (names.first(), e.mask) {
                 let key = meta_key(step, mask, caches, c)?;
                 data.push(step_upload_bytes(step, &key, &slots)?);
@@ -266,6 +292,7 @@ impl<R: Runtime> Replays<R> {
         client: &ComputeClient<R>,
         key: PassKey,
         mask: Option<Mask>,
+        uploads: usize,
         rec: Recording<R>,
         outputs: &Outputs<R>,
         step: &Step,
@@ -274,36 +301,71 @@ impl<R: Runtime> Replays<R> {
         owned: BTreeSet<usize>,
     ) {
         self.recorded += 1;
-        match entry(rec, outputs, step, caches, lens_before, owned, mask) {
-            Err(why) => self.refusal = Some(why),
-            Ok(mut new) => {
-                self.refusal = None;
-                let list = self.entries.entry(key).or_default();
-                if let Some(old) = list.iter_mut().find(|o| o.rec.same_as(&new.rec)) {
-                    if !old.stable && graphs_enabled() {
-                        // One graph per key, captured when the key settles.
-                        match old.rec.capture_graph(client) {
-                            Ok(true) => self.graphs += 1,
-                            Ok(false) => {}
-                            Err(why) => {
-                                if self.graph_refusal.is_none() {
-                                    eprintln!(
-                                        "draftc: a pass was not captured as a CUDA graph ({why}); \
-                                         it replays launch by launch"
-                                    );
-                                }
-                                self.graph_refusal = Some(why);
-                            }
-                        }
-                    }
-                    old.stable = true;
-                    return;
+        let mut new = match entry(
+            rec,
+            outputs,
+            step,
+            caches,
+            lens_before,
+            owned,
+            mask,
+            uploads,
+        ) {
+            Err(why) => {
+                self.refusal = Some(why);
+                return;
+            }
+            Ok(new) => new,
+        };
+        self.refusal = None;
+        if !self.entries.contains_key(&key) {
+            self.order.push_back(key.clone());
+            if self.order.len() > MAX_KEYS {
+                if let Some(old) = self.order.pop_front() {
+                    self.entries.remove(&old);
                 }
-                new.stable = false;
-                if list.len() >= 2 {
+            }
+        }
+        let list = self.entries.entry(key).or_default();
+        // The new recording's buffers are its own from now on.
+        new.rec.pin();
+        let matched = list.iter().position(|o| o.rec.same_structure(&new.rec));
+        let mut settled = Vec::new();
+        match matched {
+            Some(i) => {
+                if !list[i].stable {
+                    list[i].stable = true;
+                    settled.push(i);
+                }
+                if list.len() < ENTRIES_PER_KEY {
+                    new.stable = true;
+                    list.push(new);
+                    settled.push(list.len() - 1);
+                }
+            }
+            None => {
+                if list.len() >= ENTRIES_PER_KEY {
                     list.remove(0);
                 }
                 list.push(new);
+            }
+        }
+        if graphs_enabled() {
+            for i in settled {
+                // One graph per recording, captured when its key settles.
+                match list[i].rec.capture_graph(client) {
+                    Ok(true) => self.graphs += 1,
+                    Ok(false) => {}
+                    Err(why) => {
+                        if self.graph_refusal.is_none() {
+                            eprintln!(
+                                "draftc: a pass was not captured as a CUDA graph ({why}); \
+                                 it replays launch by launch"
+                            );
+                        }
+                        self.graph_refusal = Some(why);
+                    }
+                }
             }
         }
     }
@@ -318,6 +380,7 @@ fn entry<R: Runtime>(
     lens_before: &BTreeMap<String, Vec<usize>>,
     mut owned: BTreeSet<usize>,
     mask: Option<Mask>,
+    uploads: usize,
 ) -> Result<Entry<R>, String> {
     let names = caches.caches();
     for c in &names {
@@ -328,7 +391,7 @@ fn entry<R: Runtime>(
             }
         }
     }
-    let want = usize::from(!names.is_empty());
+    let want = uploads + usize::from(!names.is_empty());
     if rec.writes().len() != want {
         return Err(format!(
             "{} uploads in the pass (a replay builds {want})",
@@ -370,6 +433,13 @@ fn entry<R: Runtime>(
         outputs: views,
         mask,
     })
+}
+
+/// The bytes `DeviceTensor::upload_u32` writes for `data`.
+pub(super) fn upload_bytes(data: &[u32]) -> Vec<u8> {
+    let mut b: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    b.resize(draftc_ops::tensor::padded_bytes(data.len(), DType::U32), 0);
+    b
 }
 
 /// The caches' lengths per sequence of `step` (before a pass).

@@ -70,6 +70,13 @@ impl Handle {
         self.memory.can_mut()
     }
 
+    /// How many handles of this memory exist (see `can_mut`).
+    ///
+    /// draftc patch (third_party/README.md).
+    pub fn holders(&self) -> usize {
+        self.memory.holders()
+    }
+
     /// The id of the memory behind this handle (unique for the process;
     /// views of one buffer share it).
     ///

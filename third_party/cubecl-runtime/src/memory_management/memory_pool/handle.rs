@@ -166,6 +166,14 @@ impl ManagedMemoryHandle {
         Arc::strong_count(&self.handle_count) <= 2
     }
 
+    /// How many handles of this memory exist (`can_mut` is `holders() <= 2`).
+    ///
+    /// draftc patch (third_party/README.md): a replay checks that nothing
+    /// but the pool and its recording holds a buffer.
+    pub fn holders(&self) -> usize {
+        Arc::strong_count(&self.handle_count)
+    }
+
     /// Return whether the current handle is free.
     pub fn is_free(&self) -> bool {
         Arc::strong_count(&self.descriptor) <= 1
