@@ -50,8 +50,9 @@ pub struct KeptRef {
 }
 
 thread_local! {
-    /// The kept buffers taken while this thread records a pass.
-    static TAKEN: RefCell<Option<Vec<KeptRef>>> = const { RefCell::new(None) };
+    /// The kept buffers taken while this thread records a pass, and how
+    /// many of them were made then.
+    static TAKEN: RefCell<Option<(Vec<KeptRef>, u64)>> = const { RefCell::new(None) };
 }
 
 /// Starts noting the kept buffers this thread takes (`false` if it
@@ -62,17 +63,18 @@ pub(crate) fn start_noting() -> bool {
         if t.is_some() {
             return false;
         }
-        *t = Some(Vec::new());
+        *t = Some((Vec::new(), 0));
         true
     })
 }
 
-/// Stops noting; the buffers taken since [`start_noting`], each once.
-pub(crate) fn finish_noting() -> Vec<KeptRef> {
-    let mut refs = TAKEN.with(|t| t.borrow_mut().take()).unwrap_or_default();
+/// Stops noting; the buffers taken since [`start_noting`], each once, and
+/// how many of them were made meanwhile (allocations that stay in the pool).
+pub(crate) fn finish_noting() -> (Vec<KeptRef>, u64) {
+    let (mut refs, made) = TAKEN.with(|t| t.borrow_mut().take()).unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
     refs.retain(|r| seen.insert(*r));
-    refs
+    (refs, made)
 }
 
 /// The whole kept buffer `r` names (a new holder of it), if this thread's
@@ -118,21 +120,22 @@ pub(crate) fn take_ref<R: Runtime>(
     let class = bytes.max(MIN_CLASS).next_power_of_two();
     let device = client.properties() as *const _ as usize;
     let key = (TypeId::of::<R>(), device, class);
-    let (handle, index) = KEPT.with(|k| {
+    let (handle, index, made) = KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let list = k.entry(key).or_default();
         if let Some(i) = list.iter().position(|h| h.can_mut()) {
-            return (list[i].clone(), i);
+            return (list[i].clone(), i, false);
         }
         crate::counters::allocation();
         let h = client.empty(class);
         list.push(h.clone());
-        (h, list.len() - 1)
+        (h, list.len() - 1, true)
     });
     let r = KeptRef { key, index };
     TAKEN.with(|t| {
-        if let Some(t) = t.borrow_mut().as_mut() {
-            t.push(r);
+        if let Some((refs, n)) = t.borrow_mut().as_mut() {
+            refs.push(r);
+            *n += u64::from(made);
         }
     });
     Some((handle.offset_end((class - bytes) as u64), r))

@@ -6,7 +6,9 @@
 //! launches in order (cubecl's client records them, a patch in
 //! `third_party/cubecl-runtime`), the kept buffers it took and the kept
 //! buffers it wrote. The recording fails with its reason when anything in
-//! the window would not happen again on a replay: an allocation, a read, a
+//! the window would not happen again on a replay: an allocation (other than
+//! a kept buffer made on first use, which stays in the pool and is what a
+//! replay binds), a read, a
 //! flush (unless the window allows them: a wgpu replay flushes where the
 //! eager pass did), or an upload into a new buffer.
 //!
@@ -117,11 +119,14 @@ pub fn record<R: Runtime, T>(
         d.flushes = 0;
     }
     let writes = WRITES.with(|w| w.borrow_mut().take()).unwrap_or_default();
-    let kept = if noting {
+    let (kept, made) = if noting {
         kept::finish_noting()
     } else {
-        Vec::new()
+        (Vec::new(), 0)
     };
+    // A kept buffer made inside the window stays in the pool: it is what
+    // a replay binds, not an allocation a replay would skip.
+    d.allocations -= made.min(d.allocations);
     let launches = client.finish_recording().unwrap_or_default();
     let recording = match forbidden(&d, writes.len() as u64) {
         Some(e) => Err(e),
@@ -227,6 +232,11 @@ impl<R: Runtime> Recording<R> {
         }
     }
 
+    /// Whether [`Recording::pin`] set its buffers aside.
+    pub fn pinned(&self) -> bool {
+        !self.pins.is_empty()
+    }
+
     /// Whether nothing but the pool (and the recording's pin) holds any of
     /// its kept buffers (a [`Recording::replay`] now would not be refused as
     /// busy).
@@ -269,6 +279,40 @@ impl<R: Runtime> Recording<R> {
     /// other buffer the same, and kept buffers used in the same pattern (a
     /// recording of the pass that took other free buffers).
     pub fn same_structure(&self, other: &Self) -> bool {
+        self.structural_difference(other).is_none()
+    }
+
+    /// Where `other` differs from this recording beyond which kept
+    /// buffers it uses (see [`Recording::same_structure`]), in words.
+    pub fn structural_difference(&self, other: &Self) -> Option<String> {
+        if self.launches.len() != other.launches.len() {
+            return Some(format!(
+                "{} launches against {}",
+                self.launches.len(),
+                other.launches.len()
+            ));
+        }
+        if let Some(i) = (0..self.launches.len())
+            .find(|&i| !self.launches[i].same_but_buffers(&other.launches[i]))
+        {
+            let (a, b) = (&self.launches[i], &other.launches[i]);
+            return Some(format!(
+                "launch {i} ({}): grid {:?} against {:?}, scalars {:?} against {:?}",
+                a.name(),
+                a.cubes(),
+                b.cubes(),
+                a.scalars(),
+                b.scalars()
+            ));
+        }
+        if !self
+            .writes
+            .iter()
+            .map(|w| w.1)
+            .eq(other.writes.iter().map(|w| w.1))
+        {
+            return Some("the uploads' sizes".into());
+        }
         let roles = |r: &Self| -> Vec<usize> {
             let kept = r.kept_ids();
             let mut seen: Vec<usize> = Vec::new();
@@ -287,18 +331,11 @@ impl<R: Runtime> Recording<R> {
                 })
                 .collect()
         };
-        self.launches.len() == other.launches.len()
-            && self
-                .launches
-                .iter()
-                .zip(&other.launches)
-                .all(|(a, b)| a.same_but_buffers(b))
-            && self
-                .writes
-                .iter()
-                .map(|w| w.1)
-                .eq(other.writes.iter().map(|w| w.1))
-            && roles(self) == roles(other)
+        let (a, b) = (roles(self), roles(other));
+        a.iter()
+            .zip(&b)
+            .position(|(x, y)| x != y)
+            .map(|i| format!("binding {i}: buffers used in another pattern"))
     }
 
     /// The first launch (index, and both kernels' names) where `other`

@@ -252,3 +252,28 @@ fn a_replay_refuses_held_buffers_and_misfit_data() {
     ));
     rec.replay(&client, vec![bytes], false).unwrap().unwrap();
 }
+
+/// A pass that makes its kept buffers on first use records all the same:
+/// they stay in the pool and are what its replay binds. A buffer that is
+/// not kept is refused (`the_window_refuses_what_a_replay_would_skip`).
+#[test]
+fn kept_buffers_made_inside_the_window_are_the_recordings() {
+    let client = test_client();
+    // Widths no other test here uses: classes this thread has not made.
+    let pass = Pass::new(&client, 13, 5, 3001, DType::F32, 9);
+    let (out, rec) = record(&client, || pass.run(&client, &[1, 2, 3, 4, 5])).unwrap();
+    let rec = rec.expect("kept buffers made on first use are allowed");
+    let (id, shape) = (out.handle.memory_id(), out.shape().to_vec());
+    drop(out);
+    let ids = [6, 7, 8, 9, 10];
+    rec.replay(&client, vec![ids_bytes(&ids)], false)
+        .unwrap()
+        .unwrap();
+    let replayed = kept_view(&rec, id, &shape, DType::F32)
+        .download_f32(&client)
+        .unwrap();
+    assert_eq!(
+        replayed,
+        pass.run(&client, &ids).download_f32(&client).unwrap()
+    );
+}

@@ -173,3 +173,53 @@ fn speculative_rounds_replay_their_verification() {
         }
     }
 }
+
+/// With replay on, rounds settle too: a key met in a run settles in the
+/// next (its recording then keeps its buffers), so a third run of the same
+/// requests on the same models replays nearly every verification pass and
+/// allocates at most a few buffers after its first round (the first run
+/// makes the kept buffers its recordings then keep).
+#[test]
+fn a_repeated_speculative_run_settles() {
+    use draftc_ops::counters::snapshot;
+    use draftc_runtime::engine::{generate_speculative, Sampling};
+    for b in [1, 3] {
+        let (mut t, mut d) = gpu_layout_drafter(b, "specformer", None);
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let mut at_token = Vec::new();
+            let (replayed0, recorded0, _) = t.exec.replay_stats();
+            let out = generate_speculative(
+                &mut t,
+                d.as_mut(),
+                &prompts(b),
+                24,
+                &Sampling::GREEDY,
+                4,
+                None,
+                &mut |_, _| at_token.push(snapshot().allocations),
+            )
+            .unwrap();
+            let (replayed, recorded, _) = t.exec.replay_stats();
+            // (allocations after the first round, replayed, recorded, rounds)
+            runs.push((
+                at_token[at_token.len() - 1] - at_token[2 * b - 1],
+                replayed - replayed0,
+                recorded - recorded0,
+                out.stats.rounds as u64,
+            ));
+        }
+        eprintln!("batch {b}: (allocations after round 1, replayed, recorded, rounds) {runs:?}");
+        let third = runs[2];
+        assert_eq!(
+            third.2, 0,
+            "batch {b}: the third run recorded passes: {runs:?}"
+        );
+        assert!(10 * third.1 >= 9 * third.3, "batch {b}: {runs:?}");
+        assert!(
+            third.0 <= 4,
+            "batch {b}: the third run allocated {} times: {runs:?}",
+            third.0
+        );
+    }
+}

@@ -79,6 +79,12 @@ impl Kept {
         shape: &[usize],
         dtype: DType,
     ) -> DeviceTensor<R> {
+        // Let go of the last one first: when nothing else holds it (the
+        // pass that read it as ids has been issued), the same buffer comes
+        // back, so the next step's ids input keeps one address and a
+        // replayed step finds the buffer it recorded (`exec/replay.rs`).
+        // Work queued on it earlier runs first (one in-order stream).
+        self.0 = None;
         let t = DeviceTensor::<R>::empty(client, shape, dtype);
         self.0 = Some(t.handle.clone());
         t

@@ -12,11 +12,12 @@
 //! rows per sequence and slot, tree or chain, the plane attention's key
 //! splits, the caller's device inputs, the inputs it uploads, and the
 //! cache halves. Each pass of a key that is not replayed runs eagerly
-//! inside a capture window (`draftc_ops::replay::record`); its recording
-//! then keeps the kept buffers it used for itself (`Recording::pin`), and
-//! once two recordings of a key agree launch for launch (kernels, grids,
-//! scalars, offsets; the same buffers, or their own kept ones in the same
-//! pattern) both replay from then on.
+//! inside a capture window (`draftc_ops::replay::record`); once a
+//! recording agrees launch for launch with an earlier one of its key
+//! (kernels, grids, scalars, offsets; the same buffers, or other kept
+//! buffers in the same pattern), it keeps the kept buffers it used for
+//! itself (`Recording::pin`, right after its pass, so no other recording
+//! shares them) and replays from then on.
 //!
 //! A replay does what the eager pass does on the host and nothing else:
 //! writes the pass's own uploads, reserves the step's rows in every cache,
@@ -327,18 +328,22 @@ impl<R: Runtime> Replays<R> {
             }
         }
         let list = self.entries.entry(key).or_default();
-        // The new recording's buffers are its own from now on.
-        new.rec.pin();
         let matched = list.iter().position(|o| o.rec.same_structure(&new.rec));
         let mut settled = Vec::new();
         match matched {
             Some(i) => {
-                if !list[i].stable {
-                    list[i].stable = true;
+                // The key settles with this recording, whose buffers are
+                // its own from now on. Pinned only now, just after its
+                // pass: none of them can be another recording's (a pinned
+                // buffer is handed to no one), and a key met once costs
+                // no buffers. An earlier recording that was not pinned
+                // may share buffers with others; it goes.
+                new.stable = true;
+                new.rec.pin();
+                if !list[i].rec.pinned() {
+                    list[i] = new;
                     settled.push(i);
-                }
-                if list.len() < ENTRIES_PER_KEY {
-                    new.stable = true;
+                } else if list.len() < ENTRIES_PER_KEY {
                     list.push(new);
                     settled.push(list.len() - 1);
                 }
