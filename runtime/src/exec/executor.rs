@@ -32,7 +32,7 @@ use draftc_ops::{DType, DeviceTensor, OpsError};
 use super::arena::pass_buffer;
 use super::bound::weight;
 use super::cache::CacheStore;
-use super::replay::{self, PassKey, Replays};
+use super::replay::{self, PassKey, PassRecord, Replays};
 use super::step::Step;
 use super::timing::{HostTime, Profile};
 use super::weights::HostWeights;
@@ -474,18 +474,17 @@ impl<R: Runtime> Executor<R> {
                     .chain(inputs.values())
                     .map(|t| t.handle.memory_id())
                     .collect();
-                self.replays.keep(
-                    &client,
-                    key,
-                    mask,
-                    uploads.len(),
+                let pass = PassRecord {
                     rec,
-                    &out,
+                    outputs: &out,
                     step,
                     caches,
-                    &before,
+                    lens_before: &before,
                     owned,
-                );
+                    mask,
+                    uploads: uploads.len(),
+                };
+                self.replays.keep(&client, key, pass);
             }
             Err(e) => self.replays.refusal = Some(e.to_string()),
         }

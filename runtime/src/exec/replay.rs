@@ -284,34 +284,10 @@ impl<R: Runtime> Replays<R> {
     }
 
     /// Keeps the recording of an eager pass of `key` when it can be
-    /// replayed: `lens_before` are the caches' lengths per sequence before
-    /// the pass, `owned` the memory ids of buffers the executor keeps
-    /// (weights, RoPE tables) and the caller's inputs.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn keep(
-        &mut self,
-        client: &ComputeClient<R>,
-        key: PassKey,
-        mask: Option<Mask>,
-        uploads: usize,
-        rec: Recording<R>,
-        outputs: &Outputs<R>,
-        step: &Step,
-        caches: &CacheStore<R>,
-        lens_before: &BTreeMap<String, Vec<usize>>,
-        owned: BTreeSet<usize>,
-    ) {
+    /// replayed (see [`PassRecord`]).
+    pub(super) fn keep(&mut self, client: &ComputeClient<R>, key: PassKey, pass: PassRecord<R>) {
         self.recorded += 1;
-        let mut new = match entry(
-            rec,
-            outputs,
-            step,
-            caches,
-            lens_before,
-            owned,
-            mask,
-            uploads,
-        ) {
+        let mut new = match entry(pass) {
             Err(why) => {
                 self.refusal = Some(why);
                 return;
@@ -376,17 +352,35 @@ impl<R: Runtime> Replays<R> {
     }
 }
 
+/// An eager pass's recording with what it is judged by.
+pub(super) struct PassRecord<'a, R: Runtime> {
+    pub(super) rec: Recording<R>,
+    pub(super) outputs: &'a Outputs<R>,
+    pub(super) step: &'a Step,
+    pub(super) caches: &'a CacheStore<R>,
+    /// The caches' lengths per sequence before the pass.
+    pub(super) lens_before: &'a BTreeMap<String, Vec<usize>>,
+    /// Memory ids of the buffers the executor keeps (weights, RoPE
+    /// tables) and of the caller's inputs.
+    pub(super) owned: BTreeSet<usize>,
+    /// The mask of the pass's attentions over its caches.
+    pub(super) mask: Option<Mask>,
+    /// Inputs the pass uploads itself (its first writes).
+    pub(super) uploads: usize,
+}
+
 /// The entry of a recorded pass, or why it cannot be replayed.
-fn entry<R: Runtime>(
-    rec: Recording<R>,
-    outputs: &Outputs<R>,
-    step: &Step,
-    caches: &CacheStore<R>,
-    lens_before: &BTreeMap<String, Vec<usize>>,
-    mut owned: BTreeSet<usize>,
-    mask: Option<Mask>,
-    uploads: usize,
-) -> Result<Entry<R>, String> {
+fn entry<R: Runtime>(pass: PassRecord<R>) -> Result<Entry<R>, String> {
+    let PassRecord {
+        rec,
+        outputs,
+        step,
+        caches,
+        lens_before,
+        mut owned,
+        mask,
+        uploads,
+    } = pass;
     let names = caches.caches();
     for c in &names {
         for (i, s) in step.seqs.iter().enumerate() {
