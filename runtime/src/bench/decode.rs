@@ -130,7 +130,7 @@ pub fn run_decode<R: Runtime>(
                 .encode_chat(&[ChatMessage::new("user", p.text)])?,
         );
     }
-    let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.steps + 2;
+    let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.steps + WARM_UP + 2;
     progress.message(&format!("loading {} …", model.dir.display()));
     let mut target = TargetModel::load(client, model, max_b, capacity, cfg.dtype)?;
     let mut points = Vec::new();
