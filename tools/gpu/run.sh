@@ -240,18 +240,16 @@ bench)
       echo "decode $dt failed or timed out (exit $?): $(tail -3 "$work/decode-$dt/decode.err")"
     { echo; cat "$work/decode-$dt/decode.md"; } >>"$report"
   done
-  mkdir -p "$work/decode-f16-flush-launch"
-  DRAFTC_FLUSH=launch timeout 60 draftc bench decode --backend cuda --dtype f16 --model "$m" --batch 1,64 --steps 32 \
-    --out "$work/decode-f16-flush-launch" 2>"$work/decode-f16-flush-launch/decode.err" \
-    >"$work/decode-f16-flush-launch/decode.md" || echo "decode (flush per launch) failed (exit $?)"
-  { echo; echo "### f16 with DRAFTC_FLUSH=launch (a flush after every launch, the policy before issue 31)";
-    cat "$work/decode-f16-flush-launch/decode.md"; } >>"$report"
-  mkdir -p "$work/decode-f16-no-graphs"
-  DRAFTC_GRAPHS=off timeout 60 draftc bench decode --backend cuda --dtype f16 --model "$m" --batch 1,64 --steps 32 \
-    --out "$work/decode-f16-no-graphs" 2>"$work/decode-f16-no-graphs/decode.err" \
-    >"$work/decode-f16-no-graphs/decode.md" || echo "decode (no graphs) failed (exit $?)"
-  { echo; echo "### f16 with DRAFTC_GRAPHS=off (replayed launch by launch, no CUDA graph)";
-    cat "$work/decode-f16-no-graphs/decode.md"; } >>"$report"
+  # f16 at batch 1 and 64 under one environment setting: NAME TITLE VAR=VALUE.
+  decode_with() {
+    mkdir -p "$work/decode-f16-$1"
+    env "$3" timeout 60 draftc bench decode --backend cuda --dtype f16 --model "$m" --batch 1,64 --steps 32 \
+      --out "$work/decode-f16-$1" 2>"$work/decode-f16-$1/decode.err" >"$work/decode-f16-$1/decode.md" ||
+      echo "decode ($1) failed (exit $?)"
+    { echo; echo "### f16 with $3 ($2)"; cat "$work/decode-f16-$1/decode.md"; } >>"$report"
+  }
+  decode_with flush-launch "a flush after every launch, the policy before issue 31" DRAFTC_FLUSH=launch
+  decode_with no-graphs "replayed launch by launch, no CUDA graph" DRAFTC_GRAPHS=off
   cat "$work"/decode-*/decode.md
 
   say "speculative bench (up to 90 s)"
