@@ -3,7 +3,7 @@
 # call, and 64 MiB is the limit): `on 1` leaves out the drafter weights,
 # snapshots, docs and data (call 1 of tools/gpu/train.sh, calls 1-2 of
 # tools/gpu/campaign.sh), `on 2` only the weights other than Beagle's,
-# snapshots and docs, `on 3` only snapshots and docs (campaign.sh's `run`
+# snapshots, docs and the data other than data/eval, `on 3` only snapshots and docs (campaign.sh's `run`
 # call: every drafter's weights and the data travel); `off` puts them back
 # in the index.
 # The files stay on disk: they leave the index and are ignored meanwhile.
@@ -22,6 +22,13 @@ on)
   [ "${2:-}" = 3 ] || paths+=(models/weights/specformer.safetensors models/weights/spire.safetensors
     models/weights/medusa.safetensors models/weights/eagle.safetensors)
   [ "${2:-}" = 1 ] && paths+=(models/weights data)
+  # The bench (call 2) reads only data/eval (MT-Bench questions): the
+  # training manifests and shards stay behind (they would push call 2 past
+  # the 64 MiB a call carries beside .gpu2 and .gpu3).
+  if [ "${2:-}" = 2 ]; then
+    mapfile -t more < <(git ls-files data | cut -d/ -f1-2 | sort -u | grep -vx 'data/eval')
+    paths+=("${more[@]}")
+  fi
   echo '# slim.sh begin' >>"$exclude"
   for p in "${paths[@]}"; do
     git rm -r -q --cached "$p"
