@@ -3,6 +3,9 @@
 # tools/gpu/stage.sh prepared here and the device tool carried there.
 #
 #   bash tools/gpu/run.sh unpack  STAGE   # call 1 (carries .gpu1): unpack only
+#   bash tools/gpu/run.sh spec    STAGE [SECONDS]
+#                                         # call 3 (slim.sh on 4): EAGLE and Beagle
+#                                         # spec benches, default 150 s, after bench
 #   bash tools/gpu/run.sh bench   STAGE [SECONDS]
 #                                         # call 2 (carries .gpu2 .gpu3): everything
 #                                         # below in one command, paced to SECONDS
@@ -333,8 +336,38 @@ bench)
   tar -C /tmp -cJf "$out/bench.tar.xz" gpu-bench
   ls -la "$out"
   ;;
+spec)
+  # Call 3 (issue 56: EAGLE at batch 1 >= 1.3x over autoregressive): EAGLE
+  # and Beagle on MT-Bench at batch 1 and 16, budgets 1 and 3 fixed and
+  # planned, replayed verification passes (and graphs) on; after `bench`
+  # converted the model into STAGE. Carry nothing but the tree, slimmed with
+  # `slim.sh on 4` (EAGLE's and Beagle's weights travel).
+  budget=${3:-150}
+  unpack .gpu1 .gpu2 .gpu3
+  m="$stage/model/f32"
+  [ -d "$m" ] || { echo "no converted model under $stage (run.sh bench converts it)" >&2; exit 3; }
+  work=/tmp/gpu-spec
+  rm -rf "$work" && mkdir -p "$work"
+  report="$out/spec.md"
+  {
+    echo "# tools/gpu/run.sh spec — $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo
+    echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  } >"$report"
+  for d in eagle beagle; do
+    say "spec bench: $d (up to $((budget / 2)) s)"
+    DRAFTC_PLAN_DEBUG=rounds timeout $((budget / 2)) draftc bench spec --backend cuda --prompts mt-bench \
+      --prompt-count 8 --model "$m" --batch 1,16 --budget 1,3 --max-tokens 64 --drafter "models/$d.draft" \
+      --lookup off --speculate fixed,auto --out "$work/$d" --quiet 2>"$work/$d.err" >"$work/$d.md" ||
+      echo "$d: exit $? $(tail -3 "$work/$d.err")" | tee -a "$report"
+    { echo; cat "$work/$d.md"; } | tee -a "$report"
+  done
+  cp "$report" "$work/"
+  tar -C /tmp -cJf "$out/spec.tar.xz" gpu-spec
+  ls -la "$out"
+  ;;
 *)
-  echo "usage: run.sh unpack|bench|model|tests|sanitize STAGE [SECONDS]" >&2
+  echo "usage: run.sh unpack|bench|spec|model|tests|sanitize STAGE [SECONDS]" >&2
   exit 2
   ;;
 esac

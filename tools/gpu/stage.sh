@@ -12,6 +12,9 @@
 # `on 2` (.gpu2 and .gpu3), and `slim.sh off` afterwards:
 #   call 1: carry [.gpu1]        bash tools/gpu/run.sh unpack /root/stage
 #   call 2: carry [.gpu2, .gpu3] bash tools/gpu/run.sh bench /root/stage 300
+#   call 3: carry []             bash tools/gpu/run.sh spec /root/stage 150
+#           (`slim.sh on 4`: EAGLE's and Beagle's weights travel; issue 56's
+#           EAGLE-at-batch-1 bar, replay and graphs on)
 # (the second within the 30 s a machine stays warm). `on 2` leaves out the
 # weights of SpecFormer, SPIRe, Medusa and EAGLE (a bench of those needs them
 # carried) and the training data. Measured on 2026-11-29: call 1 carries
