@@ -100,6 +100,9 @@ pub struct EngineGauges {
     pub draft_proposed: AtomicU64,
     pub draft_accepted: AtomicU64,
     pub prefix_rows: AtomicU64,
+    pub passes_replayed: AtomicU64,
+    pub passes_recorded: AtomicU64,
+    pub graphs_captured: AtomicU64,
 }
 
 impl EngineGauges {
@@ -162,6 +165,21 @@ pub fn render(m: &Metrics, g: &EngineGauges) -> String {
             "draftc_prefix_rows_reused_total",
             "Prompt rows copied from the prefix cache instead of computed.",
             get(&g.prefix_rows),
+        ),
+        (
+            "draftc_passes_replayed_total",
+            "Target passes reissued from a recording instead of launched op by op.",
+            get(&g.passes_replayed),
+        ),
+        (
+            "draftc_passes_recorded_total",
+            "Target passes run eagerly inside a capture window (recorded for replay).",
+            get(&g.passes_recorded),
+        ),
+        (
+            "draftc_graphs_captured_total",
+            "Recordings captured as CUDA graphs.",
+            get(&g.graphs_captured),
         ),
     ];
     for (name, help, v) in counters {

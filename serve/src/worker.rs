@@ -304,5 +304,9 @@ fn serve_loop<R: Runtime>(mut engine: Engine<R>, shared: &Shared, jobs: &Receive
         g.draft_proposed.store(s.drafted as u64, Ordering::Relaxed);
         g.draft_accepted.store(s.accepted as u64, Ordering::Relaxed);
         g.prefix_rows.store(s.prefix_rows as u64, Ordering::Relaxed);
+        let (replayed, recorded, graphs) = engine.replay_counts();
+        g.passes_replayed.store(replayed, Ordering::Relaxed);
+        g.passes_recorded.store(recorded, Ordering::Relaxed);
+        g.graphs_captured.store(graphs, Ordering::Relaxed);
     }
 }

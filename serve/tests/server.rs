@@ -198,6 +198,14 @@ fn eight_concurrent(args: &[&str]) {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(got, want, "{args:?}");
+    // The engine's target passes went through replay's capture window
+    // (and, once a batch's shape repeated, were replayed), losslessly.
+    let (recorded, replayed) = (
+        s.metric("draftc_passes_recorded_total"),
+        s.metric("draftc_passes_replayed_total"),
+    );
+    eprintln!("{args:?}: {recorded} passes recorded, {replayed} replayed");
+    assert!(recorded > 0.0, "{args:?}");
     if args.contains(&"--no-spec") {
         // The shared system turn came from the prefix cache.
         assert!(s.metric("draftc_prefix_rows_reused_total") > 0.0);

@@ -223,6 +223,13 @@ impl<R: Runtime> Engine<R> {
         &self.batch.stats
     }
 
+    /// The target's passes replayed, and recorded, so far, and the CUDA
+    /// graphs captured (`exec/replay.rs`).
+    pub fn replay_counts(&self) -> (u64, u64, u64) {
+        let (replayed, recorded, _) = self.target.exec.replay_stats();
+        (replayed, recorded, self.target.exec.graph_stats().0)
+    }
+
     pub fn drafter_name(&self) -> Option<String> {
         self.drafter.as_ref().map(|d| d.name())
     }
