@@ -59,14 +59,27 @@ pub enum ReplayError {
 
 thread_local! {
     /// The kept buffers written (and their bytes) while this thread records.
-    static WRITES: RefCell<Option<Vec<(KeptRef, usize)>>> = const { RefCell::new(None) };
+    static WRITES: RefCell<Option<Vec<(KeptRef, Vec<u8>)>>> = const { RefCell::new(None) };
+    /// Which of them is the step's upload ([`mark_step_write`]).
+    static STEP_WRITE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
 /// Notes a write of `bytes` into kept buffer `r` when this thread records.
-pub(crate) fn note_write(r: KeptRef, bytes: usize) {
+pub(crate) fn note_write(r: KeptRef, bytes: &[u8]) {
     WRITES.with(|w| {
         if let Some(w) = w.borrow_mut().as_mut() {
-            w.push((r, bytes));
+            w.push((r, bytes.to_vec()));
+        }
+    });
+}
+
+/// Marks this thread's last write as the step's upload (the one a replay
+/// builds anew from the step; `runtime/src/exec/replay.rs`), when it
+/// records a pass.
+pub fn mark_step_write() {
+    WRITES.with(|w| {
+        if let Some(w) = w.borrow().as_ref() {
+            STEP_WRITE.with(|s| s.set(w.len().checked_sub(1)));
         }
     });
 }
@@ -77,6 +90,10 @@ pub struct Recording<R: Runtime> {
     launches: Vec<RecordedLaunch<R>>,
     kept: Vec<KeptRef>,
     writes: Vec<(KeptRef, usize)>,
+    /// The bytes each write wrote when recorded.
+    write_data: Vec<Vec<u8>>,
+    /// Which write was the step's upload ([`mark_step_write`]).
+    step_write: Option<usize>,
     /// The launches captured as a CUDA graph ([`Recording::capture_graph`]):
     /// a `cuda_graph::CudaGraph` where the runtime is CUDA.
     graph: Option<Box<dyn std::any::Any + Send>>,
@@ -109,6 +126,7 @@ pub fn record<R: Runtime, T>(
     }
     let noting = kept::start_noting();
     WRITES.with(|w| *w.borrow_mut() = Some(Vec::new()));
+    STEP_WRITE.with(|s| s.set(None));
     let before = snapshot();
     let out = {
         let _defer = (flushes == Flushes::Forbid).then(crate::launch::defer_flushes);
@@ -118,7 +136,10 @@ pub fn record<R: Runtime, T>(
     if flushes == Flushes::Allow {
         d.flushes = 0;
     }
-    let writes = WRITES.with(|w| w.borrow_mut().take()).unwrap_or_default();
+    let noted = WRITES.with(|w| w.borrow_mut().take()).unwrap_or_default();
+    let step_write = STEP_WRITE.with(|s| s.take());
+    let writes: Vec<(KeptRef, usize)> = noted.iter().map(|(r, b)| (*r, b.len())).collect();
+    let write_data: Vec<Vec<u8>> = noted.into_iter().map(|(_, b)| b).collect();
     let (kept, made) = if noting {
         kept::finish_noting()
     } else {
@@ -135,6 +156,8 @@ pub fn record<R: Runtime, T>(
             launches,
             kept,
             writes,
+            write_data,
+            step_write,
             graph: None,
             pins: Vec::new(),
         }),
@@ -220,6 +243,16 @@ impl<R: Runtime> Recording<R> {
     /// The kept buffers the pass wrote, with their sizes, in order.
     pub fn writes(&self) -> &[(KeptRef, usize)] {
         &self.writes
+    }
+
+    /// The bytes of each write as recorded.
+    pub fn write_data(&self) -> &[Vec<u8>] {
+        &self.write_data
+    }
+
+    /// Which write was the step's upload ([`mark_step_write`]).
+    pub fn step_write(&self) -> Option<usize> {
+        self.step_write
     }
 
     /// Sets the recording's kept buffers aside for it: the pool hands them

@@ -223,3 +223,55 @@ fn a_repeated_speculative_run_settles() {
         );
     }
 }
+
+/// SpecFormer's drafter passes (its own cache, the target's states as an
+/// input) replay too when asked (`DRAFTC_REPLAY=all`, here
+/// `Executor::set_replay` on the drafter's executor): its replayed drafts
+/// equal its eager ones (the same tokens drafted and accepted, round for
+/// round), and most of its passes replay.
+#[test]
+fn specformer_draft_passes_replay_their_drafts() {
+    use draftc_runtime::engine::{generate_speculative, Sampling};
+    for b in [1, 3] {
+        let mut runs = Vec::new();
+        for replay in [false, true] {
+            let (mut t, mut d) = gpu_layout_drafter(b, "specformer", None);
+            t.exec.set_replay(replay);
+            d.executor_mut().unwrap().set_replay(replay);
+            let out = generate_speculative(
+                &mut t,
+                d.as_mut(),
+                &prompts(b),
+                24,
+                &Sampling::GREEDY,
+                4,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap();
+            let (replayed, recorded, why) = d.executor().unwrap().replay_stats();
+            eprintln!("batch {b} replay {replay}: drafter {replayed} replayed, {recorded} recorded ({why:?})");
+            runs.push((
+                out.tokens,
+                out.stats.drafted,
+                out.stats.accepted,
+                out.stats.rounds,
+                replayed,
+            ));
+        }
+        let (eager, fast) = (&runs[0], &runs[1]);
+        assert_eq!(eager.0, fast.0, "batch {b}: tokens");
+        assert_eq!(
+            (eager.1, eager.2, eager.3),
+            (fast.1, fast.2, fast.3),
+            "batch {b}: drafts differ"
+        );
+        assert_eq!(eager.4, 0);
+        assert!(
+            2 * fast.4 >= fast.3 as u64,
+            "batch {b}: {} of {} rounds replayed",
+            fast.4,
+            fast.3
+        );
+    }
+}

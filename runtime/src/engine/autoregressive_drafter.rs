@@ -268,7 +268,9 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             Some(v) => Some(DeviceTensor::upload_u32(client, v.ids(), &[v.ids().len()])?),
             None => None,
         };
-        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
+        exec.set_replay(crate::exec::drafter_replay());
         let slots = target.caches.slots();
         Ok(AutoregressiveDrafter {
             vocab,
@@ -466,6 +468,10 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
 impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
     fn executor(&self) -> Option<&crate::exec::Executor<R>> {
         Some(&self.exec)
+    }
+
+    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
+        Some(&mut self.exec)
     }
 
     fn length(&self) -> usize {

@@ -84,6 +84,11 @@ pub trait Drafter<R: Runtime> {
         None
     }
 
+    /// The same executor, to change how it runs (`Executor::set_replay`).
+    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
+        None
+    }
+
     /// Draft length `l` it aims for (the chain length of one round).
     fn length(&self) -> usize;
 
@@ -241,7 +246,9 @@ impl<R: Runtime> SelfSpecDrafter<R> {
         weights: &HostWeights,
         dtype: PlanDType,
     ) -> Result<Self, EngineError> {
-        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
+        exec.set_replay(crate::exec::drafter_replay());
         let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
         Ok(SelfSpecDrafter {
             exec,
@@ -255,6 +262,10 @@ impl<R: Runtime> SelfSpecDrafter<R> {
 impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
     fn executor(&self) -> Option<&crate::exec::Executor<R>> {
         Some(&self.exec)
+    }
+
+    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
+        Some(&mut self.exec)
     }
 
     fn length(&self) -> usize {

@@ -136,7 +136,9 @@ impl<R: Runtime> EagleDrafter<R> {
                 }
             }
         }
-        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
+        exec.set_replay(crate::exec::drafter_replay());
         let dt = ops_dtype(dtype);
         let mut streams = Vec::new();
         for m in &graph.memories {
@@ -455,6 +457,10 @@ struct Queried {
 impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
     fn executor(&self) -> Option<&crate::exec::Executor<R>> {
         Some(&self.exec)
+    }
+
+    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
+        Some(&mut self.exec)
     }
 
     fn length(&self) -> usize {

@@ -85,7 +85,9 @@ impl<R: Runtime> ParallelDrafter<R> {
             )));
         }
         let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
-        let exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
+        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
+        exec.set_replay(crate::exec::drafter_replay());
         let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
         let mut taps = Vec::new();
         for &i in &graph.inputs {
@@ -129,6 +131,10 @@ impl<R: Runtime> ParallelDrafter<R> {
 impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     fn executor(&self) -> Option<&crate::exec::Executor<R>> {
         Some(&self.exec)
+    }
+
+    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
+        Some(&mut self.exec)
     }
 
     fn length(&self) -> usize {

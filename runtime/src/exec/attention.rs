@@ -157,6 +157,8 @@ impl<R: Runtime> Run<'_, R> {
             [(&positions, &[positions.len()]), (slots, &[slots.len()])];
         let (meta, parts) =
             AttnMeta::with_key_base_and(self.client, &key.batch, key.mask, base, *rows, &extra)?;
+        // The write a replay builds anew (`replay.rs`, `step_upload_bytes`).
+        draftc_ops::replay::mark_step_write();
         let [pos, dev] = <[DeviceTensor<R>; 2]>::try_from(parts)
             .map_err(|_| ExecError::Internal("a packed upload lost a part".into()))?;
         let meta = self.device_tail(&key, meta)?;

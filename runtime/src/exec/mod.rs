@@ -46,6 +46,7 @@ pub use cache::{CacheStore, HostCaches};
 pub use draft_vocab::{file_specs, DraftVocab};
 pub use executor::{linear_launch, ops_dtype, ExecError, Executor, LinearLaunch, Outputs};
 pub use interpret::{interpret, HostOutputs};
+pub use replay::drafter_replay;
 pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step, MEMORY_TAIL_BITS};
 pub use timing::{HostTime, Profile};
 pub use weights::HostWeights;
