@@ -57,9 +57,12 @@ pub enum ReplayError {
     Writes { expected: usize, found: usize },
 }
 
+/// A write noted while recording: the kept buffer and the bytes written.
+type Noted = (KeptRef, Vec<u8>);
+
 thread_local! {
     /// The kept buffers written (and their bytes) while this thread records.
-    static WRITES: RefCell<Option<Vec<(KeptRef, Vec<u8>)>>> = const { RefCell::new(None) };
+    static WRITES: RefCell<Option<Vec<Noted>>> = const { RefCell::new(None) };
     /// Which of them is the step's upload ([`mark_step_write`]).
     static STEP_WRITE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
