@@ -146,6 +146,14 @@ pub type FloatsAndIds = (Vec<Vec<f32>>, Vec<Vec<u32>>);
 /// alignment on every adapter it supports (256), a multiple of CUDA's.
 pub const PACK_ALIGN: usize = 256;
 
+/// The bytes [`DeviceTensor::upload_u32`] writes for `data` (padded as
+/// [`padded_bytes`]); a replayed pass writes an input's new ids this way.
+pub fn u32_bytes(data: &[u32]) -> Vec<u8> {
+    let mut bytes = bytemuck::cast_slice::<u32, u8>(data).to_vec();
+    bytes.resize(padded_bytes(data.len(), DType::U32), 0);
+    bytes
+}
+
 /// The words of [`DeviceTensor::upload_u32_packed`]'s one upload and each
 /// part's byte offset in it: every part padded to a whole section aligned
 /// to [`PACK_ALIGN`] bytes (never empty). A replayed pass writes these
@@ -219,9 +227,7 @@ impl<R: Runtime> DeviceTensor<R> {
     /// Uploads u32 data (token ids, parent indices).
     pub fn upload_u32(client: &ComputeClient<R>, data: &[u32], shape: &[usize]) -> Result<Self> {
         check_len("upload_u32", data.len(), shape)?;
-        let mut bytes = bytemuck::cast_slice::<u32, u8>(data).to_vec();
-        bytes.resize(padded_bytes(data.len(), DType::U32), 0);
-        Self::from_handle(upload_bytes(client, bytes), shape, DType::U32)
+        Self::from_handle(upload_bytes(client, u32_bytes(data)), shape, DType::U32)
     }
 
     /// Uploads several u32 arrays (`(data, shape)` each) as ONE upload

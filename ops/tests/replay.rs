@@ -59,13 +59,6 @@ impl Pass {
     }
 }
 
-/// What `upload_u32` writes for `ids` (padded to 16 bytes).
-fn ids_bytes(ids: &[u32]) -> Vec<u8> {
-    let mut b: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
-    b.resize(draftc_ops::tensor::padded_bytes(ids.len(), DType::U32), 0);
-    b
-}
-
 /// The kept buffer behind `t` among `rec`'s, as a tensor of `t`'s shape.
 fn kept_view(
     rec: &Recording<TestRuntime>,
@@ -105,9 +98,13 @@ fn check_replay(vocab: usize, rows: usize, d: usize, dtype: DType, seed: u64) {
     );
     for k in 0..3 {
         let ids = random_u32(seed + 10 + k, rows, vocab as u32);
-        rec.replay(&client, vec![ids_bytes(&ids)], k % 2 == 0)
-            .expect("nothing holds the recording's buffers")
-            .unwrap();
+        rec.replay(
+            &client,
+            vec![draftc_ops::tensor::u32_bytes(&ids)],
+            k % 2 == 0,
+        )
+        .expect("nothing holds the recording's buffers")
+        .unwrap();
         let replayed = kept_view(&rec, id, &shape, dtype)
             .download_f32(&client)
             .unwrap();
@@ -233,7 +230,7 @@ fn a_replay_refuses_held_buffers_and_misfit_data() {
     drop(pass.run(&client, &[0, 0]));
     let (out, rec) = record(&client, || pass.run(&client, &[1, 2])).unwrap();
     let rec = rec.unwrap();
-    let bytes = ids_bytes(&[3, 4]);
+    let bytes = draftc_ops::tensor::u32_bytes(&[3, 4]);
     assert_eq!(
         rec.replay(&client, vec![bytes.clone()], false).err(),
         Some(ReplayError::Busy)
@@ -266,7 +263,7 @@ fn kept_buffers_made_inside_the_window_are_the_recordings() {
     let (id, shape) = (out.handle.memory_id(), out.shape().to_vec());
     drop(out);
     let ids = [6, 7, 8, 9, 10];
-    rec.replay(&client, vec![ids_bytes(&ids)], false)
+    rec.replay(&client, vec![draftc_ops::tensor::u32_bytes(&ids)], false)
         .unwrap()
         .unwrap();
     let replayed = kept_view(&rec, id, &shape, DType::F32)

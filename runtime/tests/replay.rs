@@ -132,7 +132,6 @@ fn the_bench_check_replays_decode_and_tree_verification() {
 /// rows every round) and give the tokens they give eagerly.
 #[test]
 fn speculative_rounds_replay_their_verification() {
-    use draftc_runtime::engine::{generate_speculative, Sampling};
     for (name, tree, budget) in [("beagle", Some("chain"), 3), ("specformer", None, 4)] {
         for b in [1, 3] {
             let mut tokens = Vec::new();
@@ -140,17 +139,7 @@ fn speculative_rounds_replay_their_verification() {
             for replay in [false, true] {
                 let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
                 t.exec.set_replay(replay);
-                let run = generate_speculative(
-                    &mut t,
-                    d.as_mut(),
-                    &prompts(b),
-                    24,
-                    &Sampling::GREEDY,
-                    budget,
-                    None,
-                    &mut |_, _| {},
-                )
-                .unwrap();
+                let run = speculate(&mut t, d.as_mut(), b, budget, &mut |_, _| {});
                 tokens.push(run.tokens);
                 let (replayed, recorded, why) = t.exec.replay_stats();
                 stats.push((
@@ -182,24 +171,15 @@ fn speculative_rounds_replay_their_verification() {
 #[test]
 fn a_repeated_speculative_run_settles() {
     use draftc_ops::counters::snapshot;
-    use draftc_runtime::engine::{generate_speculative, Sampling};
     for b in [1, 3] {
         let (mut t, mut d) = gpu_layout_drafter(b, "specformer", None);
         let mut runs = Vec::new();
         for _ in 0..3 {
             let mut at_token = Vec::new();
             let (replayed0, recorded0, _) = t.exec.replay_stats();
-            let out = generate_speculative(
-                &mut t,
-                d.as_mut(),
-                &prompts(b),
-                24,
-                &Sampling::GREEDY,
-                4,
-                None,
-                &mut |_, _| at_token.push(snapshot().allocations),
-            )
-            .unwrap();
+            let out = speculate(&mut t, d.as_mut(), b, 4, &mut |_, _| {
+                at_token.push(snapshot().allocations)
+            });
             let (replayed, recorded, _) = t.exec.replay_stats();
             // (allocations after the first round, replayed, recorded, rounds)
             runs.push((
@@ -231,24 +211,13 @@ fn a_repeated_speculative_run_settles() {
 /// round), and most of its passes replay.
 #[test]
 fn specformer_draft_passes_replay_their_drafts() {
-    use draftc_runtime::engine::{generate_speculative, Sampling};
     for b in [1, 3] {
         let mut runs = Vec::new();
         for replay in [false, true] {
             let (mut t, mut d) = gpu_layout_drafter(b, "specformer", None);
             t.exec.set_replay(replay);
             d.executor_mut().unwrap().set_replay(replay);
-            let out = generate_speculative(
-                &mut t,
-                d.as_mut(),
-                &prompts(b),
-                24,
-                &Sampling::GREEDY,
-                4,
-                None,
-                &mut |_, _| {},
-            )
-            .unwrap();
+            let out = speculate(&mut t, d.as_mut(), b, 4, &mut |_, _| {});
             let (replayed, recorded, why) = d.executor().unwrap().replay_stats();
             eprintln!("batch {b} replay {replay}: drafter {replayed} replayed, {recorded} recorded ({why:?})");
             runs.push((

@@ -151,7 +151,6 @@ fn speculative_rounds_flush_once_a_pass() {
         eprintln!("skipped: {} overrides the policy", FlushPolicy::ENV);
         return;
     }
-    use draftc_runtime::engine::generate_speculative;
     // (drafter, tree, budget, reads a round at most): SpecFormer's one
     // drafting pass reads its chain, Beagle's chain every depth's selection
     // in one read at the end (each depth's ids are the last depth's
@@ -211,17 +210,9 @@ fn speculative_rounds_flush_once_a_pass() {
             };
             // This thread's allocations so far, at every emitted token.
             let mut at_token = Vec::new();
-            let run = generate_speculative(
-                t,
-                d.as_mut(),
-                &prompts(b),
-                24,
-                &Sampling::GREEDY,
-                budget,
-                None,
-                &mut |_, _| at_token.push(snapshot().allocations),
-            )
-            .unwrap();
+            let run = speculate(t, d.as_mut(), b, budget, &mut |_, _| {
+                at_token.push(snapshot().allocations)
+            });
             // The steady state allocates nothing: in the second run, once
             // the first round has made the drafter's cache (its tokens
             // follow the prefill's b), no round allocates.

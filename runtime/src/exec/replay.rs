@@ -278,7 +278,7 @@ impl<R: Runtime> Replays<R> {
             // same bytes in both recordings that settled the key).
             let mut data: Vec<Vec<u8>> = e.rec.write_data().to_vec();
             for (d, (_, ids)) in data.iter_mut().zip(uploads) {
-                *d = upload_bytes(ids);
+                *d = draftc_ops::tensor::u32_bytes(ids);
             }
             if let (Some(i), Some(c), Some(mask)) = (step_write, names.first(), e.mask) {
                 let key = meta_key(step, mask, caches, c)?;
@@ -474,13 +474,6 @@ fn entry<R: Runtime>(pass: PassRecord<R>) -> Result<Entry<R>, String> {
         outputs: views,
         mask,
     })
-}
-
-/// The bytes `DeviceTensor::upload_u32` writes for `data`.
-pub(super) fn upload_bytes(data: &[u32]) -> Vec<u8> {
-    let mut b: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-    b.resize(draftc_ops::tensor::padded_bytes(data.len(), DType::U32), 0);
-    b
 }
 
 /// The caches' lengths per sequence of `step` (before a pass).

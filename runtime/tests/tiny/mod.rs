@@ -109,6 +109,29 @@ pub fn gpu_layout_drafter(
     (t, d)
 }
 
+/// A greedy speculative run of [`prompts`]`(b)` for 24 tokens with a draft
+/// budget of `budget`, `on_token` called at every emitted token.
+#[allow(dead_code)]
+pub fn speculate(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut dyn Drafter<Wgpu>,
+    b: usize,
+    budget: usize,
+    on_token: &mut dyn FnMut(usize, u32),
+) -> draftc_runtime::engine::SpecGeneration {
+    draftc_runtime::engine::generate_speculative(
+        t,
+        d,
+        &prompts(b),
+        24,
+        &draftc_runtime::engine::Sampling::GREEDY,
+        budget,
+        None,
+        on_token,
+    )
+    .unwrap()
+}
+
 /// The tiny target with weights from `seed` (7 is the shared target).
 pub fn target_seeded(
     slots: usize,

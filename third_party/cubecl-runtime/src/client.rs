@@ -1204,20 +1204,7 @@ impl<R: Runtime> RecordedLaunch<R> {
     /// Whether `other` launches the same kernel over the same grid with the
     /// same scalars and buffers (offsets and sizes included).
     pub fn same_as(&self, other: &Self) -> bool {
-        use crate::replay::ShareKernel;
-        let id = |l: &Self| <<R::Server as ComputeServer>::Kernel>::from_shared(&l.kernel).id();
-        let buffers = |l: &Self| {
-            l.bindings
-                .buffers
-                .iter()
-                .map(|b| (b.memory.descriptor().id.value, b.offset_start, b.offset_end, b.size))
-                .collect::<Vec<_>>()
-        };
-        id(self) == id(other)
-            && self.cubes() == other.cubes()
-            && self.scalars() == other.scalars()
-            && self.mode == other.mode
-            && buffers(self) == buffers(other)
+        self.same_but_buffers(other) && self.buffer_ids().eq(other.buffer_ids())
     }
 }
 
