@@ -417,18 +417,19 @@ impl<R: Runtime> Executor<R> {
         }
         self.plan(rows)?;
         let plan = Arc::clone(&self.plans[&rows]);
-        let key = (self.replays.on && self.profile.is_none())
-            .then(|| {
-                PassKey::of(
-                    &plan,
-                    step,
-                    inputs,
-                    uploads,
-                    caches,
-                    target_caches.is_some(),
-                )
-            })
-            .flatten();
+        let key = if self.replays.on && self.profile.is_none() {
+            let facts = self.replays.facts(rows, &plan);
+            PassKey::of(
+                facts,
+                step,
+                inputs,
+                uploads,
+                caches,
+                target_caches.is_some(),
+            )
+        } else {
+            None
+        };
         let Some((key, mask)) = key else {
             let inputs = with_uploads(&self.client, uploads, inputs)?;
             return self.run_eager(&plan, step, &inputs, caches, target_caches, true);

@@ -115,13 +115,16 @@ impl PassKey {
     /// target's caches, or attention that is not over this store with one
     /// mask).
     pub(super) fn of<R: Runtime>(
-        plan: &Plan,
+        facts: &PlanFacts,
         step: &Step,
         inputs: &BTreeMap<String, DeviceTensor<R>>,
         uploads: &[(&str, &[u32])],
         caches: &CacheStore<R>,
         with_target: bool,
     ) -> Option<(PassKey, Option<Mask>)> {
+        let PlanFacts::Replayable { mask, chunks } = facts else {
+            return None;
+        };
         if with_target
             || !step.memory.is_empty()
             || step.output_rows.is_some()
@@ -129,25 +132,6 @@ impl PassKey {
             || inputs.contains_key(super::MEMORY_TAIL_BITS)
         {
             return None;
-        }
-        let mut mask = None;
-        let mut chunks = Vec::new();
-        for l in &plan.launches {
-            if let Kernel::Attention {
-                mask: m, layout, ..
-            } = l.kernel
-            {
-                if plan.buffer(l.inputs[1]).class != BufferClass::State
-                    || plan.buffer(l.inputs[1]).name.starts_with("target.")
-                    || mask.is_some_and(|x| x != m)
-                {
-                    return None;
-                }
-                mask = Some(m);
-                if let AttentionLayout::Planes { chunk, .. } = layout {
-                    chunks.push(chunk as usize);
-                }
-            }
         }
         let first = caches.caches().into_iter().next();
         let max_keys = step
@@ -175,8 +159,49 @@ impl PassKey {
                 uploads: uploads.iter().map(|(n, _)| n.to_string()).collect(),
                 halves: caches.half_ids(),
             },
-            mask.map(ops_mask),
+            *mask,
         ))
+    }
+}
+
+/// What a plan says about replaying its passes, found once per plan
+/// ([`Replays::facts`]): whether its attentions allow it (all over the
+/// executor's own caches, one mask) and the key chunks of its plane-layout
+/// attentions.
+pub(super) enum PlanFacts {
+    Replayable {
+        mask: Option<Mask>,
+        chunks: Vec<usize>,
+    },
+    No,
+}
+
+impl PlanFacts {
+    fn of(plan: &Plan) -> PlanFacts {
+        let mut mask = None;
+        let mut chunks = Vec::new();
+        for l in &plan.launches {
+            if let Kernel::Attention {
+                mask: m, layout, ..
+            } = l.kernel
+            {
+                let k = plan.buffer(l.inputs[1]);
+                if k.class != BufferClass::State
+                    || k.name.starts_with("target.")
+                    || mask.is_some_and(|x| x != m)
+                {
+                    return PlanFacts::No;
+                }
+                mask = Some(m);
+                if let AttentionLayout::Planes { chunk, .. } = layout {
+                    chunks.push(chunk as usize);
+                }
+            }
+        }
+        PlanFacts::Replayable {
+            mask: mask.map(ops_mask),
+            chunks,
+        }
     }
 }
 
@@ -202,6 +227,8 @@ struct Entry<R: Runtime> {
 pub(super) struct Replays<R: Runtime> {
     pub(super) on: bool,
     entries: HashMap<PassKey, Vec<Entry<R>>>,
+    /// [`PlanFacts`] by plan rows.
+    facts: HashMap<usize, PlanFacts>,
     /// Keys in the order they were first recorded (the oldest is dropped
     /// past [`MAX_KEYS`]).
     order: std::collections::VecDeque<PassKey>,
@@ -220,6 +247,7 @@ impl<R: Runtime> Replays<R> {
         Replays {
             on: enabled(),
             entries: HashMap::new(),
+            facts: HashMap::new(),
             order: Default::default(),
             replayed: 0,
             recorded: 0,
@@ -232,7 +260,15 @@ impl<R: Runtime> Replays<R> {
     /// Forgets every recording (the plans changed).
     pub(super) fn clear(&mut self) {
         self.entries.clear();
+        self.facts.clear();
         self.order.clear();
+    }
+
+    /// The [`PlanFacts`] of the plan for `rows` rows (found once).
+    pub(super) fn facts(&mut self, rows: usize, plan: &Plan) -> &PlanFacts {
+        self.facts
+            .entry(rows)
+            .or_insert_with(|| PlanFacts::of(plan))
     }
 
     /// Replays the pass of `key` when a stable recording of it is free to
