@@ -10,7 +10,7 @@
 
 use std::fmt;
 
-use draftc_ir::op::{Mask, F64};
+use draftc_ir::op::{Mask, NormWeight, F64};
 
 use crate::device::{AttentionLayout, LinearLayout};
 
@@ -110,6 +110,18 @@ pub enum Kernel {
         head_dim: i64,
         theta: F64,
     },
+    /// `ops::head_norm::head_norm_rope` on `[tokens, heads, head_dim]` (in
+    /// place): an RMS norm over every head with the launch's weight
+    /// (`[head_dim]`), then RoPE at base `theta` where given (an
+    /// attention's `qk_norm`).
+    HeadNorm {
+        tokens: i64,
+        heads: i64,
+        head_dim: i64,
+        eps: F64,
+        weight: NormWeight,
+        theta: Option<F64>,
+    },
     /// `ops::rope::rope_qkv_append`: from a fused q/k/v projection's
     /// `[tokens, (heads + 2 · kv_heads) · head_dim]` output, the rotated
     /// queries, and the rotated K rows and the V rows into the caches.
@@ -187,6 +199,7 @@ impl Kernel {
             Kernel::RmsNorm { .. } => "rms_norm::rms_norm",
             Kernel::GroupRmsNorm { .. } => "group_rms_norm::group_rms_norm",
             Kernel::Rope { .. } => "rope::rope",
+            Kernel::HeadNorm { .. } => "head_norm::head_norm_rope",
             Kernel::RopeQkvAppend { .. } => "rope::rope_qkv_append",
             Kernel::KvAppend { .. } => "kv::kv_append",
             Kernel::Attention { .. } => "attention::attention",
@@ -265,6 +278,22 @@ impl Kernel {
                     read: x * e + tokens * 4,
                     written: x * e,
                     weights: 0,
+                }
+            }
+            Kernel::HeadNorm {
+                tokens,
+                heads,
+                head_dim,
+                theta,
+                ..
+            } => {
+                let x = tokens * heads * head_dim;
+                let rope = if theta.is_some() { 3 } else { 0 };
+                Cost {
+                    flops: (4 + rope) * x,
+                    read: x * e + head_dim * e + tokens * 4,
+                    written: x * e,
+                    weights: head_dim * e,
                 }
             }
             Kernel::RopeQkvAppend {
@@ -436,6 +465,23 @@ impl fmt::Display for Kernel {
                 f,
                 "rope t={tokens} heads={heads} hd={head_dim} theta={theta}"
             ),
+            Kernel::HeadNorm {
+                tokens,
+                heads,
+                head_dim,
+                eps,
+                weight,
+                theta,
+            } => {
+                write!(f, "head_norm t={tokens} heads={heads} hd={head_dim} eps={eps}")?;
+                if *weight != NormWeight::Plain {
+                    write!(f, " weight={}", weight.name())?;
+                }
+                if let Some(theta) = theta {
+                    write!(f, " theta={theta}")?;
+                }
+                Ok(())
+            }
             Kernel::RopeQkvAppend {
                 tokens,
                 heads,

@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 
 use draftc_ir::dim::Dim;
 use draftc_ir::graph::{DrafterKind, Graph, ValueId};
-use draftc_ir::op::{Axis, Cache, InputSource, Mask, Op};
+use draftc_ir::op::{Axis, Cache, InputSource, Mask, NormWeight, Op};
 
 use crate::lower::TargetWeights;
 
@@ -296,6 +296,14 @@ impl<'a> Emitter<'a> {
             let init = match p.node.map(|n| &g.node(n).op) {
                 Some(Op::RmsNorm { .. } | Op::GroupRmsNorm { .. }) => "ones",
                 Some(Op::LayerSum) => "zeros",
+                // An attention's head norms: x̂·w starts at w = 1,
+                // Gemma's x̂·(1 + w) at w = 0.
+                Some(Op::Attention(at)) if p.name.ends_with("_norm.weight") => {
+                    match at.qk_norm.map(|n| n.weight) {
+                        Some(NormWeight::UnitOffset) => "zeros",
+                        _ => "ones",
+                    }
+                }
                 _ if p.name.ends_with(".bias") => "zeros",
                 _ => "normal",
             };
@@ -458,7 +466,23 @@ impl<'a> Emitter<'a> {
                         w.push(format!("{}: {}", py_str(&b), self.w(id, &b)));
                     }
                 }
+                if at.qk_norm.is_some() {
+                    for p in ["q_norm", "k_norm"] {
+                        let n = format!("{p}.weight");
+                        w.push(format!("{}: {}", py_str(p), self.w(id, &n)));
+                    }
+                }
                 let w = w.join(", ");
+                let qk_norm = match at.qk_norm {
+                    None => String::new(),
+                    Some(n) => {
+                        let offset = match n.weight {
+                            NormWeight::Plain => 0.0,
+                            NormWeight::UnitOffset => 1.0,
+                        };
+                        format!(", qk_norm=({}, {offset:?})", eps(n.eps.get()))
+                    }
+                };
                 let mask = py_mask(&at.mask)?;
                 let mask = match &at.train_mask {
                     Some(m) => format!("({} if ctx.train else {mask})", py_mask(m)?),
@@ -511,7 +535,7 @@ impl<'a> Emitter<'a> {
                             }
                         };
                         format!(
-                            "attention_seq({}, {kv}, {{{w}}}, {}, {}, {}, {mask}, {theta}, ctx{memory}{cache})",
+                            "attention_seq({}, {kv}, {{{w}}}, {}, {}, {}, {mask}, {theta}, ctx{memory}{cache}{qk_norm})",
                             a(0),
                             at.heads,
                             at.kv_heads,

@@ -89,10 +89,11 @@ class Memory:
         self.vis = vis
 
 
-def rms_norm(x, w, eps):
+def rms_norm(x, w, eps, offset=0.0):
+    # offset 1.0: Gemma's x̂·(1 + w) (`unit_offset`).
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (y * w.float()).to(x.dtype)
+    return (y * (w.float() + offset)).to(x.dtype)
 
 
 def group_rms_norm(x, w, eps):
@@ -168,9 +169,11 @@ def sdpa(q, k, v, vis):
     return o * any_key[:, None, :, :].to(o.dtype)
 
 
-def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None):
+def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None, qk_norm=None):
     """Sequence-axis attention with q/k/v/o projections `w` (a dict of
-    weights, and `q_proj.bias` … when the attention has biases). Keys come
+    weights, and `q_proj.bias` … when the attention has biases; `q_norm`
+    and `k_norm` with `qk_norm` = (eps, offset): every query and key head
+    RMS-normalised before RoPE). Keys come
     from `kv_src` at the query positions (self or `kv=`), from a memory
     stream (strictly earlier positions), or from a cache the new keys are
     appended to."""
@@ -184,6 +187,9 @@ def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache
         src, kpos, kvalid = kv_src, qpos, ctx.valid
     k = F.linear(src, w["k_proj"], w.get("k_proj.bias")).reshape(B, src.shape[1], hkv, hd)
     v = F.linear(src, w["v_proj"], w.get("v_proj.bias")).reshape(B, src.shape[1], hkv, hd)
+    if qk_norm is not None:
+        q = rms_norm(q, w["q_norm"], *qk_norm)
+        k = rms_norm(k, w["k_norm"], *qk_norm)
     if theta is not None:
         q = rope(q, qpos, theta)
         k = rope(k, kpos, theta)

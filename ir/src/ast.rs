@@ -180,11 +180,13 @@ pub enum ExprKind {
     /// `a..b` (inside index lists)
     Range(Box<Expr>, Box<Expr>),
     /// `a if flag else b`: one of two values by a flag of the target preset
-    /// (`tied_embeddings`). A setting's value and a named argument's are
-    /// parsed this way; only settings and `rope_scaling=` accept one.
+    /// (`tied_embeddings`), or by one layer's entry of a per-layer flag
+    /// (`a if sliding[i] else b`: the preset's `sliding[0]`, `sliding[1]`,
+    /// …). A setting's value and a named argument's are parsed this way.
     Choose {
         then: Box<Expr>,
         flag: Ident,
+        index: Option<Box<Expr>>,
         otherwise: Box<Expr>,
     },
 }

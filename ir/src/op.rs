@@ -140,6 +140,37 @@ pub struct AttentionAttrs {
     /// `rope_scaling=llama3`: Llama 3's scaled RoPE frequencies (boxed:
     /// rare, and it would double every op's size).
     pub rope_scaling: Option<Box<RopeScaling>>,
+    /// `qk_norm` / `qk_norm=unit_offset`: an RMS norm over each query and
+    /// key head (weights `q_norm.weight`, `k_norm.weight`, `[head_dim]`,
+    /// shared by every head) between the projections and RoPE (Qwen 3,
+    /// Gemma 3).
+    pub qk_norm: Option<QkNorm>,
+}
+
+/// How an RMS norm's weight scales the normalised values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NormWeight {
+    /// `x̂ · w` (Llama, Qwen).
+    Plain,
+    /// `x̂ · (1 + w)` (Gemma: its weights are stored as offsets from one).
+    UnitOffset,
+}
+
+impl NormWeight {
+    /// The description language's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            NormWeight::Plain => "plain",
+            NormWeight::UnitOffset => "unit_offset",
+        }
+    }
+}
+
+/// A per-head RMS norm of queries and keys (`AttentionAttrs::qk_norm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QkNorm {
+    pub eps: F64,
+    pub weight: NormWeight,
 }
 
 /// Llama 3's RoPE frequency scaling (`rope_scaling=llama3`, the preset's

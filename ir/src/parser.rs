@@ -361,14 +361,21 @@ impl Parser {
         Ok(())
     }
 
-    /// `then if FLAG else otherwise` after a setting's value `then`; `then`
-    /// alone when no `if` follows.
+    /// `then if FLAG else otherwise` (or `if FLAG[i]`, a per-layer flag)
+    /// after a setting's value `then`; `then` alone when no `if` follows.
     fn choice(&mut self, then: Expr) -> PResult<Expr> {
         if !matches!(self.peek(), TokenKind::Ident(w) if w == "if") {
             return Ok(then);
         }
         self.bump();
         let flag = self.ident("a flag of the target preset, e.g. `tied_embeddings`")?;
+        let index = if self.eat(&TokenKind::LBracket) {
+            let e = self.expr()?;
+            self.expect(TokenKind::RBracket, "`]`")?;
+            Some(Box::new(e))
+        } else {
+            None
+        };
         if !matches!(self.peek(), TokenKind::Ident(w) if w == "else") {
             return Err(self.error_here("`else` and the value when the flag is false"));
         }
@@ -379,6 +386,7 @@ impl Parser {
             kind: ExprKind::Choose {
                 then: Box::new(then),
                 flag,
+                index,
                 otherwise: Box::new(otherwise),
             },
             span,

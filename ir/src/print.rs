@@ -7,7 +7,7 @@ use std::fmt::Write;
 use crate::ast::ItemKind;
 use crate::dim::fmt_shape;
 use crate::graph::{DrafterKind, Graph, Node};
-use crate::op::{Axis, Cache, InputSource, Op};
+use crate::op::{Axis, Cache, InputSource, NormWeight, Op};
 
 /// The whole file. Self-speculative drafters print as their settings (their
 /// body is the base model's), which re-lowers to the same graph.
@@ -187,6 +187,13 @@ pub fn call(g: &Graph, node: &Node) -> String {
             }
             if a.bias {
                 s.push_str(", bias");
+            }
+            match a.qk_norm.map(|n| n.weight) {
+                Some(NormWeight::Plain) => s.push_str(", qk_norm"),
+                Some(w) => {
+                    let _ = write!(s, ", qk_norm={}", w.name());
+                }
+                None => {}
             }
             if let Some(m) = &a.memory {
                 let _ = write!(s, ", memory={m}");

@@ -30,6 +30,7 @@ pub const MODELS: &[(&str, &str)] = &[
     ("eagle", include_str!("../../models/eagle.draft")),
     ("eagle3", include_str!("../../models/eagle3.draft")),
     ("qwen2", include_str!("../../models/qwen2.draft")),
+    ("qwen3", include_str!("../../models/qwen3.draft")),
 ];
 
 pub struct Models;

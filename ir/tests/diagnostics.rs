@@ -486,3 +486,57 @@ fn a_flag_choice_picks_each_side() {
         assert_eq!(g.params()[0].name, format!("{name}.weight"));
     }
 }
+
+#[test]
+fn a_per_layer_flag_picks_each_layers_mask_and_rope_base() {
+    // Gemma 3's layers: sliding-window attention with a local RoPE base
+    // where the preset's `sliding[i]` says so, global attention otherwise.
+    let body = "input ids : [t] u32\nx = embedding(ids, v, d) @e\nrepeat i in 0..n {\n  x += attention(x, heads=h, mask=sliding_window(4, 0) if sliding[i] else causal, rope=500.0 if sliding[i] else theta, cache=kv) @l.{i}\n}\noutput o = x\n";
+    let src = format!("{MODEL}{body}");
+    let mut cfg = common::tiny();
+    let n = cfg.int("n").unwrap();
+    for i in 0..n {
+        cfg.flags.insert(format!("sliding[{i}]"), i % 2 == 0);
+    }
+    let g = common::compile(&src, &cfg).unwrap();
+    let printed = draftc_ir::print::print(&g);
+    let layers: Vec<&str> = printed
+        .lines()
+        .filter(|l| l.contains("attention("))
+        .collect();
+    assert_eq!(layers.len() as i64, n, "{printed}");
+    for (i, l) in layers.iter().enumerate() {
+        if i % 2 == 0 {
+            assert!(
+                l.contains("mask=sliding_window(4, 0)") && l.contains("rope=500.0"),
+                "{l}"
+            );
+        } else {
+            assert!(
+                l.contains("mask=causal") && !l.contains("rope=500.0"),
+                "{l}"
+            );
+        }
+    }
+    // A layer the preset says nothing of is an error naming the entry.
+    cfg.flags.remove(&format!("sliding[{}]", n - 1));
+    let diags = common::compile(&src, &cfg).unwrap_err();
+    assert!(
+        diags[0]
+            .message
+            .contains(&format!("`sliding[{}]` is not a flag", n - 1)),
+        "{diags:?}"
+    );
+}
+
+#[test]
+fn qk_norm_takes_a_weight_kind_and_only_self_attention() {
+    check(
+        "input x = target.hidden[n] : [t, d]\noutput o = attention(x, heads=h, mask=causal, qk_norm=squared) @a\n",
+        &["5:55 bad value for `qk_norm`"],
+    );
+    check(
+        "input x = target.hidden[n] : [t, d]\ninput m = target.hidden[0] : [t, d]\noutput o = attention(x, kv=m, heads=h, mask=full, qk_norm) @a\n",
+        &["6:12 `qk_norm` applies to self-attention along the sequence"],
+    );
+}

@@ -171,3 +171,36 @@ fn a_self_speculative_base_target_is_the_targets_own_family() {
     };
     assert_eq!((biases(&llama), biases(&qwen2)), (0, 3 * 30));
 }
+
+#[test]
+fn qwen3_is_llama_with_head_norms_and_its_own_head_size() {
+    let mut cfg = common::smollm2();
+    // Heads of 80 over d = 576: the query width (9 · 80) is not d.
+    cfg.ints.insert("hd".into(), 80);
+    let llama = common::MODELS[0];
+    let qwen3 = common::MODELS.iter().find(|(n, _)| *n == "qwen3").unwrap();
+    let l = common::compile(llama.1, &cfg).unwrap().params();
+    let g = common::compile(qwen3.1, &cfg).unwrap();
+    let q = g.params();
+    let extra: Vec<&draftc_ir::graph::Param> = q
+        .iter()
+        .filter(|p| l.iter().all(|x| x.name != p.name))
+        .collect();
+    assert_eq!(extra.len(), 2 * 30);
+    for p in &extra {
+        assert!(p.name.ends_with("q_norm.weight") || p.name.ends_with("k_norm.weight"));
+        assert_eq!(p.shape.len(), 1);
+        assert_eq!(p.shape[0].as_const(), Some(80), "{}", p.name);
+    }
+    let q_proj = q
+        .iter()
+        .find(|p| p.name.ends_with("0.self_attn.q_proj.weight"))
+        .unwrap();
+    let dims: Vec<Option<i64>> = q_proj.shape.iter().map(|d| d.as_const()).collect();
+    assert_eq!(dims, [Some(9 * 80), Some(576)]);
+    let printed = draftc_ir::print::print(&g);
+    assert!(
+        printed.contains("head_dim=80") && printed.contains(", qk_norm)"),
+        "{printed}"
+    );
+}

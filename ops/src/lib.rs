@@ -46,7 +46,8 @@
 //!   counts modest so the whole suite stays within a few minutes on lavapipe.
 //!
 //! # Families
-//! Basic: [`rms_norm`], [`group_rms_norm`], [`linear`] (skinny GEMM with
+//! Basic: [`rms_norm`], [`group_rms_norm`], [`head_norm`] (per-head RMS norm
+//! then RoPE, Qwen 3 / Gemma 3 q/k norms), [`linear`] (skinny GEMM with
 //! fused prologue/epilogue), [`rope`], [`elementwise`], [`embedding`],
 //! [`softmax`], [`argmax_topk`], [`sampling`], [`layer_sum`]. Measurement:
 //! [`probe`] (the device's streaming-read roofline), [`counters`] (what the
@@ -70,6 +71,7 @@ pub mod argmax_topk;
 pub mod elementwise;
 pub mod embedding;
 pub mod group_rms_norm;
+pub mod head_norm;
 pub mod layer_sum;
 pub mod linear;
 pub mod linear_plane;

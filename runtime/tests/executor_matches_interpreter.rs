@@ -2,7 +2,8 @@
 //! interpreter (graph node by node, ops references on the host), for every
 //! model in `models/`, on random weights and random small configurations:
 //! target sizes (layers, d, heads, kv heads, f, vocab; tied or untied head,
-//! RoPE plain or scaled as Llama 3.1's), draft length `l`,
+//! RoPE plain or scaled as Llama 3.1's; Qwen 3's head size apart from
+//! d / h), draft length `l`,
 //! batch size, ragged rows per sequence, fused or unfused plans. Each case
 //! runs three passes through the caches — a prefill, an extension, and a
 //! tree-verification pass (parents given) — and compares every output
@@ -97,6 +98,9 @@ fn tiny_target(c: &Config) -> TargetConfig {
         ("d", c.heads * c.head_dim),
         ("h", c.heads),
         ("hkv", c.kv_heads),
+        // A model file that takes `head_dim=hd` (Qwen 3) gets heads of
+        // another size than d / h, so its query width differs from d.
+        ("hd", c.head_dim + 4),
         ("f", c.f),
         ("v", c.vocab),
     ] {

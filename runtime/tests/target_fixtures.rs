@@ -3,8 +3,10 @@
 //! `tools/fixtures/tiny_targets.py`, which records the versions): a Llama
 //! with a tied head in one `model.safetensors`, one with its own head, a
 //! list of eos ids and four shards behind an index, a Qwen 2 (q/k/v
-//! biases, `models/qwen2.draft`, chosen by `model_type`), and a Llama with
-//! Llama 3.1's RoPE scaling (`rope_scaling=llama3`). Each opens as a
+//! biases, `models/qwen2.draft`, chosen by `model_type`), a Llama with
+//! Llama 3.1's RoPE scaling (`rope_scaling=llama3`), and a Qwen 3 (per-head
+//! q/k norms, `head_dim` apart from hidden / heads; made by
+//! `tools/fixtures/tiny_targets_recent.py` with a newer transformers). Each opens as a
 //! Hugging Face directory, matches transformers' first-step logits and
 //! greedy ids, and decodes the same ids speculatively (prompt lookup, and
 //! model drafters on random weights whose `target.lm_head` is the
@@ -113,7 +115,13 @@ fn greedy(t: &mut TargetModel<Wgpu>, e: &Expected) -> (Vec<Vec<u32>>, Vec<Vec<u3
     (want, got)
 }
 
-const NAMES: [&str; 4] = ["llama-tied", "llama-untied", "qwen2-tied", "llama3-scaled"];
+const NAMES: [&str; 5] = [
+    "llama-tied",
+    "llama-untied",
+    "qwen2-tied",
+    "llama3-scaled",
+    "qwen3-tied",
+];
 /// The fixtures with a GGUF beside them (Llama 3's scaling travels in a
 /// GGUF as a `rope_freqs` tensor, which `draftc convert` refuses).
 const GGUF_NAMES: [&str; 3] = ["llama-tied", "llama-untied", "qwen2-tied"];
@@ -139,8 +147,19 @@ fn checkpoints_open_as_transformers_saved_them() {
         .weights
         .names()
         .contains(&"model.layers.1.self_attn.k_proj.bias".to_string()));
+    let (qwen3, _) = open("qwen3-tied");
+    assert_eq!(qwen3.config.model_type, "qwen3");
+    assert_eq!(
+        qwen3.config.head_dim, 24,
+        "its own head_dim, not hidden / heads"
+    );
+    assert!(qwen3
+        .weights
+        .names()
+        .contains(&"model.layers.1.self_attn.k_norm.weight".to_string()));
     for (model, name) in [
         (&tied, "llama-tied"),
+        (&qwen3, "qwen3-tied"),
         (&untied, "llama-untied"),
         (&qwen2, "qwen2-tied"),
     ] {

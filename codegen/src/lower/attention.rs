@@ -95,11 +95,15 @@ impl Lowerer<'_> {
             let v = self.state(format!("{c}.v"), vec![cache_rows, kvw], BufferClass::State);
             (k, v)
         });
-        let direct = fused && caches.is_some();
+        // `qk_norm`: the new K rows are normalised and rotated in a
+        // temporary before they are appended, so the projections do not
+        // write the cache.
+        let direct = fused && caches.is_some() && a.qk_norm.is_none();
         let self_attention = !a.cross && a.memory.is_none() && a.axis == Axis::Sequence;
         let (k_read, v_read) = match (caches, a.rope) {
-            // The stacked q/k/v launches take no biases: with `bias` each
-            // projection is its own launch below.
+            // The stacked q/k/v launches take no biases and no head norms:
+            // with `bias` or `qk_norm` each projection is its own launch
+            // below (`direct` is off with `qk_norm`).
             (Some((kc, vc)), Some(theta)) if direct && self_attention && !a.bias => {
                 let n = qw + 2 * kvw;
                 let grouped = matches!(pro.map(|p| p.kind), Some(Prologue::GroupRmsNorm { .. }));
@@ -221,7 +225,24 @@ impl Lowerer<'_> {
                         into_cache: direct,
                     });
                 }
-                if let Some(theta) = a.rope {
+                if let Some(norm) = a.qk_norm {
+                    // Each head normalised, then rotated, in one launch.
+                    for (part, b, r, h) in [
+                        ("q_norm", q, rows, a.heads),
+                        ("k_norm", k, kv_rows_new, a.kv_heads),
+                    ] {
+                        let w = self.weight(main, &format!("{part}.weight"), vec![a.head_dim])?;
+                        let kernel = Kernel::HeadNorm {
+                            tokens: r,
+                            heads: h,
+                            head_dim: a.head_dim,
+                            eps: norm.eps,
+                            weight: norm.weight,
+                            theta: a.rope,
+                        };
+                        self.launch(kernel, part, vec![main], vec![b], vec![b], vec![w], Some(0));
+                    }
+                } else if let Some(theta) = a.rope {
                     for (part, b, r, h) in [
                         ("rope q", q, rows, a.heads),
                         ("rope k", k, kv_rows_new, a.kv_heads),

@@ -6,7 +6,9 @@ use crate::ast::{Expr, ExprKind};
 use crate::diagnostic::Diagnostic;
 use crate::dim::fmt_shape;
 use crate::graph::ValueId;
-use crate::op::{AttentionAttrs, Axis, Cache, Mask, Op, RopeScaling, StateName, F64};
+use crate::op::{
+    AttentionAttrs, Axis, Cache, Mask, NormWeight, Op, QkNorm, RopeScaling, StateName, F64,
+};
 use crate::span::Span;
 
 use super::args::CallArgs;
@@ -261,6 +263,17 @@ impl Lowerer<'_> {
             );
             return None;
         }
+        let qk_norm = self.qk_norm(a)?;
+        if qk_norm.is_some() && (axis == Axis::Draft || memory.is_some() || kv.is_some()) {
+            self.error(
+                Diagnostic::error(
+                    span,
+                    "`qk_norm` applies to self-attention along the sequence",
+                )
+                .with_label("cross, memory and draft-axis attention take no head norms"),
+            );
+            return None;
+        }
         let attrs = AttentionAttrs {
             heads,
             kv_heads,
@@ -276,6 +289,7 @@ impl Lowerer<'_> {
             out: out_width.filter(|&o| dm.as_const() != Some(o)),
             bias,
             rope_scaling,
+            qk_norm,
         };
         let mut inputs = vec![x];
         if let Some(k) = kv {
@@ -349,6 +363,8 @@ impl Lowerer<'_> {
     }
 
     pub(crate) fn mask(&mut self, e: &Expr) -> Option<Mask> {
+        // `mask=sliding_window(w, 0) if sliding[i] else causal`.
+        let e = self.chosen(e)?;
         let bad = |s: &mut Self| {
             s.error(
                 Diagnostic::error(e.span, "bad value for `mask`")
@@ -422,6 +438,34 @@ impl Lowerer<'_> {
     /// Llama 3's RoPE scaling from the preset's `rope_factor`,
     /// `rope_low_freq_factor`, `rope_high_freq_factor` (numbers) and
     /// `rope_original_context` (an integer); an error naming those missing.
+    fn qk_norm(&mut self, a: &mut CallArgs) -> Option<Option<QkNorm>> {
+        let weight = match a.get("qk_norm", None) {
+            // A bare `qk_norm` (positional): the plain weight.
+            None => a
+                .flag("qk_norm", &mut self.diags)
+                .then_some(NormWeight::Plain),
+            Some(e) => {
+                let e = self.chosen(e)?;
+                match &e.kind {
+                    ExprKind::Name(n) if n == "none" || n == "false" => None,
+                    ExprKind::Name(n) if n == "plain" || n == "true" => Some(NormWeight::Plain),
+                    ExprKind::Name(n) if n == "unit_offset" => Some(NormWeight::UnitOffset),
+                    _ => {
+                        self.error(
+                            Diagnostic::error(e.span, "bad value for `qk_norm`")
+                                .with_label("expected `plain`, `unit_offset` or `none`"),
+                        );
+                        return None;
+                    }
+                }
+            }
+        };
+        Some(weight.map(|weight| QkNorm {
+            eps: F64::new(self.default_eps()),
+            weight,
+        }))
+    }
+
     fn llama3_scaling(&mut self, span: Span) -> Option<RopeScaling> {
         let num = |k: &str| {
             self.config

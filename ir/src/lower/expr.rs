@@ -30,9 +30,15 @@ pub(super) fn free_names(e: &Expr, out: &mut Vec<String>) {
         }
         ExprKind::List(items) => items.iter().for_each(|i| free_names(i, out)),
         ExprKind::Choose {
-            then, otherwise, ..
+            then,
+            index,
+            otherwise,
+            ..
         } => {
             free_names(then, out);
+            if let Some(i) = index {
+                free_names(i, out);
+            }
             free_names(otherwise, out);
         }
     }
@@ -118,16 +124,12 @@ impl Lowerer<'_> {
                 );
                 Val::Error
             }
-            ExprKind::Choose { .. } => {
-                self.error(
-                    Diagnostic::error(
-                        e.span,
-                        "a choice on a flag is only valid as a setting's value, in a weight name or as `rope_scaling=`",
-                    )
-                    .with_label("e.g. `@(model.embed_tokens if tied_embeddings else lm_head)`"),
-                );
-                Val::Error
-            }
+            // A choice on a flag: the chosen value (a named argument's,
+            // e.g. `rope=local_theta if sliding[i] else theta`).
+            ExprKind::Choose { .. } => match self.chosen(e) {
+                Some(c) => self.expr(c),
+                None => Val::Error,
+            },
         }
     }
 

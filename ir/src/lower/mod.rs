@@ -88,20 +88,29 @@ pub(crate) struct Lowerer<'a> {
 impl Lowerer<'_> {
     /// The value of the target preset's flag `flag` (`tied_embeddings`), or
     /// `None` after reporting that the preset has no such flag.
-    pub(crate) fn flag(&mut self, flag: &crate::ast::Ident) -> Option<bool> {
-        if let Some(&v) = self.config.flags.get(&flag.name) {
+    pub(crate) fn flag(
+        &mut self,
+        flag: &crate::ast::Ident,
+        index: Option<&crate::ast::Expr>,
+    ) -> Option<bool> {
+        // A per-layer flag's entries are the preset's `name[0]`, `name[1]`, ….
+        let name = match index {
+            None => flag.name.clone(),
+            Some(i) => format!("{}[{}]", flag.name, self.const_int(i, "a layer index")?),
+        };
+        if let Some(&v) = self.config.flags.get(&name) {
             return Some(v);
         }
         let known: Vec<String> = self.config.flags.keys().cloned().collect();
         let mut d = Diagnostic::error(
             flag.span,
             format!(
-                "`{}` is not a flag of the target preset `{}`",
-                flag.name, self.config.name
+                "`{name}` is not a flag of the target preset `{}`",
+                self.config.name
             ),
         )
         .with_label("a choice reads a `true`/`false` setting of the preset");
-        d = match expr::closest(&flag.name, &known) {
+        d = match expr::closest(&name, &known) {
             Some(c) => d.with_note(format!("did you mean `{c}`?")),
             None if known.is_empty() => d.with_note("the preset sets no flags"),
             None => d.with_note(format!("the preset's flags: {}", known.join(", "))),
@@ -119,10 +128,15 @@ impl Lowerer<'_> {
         while let crate::ast::ExprKind::Choose {
             then,
             flag,
+            index,
             otherwise,
         } = &e.kind
         {
-            e = if self.flag(flag)? { then } else { otherwise };
+            e = if self.flag(flag, index.as_deref())? {
+                then
+            } else {
+                otherwise
+            };
         }
         Some(e)
     }

@@ -90,6 +90,10 @@ pub fn param_shapes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Vec<(S
                 ("v_proj.weight".into(), vec![kvd.clone(), dkv]),
                 ("o_proj.weight".into(), vec![last(out), qd.clone()]),
             ];
+            if a.qk_norm.is_some() {
+                v.push(("q_norm.weight".into(), vec![c(a.head_dim)]));
+                v.push(("k_norm.weight".into(), vec![c(a.head_dim)]));
+            }
             if a.bias {
                 v.push(("q_proj.bias".into(), vec![qd]));
                 v.push(("k_proj.bias".into(), vec![kvd.clone()]));
@@ -287,7 +291,7 @@ impl Lowerer<'_> {
                     name: f.1.to_string(),
                     span: Span::new(start + f.0, start + f.0 + f.1.len()),
                 };
-                Some(path(if self.flag(&flag)? { *a } else { *b }))
+                Some(path(if self.flag(&flag, None)? { *a } else { *b }))
             }
             _ => {
                 self.error(
@@ -453,7 +457,7 @@ impl Lowerer<'_> {
         Some(v)
     }
 
-    fn default_eps(&self) -> f64 {
+    pub(super) fn default_eps(&self) -> f64 {
         self.file_floats
             .get("eps")
             .or(self.config.floats.get("eps"))

@@ -231,6 +231,34 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let half = scalar::<usize>(&mut b);
             k::expand::<F>(&mut b.scope, x, pos, inv_freq, out, pairs, heads, half);
         }
+        KernelSpec::HeadNorm { rope, .. } => {
+            use head_norm::head_norm_rope_kernel as k;
+            AddressType::U32.register(&mut b.scope);
+            let x = array_in::<F>(&mut b);
+            let w = array_in::<F>(&mut b);
+            let pos = array_in::<u32>(&mut b);
+            let inv_freq = array_in::<f32>(&mut b);
+            let out = array_out::<F>(&mut b);
+            let rows = scalar::<usize>(&mut b);
+            let heads = scalar::<usize>(&mut b);
+            let hd = scalar::<usize>(&mut b);
+            let eps = scalar::<f32>(&mut b);
+            let offset = scalar::<f32>(&mut b);
+            k::expand::<F>(
+                &mut b.scope,
+                x,
+                w,
+                pos,
+                inv_freq,
+                out,
+                rows,
+                heads,
+                hd,
+                eps,
+                offset,
+                rope,
+            );
+        }
         KernelSpec::RopeQkvAppend { .. } => {
             use rope::rope_qkv_append_kernel as k;
             AddressType::U32.register(&mut b.scope);

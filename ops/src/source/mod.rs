@@ -47,7 +47,7 @@ use crate::attention::{fused_attention, Mask};
 use crate::error::{OpsError, Result};
 use crate::kv::copy_rows;
 use crate::tensor::DType;
-use crate::{elementwise, embedding, layer_sum, linear, rms_norm, rope};
+use crate::{elementwise, embedding, head_norm, layer_sum, linear, rms_norm, rope};
 
 use define::definition;
 pub use spec::{

@@ -170,6 +170,9 @@ pub enum KernelSpec {
     /// projection, rotated queries, and rotated K rows and the V rows into
     /// the caches (scalar loads, no `N`).
     RopeQkvAppend { dtype: DType },
+    /// [`crate::head_norm::head_norm_rope_kernel`]: every head RMS-normalised,
+    /// then rotated with `rope` (scalar loads, no `N`).
+    HeadNorm { dtype: DType, rope: bool },
     /// The KV row-copy kernel of [`crate::kv`] (append, compaction, block copies).
     CopyRows { dtype: DType, vector: usize },
     /// The fused attention kernel ([`crate::attention`]); `head_dim_cap` is
@@ -300,6 +303,11 @@ impl KernelSpec {
         KernelSpec::RopeQkvAppend { dtype }
     }
 
+    /// Per-head RMS norm (an attention's `qk_norm`), then RoPE with `rope`.
+    pub fn head_norm(dtype: DType, rope: bool) -> KernelSpec {
+        KernelSpec::HeadNorm { dtype, rope }
+    }
+
     /// Row copies of `width` scalars (KV append, stack/concat block copies).
     pub fn copy_rows(dtype: DType, width: usize) -> KernelSpec {
         KernelSpec::CopyRows {
@@ -373,6 +381,7 @@ impl KernelSpec {
             | KernelSpec::Rope { dtype }
             | KernelSpec::RopeAppend { dtype }
             | KernelSpec::RopeQkvAppend { dtype }
+            | KernelSpec::HeadNorm { dtype, .. }
             | KernelSpec::CopyRows { dtype, .. }
             | KernelSpec::Attention { dtype, .. }
             | KernelSpec::AttentionPlanes { dtype, .. }
@@ -388,7 +397,8 @@ impl KernelSpec {
         match *self {
             KernelSpec::Rope { .. }
             | KernelSpec::RopeAppend { .. }
-            | KernelSpec::RopeQkvAppend { .. } => 1,
+            | KernelSpec::RopeQkvAppend { .. }
+            | KernelSpec::HeadNorm { .. } => 1,
             KernelSpec::Linear { vector, .. }
             | KernelSpec::LinearPlanes { vector, .. }
             | KernelSpec::RmsNorm { vector, .. }
@@ -419,6 +429,7 @@ impl KernelSpec {
             KernelSpec::Rope { .. } => "rope_kernel",
             KernelSpec::RopeAppend { .. } => "rope_append_kernel",
             KernelSpec::RopeQkvAppend { .. } => "rope_qkv_append_kernel",
+            KernelSpec::HeadNorm { .. } => "head_norm_rope_kernel",
             KernelSpec::CopyRows { .. } => "copy_rows",
             KernelSpec::Attention { .. } => "fused_attention",
             KernelSpec::AttentionPlanes { .. } => "decode_attention",
@@ -439,7 +450,8 @@ impl KernelSpec {
         match self {
             KernelSpec::Rope { .. }
             | KernelSpec::RopeAppend { .. }
-            | KernelSpec::RopeQkvAppend { .. } => {
+            | KernelSpec::RopeQkvAppend { .. }
+            | KernelSpec::HeadNorm { .. } => {
                 format!("{}_f_{f}", self.kernel_fn())
             }
             _ => format!("{}_f_{f}_n_{}", self.kernel_fn(), self.vector()),
@@ -456,6 +468,7 @@ impl KernelSpec {
             KernelSpec::Rope { .. }
             | KernelSpec::RopeAppend { .. }
             | KernelSpec::RopeQkvAppend { .. } => rope::BLOCK as u32,
+            KernelSpec::HeadNorm { .. } => head_norm::BLOCK as u32,
             KernelSpec::CopyRows { .. } => COPY_UNITS,
             KernelSpec::Attention { .. } => ATTENTION_UNITS,
             KernelSpec::AttentionPlanes { planes, .. } => 32 * *planes as u32,
@@ -544,6 +557,7 @@ impl fmt::Display for KernelSpec {
             KernelSpec::Rope { .. }
                 | KernelSpec::RopeAppend { .. }
                 | KernelSpec::RopeQkvAppend { .. }
+                | KernelSpec::HeadNorm { .. }
         ) {
             write!(f, ", N={}", self.vector())?;
         }
@@ -587,6 +601,7 @@ impl fmt::Display for KernelSpec {
                 pv, planes, mask, ..
             } => write!(f, " pv={pv} planes={planes} mask={}", mask.name()),
             KernelSpec::Elementwise { op, .. } => write!(f, " op={}", op.name()),
+            KernelSpec::HeadNorm { rope: true, .. } => write!(f, " rope"),
             _ => Ok(()),
         }
     }

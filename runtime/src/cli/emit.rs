@@ -244,6 +244,14 @@ pub fn kernel_spec(
             }
             KernelSpec::rope(dt)
         }
+        Kernel::HeadNorm {
+            head_dim, theta, ..
+        } => {
+            if theta.is_some() && size("head_dim", head_dim)? % 2 != 0 {
+                return Err(format!("head_dim = {head_dim} is odd"));
+            }
+            KernelSpec::head_norm(dt, theta.is_some())
+        }
         Kernel::RopeQkvAppend { head_dim, .. } => {
             if size("head_dim", head_dim)? % 2 != 0 {
                 return Err(format!("head_dim = {head_dim} is odd"));

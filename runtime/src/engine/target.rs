@@ -26,6 +26,7 @@ pub const LLAMA_DRAFT: &str = include_str!("../../../models/llama.draft");
 pub const FAMILIES: &[(&str, &str)] = &[
     ("llama", LLAMA_DRAFT),
     ("qwen2", include_str!("../../../models/qwen2.draft")),
+    ("qwen3", include_str!("../../../models/qwen3.draft")),
 ];
 
 /// Why generation failed.
@@ -55,6 +56,7 @@ pub fn target_config(c: &LlamaConfig) -> TargetConfig {
         ("d", c.hidden_size),
         ("h", c.num_attention_heads),
         ("hkv", c.num_key_value_heads),
+        ("hd", c.head_dim),
         ("f", c.intermediate_size),
         ("v", c.vocab_size),
         ("max_context", c.max_position_embeddings),

@@ -673,6 +673,7 @@ impl<R: Runtime> Run<'_, R> {
                 draftc_ops::group_rms_norm::group_rms_norm(c, &x, w, eps.get() as f32, &out)?;
             }
             Kernel::Rope { .. } => self.rope(launch)?,
+            Kernel::HeadNorm { .. } => self.head_norm(launch)?,
             Kernel::RopeQkvAppend {
                 heads,
                 head_dim,

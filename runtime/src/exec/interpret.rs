@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use draftc_codegen::TargetWeights;
 use draftc_ir::graph::{Graph, ValueId};
-use draftc_ir::op::{AttentionAttrs, Axis, Cache, InputSource, Op};
+use draftc_ir::op::{AttentionAttrs, Axis, Cache, InputSource, NormWeight, Op};
 use draftc_ops::attention::{attention_ref, AttnDims, SeqBatch};
 use draftc_ops::linear::reference::{linear, Epilogue, Prologue};
 
@@ -375,6 +375,30 @@ impl Interp<'_> {
             };
         let mut k = lin(&src, dsrc, "k_proj")?;
         let v = lin(&src, dsrc, "v_proj")?;
+        if let Some(norm) = a.qk_norm {
+            let unit_offset = norm.weight == NormWeight::UnitOffset;
+            let eps = norm.eps.get() as f32;
+            let w = self.prefixed(id, "q_norm.weight")?;
+            q = draftc_ops::head_norm::reference::head_norm_rope(
+                &q,
+                w,
+                h,
+                hd,
+                eps,
+                unit_offset,
+                None,
+            );
+            let w = self.prefixed(id, "k_norm.weight")?;
+            k = draftc_ops::head_norm::reference::head_norm_rope(
+                &k,
+                w,
+                hkv,
+                hd,
+                eps,
+                unit_offset,
+                None,
+            );
+        }
         if let Some(theta) = a.rope {
             let freqs = super::executor::rope_inv_freq(hd, theta.get(), a.rope_scaling.as_deref());
             q = draftc_ops::rope::reference::rope_with(&q, &q_pos, h, hd, &freqs);

@@ -8,6 +8,7 @@
 use cubecl::prelude::*;
 use draftc_codegen::kernel::{ElementwiseOp, Epilogue, Prologue};
 use draftc_codegen::{Kernel, Launch};
+use draftc_ir::op::NormWeight;
 use draftc_ops::attention::AttnDims;
 use draftc_ops::elementwise::BinaryOp;
 use draftc_ops::linear_plane::linear_planes;
@@ -229,6 +230,65 @@ impl<R: Runtime> Run<'_, R> {
         let out = out.reshape(&[tokens, h, hd])?;
         let freqs = self.rope_freqs(hd, theta.get().to_bits())?;
         draftc_ops::rope::rope_with_freqs(c, &x, &pos, &freqs, &out)?;
+        Ok(())
+    }
+
+    /// An attention's `qk_norm`: every head of the queries or new keys
+    /// normalised with the launch's weight, then rotated, in place.
+    pub(super) fn head_norm(&mut self, launch: &Launch) -> Result<(), ExecError> {
+        let Kernel::HeadNorm {
+            heads,
+            head_dim,
+            eps,
+            weight: w,
+            theta,
+            ..
+        } = launch.kernel
+        else {
+            return Err(wrong(launch, "head_norm"));
+        };
+        let c = self.client;
+        let (h, hd) = (heads as usize, head_dim as usize);
+        let (ib, ob) = (launch.inputs[0], launch.outputs[0]);
+        if self.pending.contains_key(&ib) {
+            return Err(ExecError::Unsupported(
+                "a head norm over rows already appended to a cache".into(),
+            ));
+        }
+        let x = self.tensor(ib)?;
+        let tokens = x.numel() / (h * hd).max(1);
+        if tokens == 0 {
+            return Ok(());
+        }
+        let x = x.reshape(&[tokens, h, hd])?;
+        let out = self.tensor(ob)?.reshape(&[tokens, h, hd])?;
+        let gamma = weight(self.weights, launch, 0)?;
+        let unit_offset = w == NormWeight::UnitOffset;
+        let eps = eps.get() as f32;
+        match theta {
+            Some(theta) => {
+                let rows = self.positions_of(&RowSource::Step)?.len();
+                if tokens != rows {
+                    return Err(ExecError::Unsupported(format!(
+                        "a head norm with RoPE over {tokens} rows but the pass has {rows} positions"
+                    )));
+                }
+                let pos = self.positions_tensor(&RowSource::Step)?;
+                let freqs = self.rope_freqs(hd, theta.get().to_bits())?;
+                draftc_ops::head_norm::head_norm_rope(
+                    c,
+                    &x,
+                    gamma,
+                    Some((&pos, &freqs)),
+                    eps,
+                    unit_offset,
+                    &out,
+                )?;
+            }
+            None => {
+                draftc_ops::head_norm::head_norm_rope(c, &x, gamma, None, eps, unit_offset, &out)?
+            }
+        }
         Ok(())
     }
 

@@ -126,27 +126,32 @@ impl HfConfig {
         let refuse = |detail: String| {
             Err(ModelError::Config {
                 detail: format!(
-                    "{detail} (plain Llama and Qwen 2 checkpoints run today; issue 54)"
+                    "{detail} (Llama, Qwen 2 and Qwen 3 checkpoints run today; issue 54)"
                 ),
             })
         };
         // Per family, what transformers' config class defaults and which
         // fields it has: Qwen2Config has no bias switches (q/k/v biases are
-        // always there, `models/qwen2.draft`), keeps `sliding_window` unused
-        // unless `use_sliding_window`, and defaults no bos/eos id.
-        let qwen2 = match self.model_type.as_deref() {
-            Some("llama") => false,
-            Some("qwen2") => true,
+        // always there, `models/qwen2.draft`); Qwen2Config and Qwen3Config
+        // keep `sliding_window` unused unless `use_sliding_window` and
+        // default no bos/eos id; Qwen3Config defaults `head_dim` to 128,
+        // not hidden / heads, and has `attention_bias` (false).
+        let (model_type, qwen) = match self.model_type.as_deref() {
+            Some("llama") => ("llama", false),
+            Some("qwen2") => ("qwen2", true),
+            Some("qwen3") => ("qwen3", true),
             Some(other) => return refuse(format!("model_type `{other}` is not supported")),
             None => return refuse("config.json has no `model_type`".into()),
         };
+        let qwen2 = model_type == "qwen2";
+        let qwen3 = model_type == "qwen3";
         let mut rope_scaling = None;
         if let Some(scaling) = self.rope_scaling.filter(|v| !v.is_null()) {
             let kind = ["rope_type", "type"]
                 .iter()
                 .find_map(|k| scaling.get(k).and_then(|t| t.as_str()))
                 .unwrap_or("(unnamed)");
-            if kind != "llama3" || qwen2 {
+            if kind != "llama3" || qwen {
                 return refuse(format!("rope_scaling of type `{kind}` is not supported"));
             }
             let num = |k: &str| scaling.get(k).and_then(|v| v.as_f64()).filter(|x| *x > 0.0);
@@ -181,7 +186,7 @@ impl HfConfig {
         if self.mlp_bias == Some(true) && !qwen2 {
             return refuse("`mlp_bias: true` is not supported".into());
         }
-        let windowed = !qwen2 || self.use_sliding_window == Some(true);
+        let windowed = !qwen || self.use_sliding_window == Some(true);
         if let Some(w) = self.sliding_window.filter(|v| !v.is_null() && windowed) {
             return refuse(format!("`sliding_window: {w}` is not supported"));
         }
@@ -191,7 +196,7 @@ impl HfConfig {
                 "hidden_act `{hidden_act}` is not supported (only `silu`)"
             ));
         }
-        let (bos, eos) = if qwen2 {
+        let (bos, eos) = if qwen {
             (vec![], vec![])
         } else {
             (vec![1], vec![2])
@@ -206,7 +211,7 @@ impl HfConfig {
         let heads = self.num_attention_heads;
         Ok(LlamaConfig {
             architectures: self.architectures,
-            model_type: if qwen2 { "qwen2" } else { "llama" }.into(),
+            model_type: model_type.into(),
             hidden_size: self.hidden_size,
             num_hidden_layers: self.num_hidden_layers,
             num_attention_heads: heads,
@@ -216,7 +221,7 @@ impl HfConfig {
             rope_theta: self.rope_theta.unwrap_or(10_000.0),
             rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            max_position_embeddings: self.max_position_embeddings.unwrap_or(if qwen2 {
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(if qwen {
                 32_768
             } else {
                 2048
@@ -224,9 +229,11 @@ impl HfConfig {
             bos_token_id,
             eos_token_id,
             hidden_act,
-            head_dim: self
-                .head_dim
-                .unwrap_or(self.hidden_size.checked_div(heads).unwrap_or(0)),
+            head_dim: self.head_dim.unwrap_or(if qwen3 {
+                128
+            } else {
+                self.hidden_size.checked_div(heads).unwrap_or(0)
+            }),
             torch_dtype: self.torch_dtype.unwrap_or_else(|| "float32".into()),
             rope_scaling,
         })
@@ -312,8 +319,12 @@ impl LlamaConfig {
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim * self.num_attention_heads != self.hidden_size
-            || !self.head_dim.is_multiple_of(2)
+        // Qwen 3's model file takes `head_dim=hd`; Llama's and Qwen 2's
+        // derive it from hidden / heads, so theirs must agree.
+        let own_head_dim = self.model_type == "qwen3";
+        if !self.head_dim.is_multiple_of(2)
+            || self.head_dim == 0
+            || (!own_head_dim && self.head_dim * self.num_attention_heads != self.hidden_size)
         {
             return fail(format!(
                 "head_dim {} must be even and equal hidden_size / num_attention_heads",

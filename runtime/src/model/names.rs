@@ -71,23 +71,30 @@ pub fn hf_name(gguf_name: &str, config: &LlamaConfig) -> Option<(String, Fixup)>
 }
 
 /// Every tensor (HF name, row-major shape) of a Llama (or Qwen 2: q/k/v
-/// biases too) model with this config, in a stable order: embeddings,
-/// layers, final norm, LM head.
+/// biases too; Qwen 3: per-head q/k norms) model with this config, in a
+/// stable order: embeddings, layers, final norm, LM head.
 pub fn expected_tensors(config: &LlamaConfig) -> Vec<(String, Vec<u64>)> {
     let d = config.hidden_size as u64;
     let f = config.intermediate_size as u64;
     let kv = (config.num_key_value_heads * config.head_dim) as u64;
+    // The query width: heads · head_dim, which Qwen 3 sets apart from d.
+    let q = (config.num_attention_heads * config.head_dim) as u64;
+    let hd = config.head_dim as u64;
     let v = config.vocab_size as u64;
     let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, d])];
     for i in 0..config.num_hidden_layers {
         let p = format!("model.layers.{i}");
         out.push((format!("{p}.input_layernorm.weight"), vec![d]));
-        out.push((format!("{p}.self_attn.q_proj.weight"), vec![d, d]));
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, d]));
         out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, d]));
         out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, d]));
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, d]));
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
+        if config.model_type == "qwen3" {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+        }
         if config.model_type == "qwen2" {
-            out.push((format!("{p}.self_attn.q_proj.bias"), vec![d]));
+            out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
             out.push((format!("{p}.self_attn.k_proj.bias"), vec![kv]));
             out.push((format!("{p}.self_attn.v_proj.bias"), vec![kv]));
         }
