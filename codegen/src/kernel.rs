@@ -39,6 +39,8 @@ pub enum Epilogue {
     Residual,
     /// `silu(x·W_gateᵀ) · (x·W_upᵀ)`; the launch's second weight is `up`.
     SwiGlu,
+    /// `gelu_tanh(x·W_gateᵀ) · (x·W_upᵀ)` (GeGLU); the second weight is `up`.
+    GeGlu,
     /// A self-attention's stacked q/k/v projection: RoPE on q and k, the
     /// queries into the launch's first output, the K and V rows into the
     /// cache halves (its second and third) at the pass's new rows
@@ -59,6 +61,8 @@ pub enum ElementwiseOp {
     Silu,
     /// `silu(a) · b`.
     SwiGlu,
+    /// `gelu_tanh(a) · b`.
+    GeGlu,
 }
 
 impl ElementwiseOp {
@@ -68,6 +72,7 @@ impl ElementwiseOp {
             ElementwiseOp::Mul => "mul",
             ElementwiseOp::Silu => "silu",
             ElementwiseOp::SwiGlu => "swiglu",
+            ElementwiseOp::GeGlu => "geglu",
         }
     }
 }
@@ -146,6 +151,8 @@ pub enum Kernel {
         mask: Mask,
         /// The kernel layout for the plan's device.
         layout: AttentionLayout,
+        /// The scores' scale (`None`: `1/√head_dim`).
+        scale: Option<F64>,
     },
     /// `ops::attention::draft_dim_attention`: `bt` rows of `l` drafts, full mask,
     /// launched `chunk` rows at a time.
@@ -158,7 +165,13 @@ pub enum Kernel {
         chunk: i64,
     },
     /// `ops::embedding::embedding`: gather `tokens` rows of `[vocab, d]`.
-    Embedding { tokens: i64, vocab: i64, d: i64 },
+    /// `ops::embedding::embedding`, rows times `scale` when given.
+    Embedding {
+        tokens: i64,
+        vocab: i64,
+        d: i64,
+        scale: Option<F64>,
+    },
     /// `ops::elementwise`: `numel` outputs; `b_numel` < `numel` is a broadcast operand.
     Elementwise {
         op: ElementwiseOp,
@@ -230,7 +243,7 @@ impl Kernel {
                     Epilogue::None => (0, 0, 0),
                     Epilogue::Bias => (0, n, 0),
                     Epilogue::Residual => (0, 0, m * n),
-                    Epilogue::SwiGlu => (n * k, 0, 0),
+                    Epilogue::SwiGlu | Epilogue::GeGlu => (n * k, 0, 0),
                     Epilogue::RopeQkv { .. } => (0, 0, 0),
                 };
                 let weights = (n * k + up + gamma + bias) * e;
@@ -356,6 +369,7 @@ impl Kernel {
                     ElementwiseOp::Add | ElementwiseOp::Mul => (numel, numel + b_numel),
                     ElementwiseOp::Silu => (4 * numel, numel),
                     ElementwiseOp::SwiGlu => (5 * numel, numel + b_numel),
+                    ElementwiseOp::GeGlu => (9 * numel, numel + b_numel),
                 };
                 Cost {
                     flops,
@@ -401,6 +415,7 @@ impl fmt::Display for Epilogue {
             Epilogue::Bias => "bias",
             Epilogue::Residual => "residual",
             Epilogue::SwiGlu => "swiglu",
+            Epilogue::GeGlu => "geglu",
             Epilogue::RopeQkv {
                 heads,
                 kv_heads,
@@ -502,11 +517,15 @@ impl fmt::Display for Kernel {
                 head_dim,
                 mask,
                 layout,
+                scale,
             } => {
                 write!(
                     f,
                     "attention q={q_rows} kv={kv_rows} keys<={keys} h={heads} hkv={kv_heads} hd={head_dim} mask={mask}"
                 )?;
+                if let Some(s) = scale {
+                    write!(f, " scale={s}")?;
+                }
                 if *layout != AttentionLayout::Lanes {
                     write!(f, " {layout}")?;
                 }
@@ -523,8 +542,17 @@ impl fmt::Display for Kernel {
                 f,
                 "draft_dim_attention bt={bt} l={l} h={heads} hkv={kv_heads} hd={head_dim} chunk={chunk}"
             ),
-            Kernel::Embedding { tokens, vocab, d } => {
-                write!(f, "embedding t={tokens} vocab={vocab} d={d}")
+            Kernel::Embedding {
+                tokens,
+                vocab,
+                d,
+                scale,
+            } => {
+                write!(f, "embedding t={tokens} vocab={vocab} d={d}")?;
+                if let Some(s) = scale {
+                    write!(f, " scale={s}")?;
+                }
+                Ok(())
             }
             Kernel::Elementwise { op, numel, b_numel } => {
                 write!(f, "{} n={numel}", op.name())?;

@@ -78,6 +78,7 @@ fn seed_weights(graph: &Graph, cfg: &PlanConfig) -> Result<Vec<WeightRef>, Codeg
             name: format!("{}.weight", f.prefix),
             shape: vec![eval(&m.width)?, f.taps.len() as i64 * eval(&f.tap_width)?],
             dtype: cfg.dtype,
+            plus_one: false,
         });
     }
     Ok(out)

@@ -141,6 +141,26 @@ pub struct WeightRef {
     pub name: String,
     pub shape: Vec<i64>,
     pub dtype: PlanDType,
+    /// Bound as `1 + w` (the scale of a Gemma RMS norm, `unit_offset`):
+    /// the executor uploads that tensor under [`WeightRef::device_name`].
+    pub plus_one: bool,
+}
+
+impl WeightRef {
+    /// The weight as a norm of kind `w` reads it.
+    pub fn with_norm(mut self, w: draftc_ir::op::NormWeight) -> WeightRef {
+        self.plus_one = w == draftc_ir::op::NormWeight::UnitOffset;
+        self
+    }
+
+    /// The name the device copy goes by: the tensor's, or `1 + name`.
+    pub fn device_name(&self) -> std::borrow::Cow<'_, str> {
+        if self.plus_one {
+            format!("1 + {}", self.name).into()
+        } else {
+            self.name.as_str().into()
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

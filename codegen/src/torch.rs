@@ -299,7 +299,7 @@ impl<'a> Emitter<'a> {
                 // An attention's head norms: x̂·w starts at w = 1,
                 // Gemma's x̂·(1 + w) at w = 0.
                 Some(Op::Attention(at)) if p.name.ends_with("_norm.weight") => {
-                    match at.qk_norm.map(|n| n.weight) {
+                    match at.qk_norm.as_ref().map(|n| n.weight) {
                         Some(NormWeight::UnitOffset) => "zeros",
                         _ => "ones",
                     }
@@ -440,11 +440,15 @@ impl<'a> Emitter<'a> {
                     format!("F.linear({}, {})", a(0), self.w(id, "weight"))
                 }
             }
-            Op::RmsNorm { eps: e } => format!(
-                "rms_norm({}, {}, {})",
+            Op::RmsNorm { eps: e, weight } => format!(
+                "rms_norm({}, {}, {}{})",
                 a(0),
                 self.w(id, "weight"),
-                eps(e.get())
+                eps(e.get()),
+                match weight {
+                    NormWeight::Plain => "",
+                    NormWeight::UnitOffset => ", 1.0",
+                }
             ),
             Op::GroupRmsNorm { eps: e } => {
                 format!(
@@ -473,7 +477,11 @@ impl<'a> Emitter<'a> {
                     }
                 }
                 let w = w.join(", ");
-                let qk_norm = match at.qk_norm {
+                let scale = match at.scale {
+                    None => String::new(),
+                    Some(s) => format!(", scale={:?}", s.get()),
+                };
+                let qk_norm = match at.qk_norm.as_deref() {
                     None => String::new(),
                     Some(n) => {
                         let offset = match n.weight {
@@ -535,7 +543,7 @@ impl<'a> Emitter<'a> {
                             }
                         };
                         format!(
-                            "attention_seq({}, {kv}, {{{w}}}, {}, {}, {}, {mask}, {theta}, ctx{memory}{cache}{qk_norm})",
+                            "attention_seq({}, {kv}, {{{w}}}, {}, {}, {}, {mask}, {theta}, ctx{memory}{cache}{qk_norm}{scale})",
                             a(0),
                             at.heads,
                             at.kv_heads,
@@ -545,13 +553,23 @@ impl<'a> Emitter<'a> {
                 }
             }
             Op::SwiGlu { .. } => format!(
-                "swiglu({}, {}, {}, {})",
+                "{}({}, {}, {}, {})",
+                node.op.name(),
                 a(0),
                 self.w(id, "gate_proj.weight"),
                 self.w(id, "up_proj.weight"),
                 self.w(id, "down_proj.weight")
             ),
-            Op::Embedding { .. } => format!("F.embedding({}, {})", a(0), self.w(id, "weight")),
+            Op::Embedding { scale: None, .. } => {
+                format!("F.embedding({}, {})", a(0), self.w(id, "weight"))
+            }
+            // Gemma: the scale in the embedding's dtype, as transformers.
+            Op::Embedding { scale: Some(s), .. } => format!(
+                "scaled_embedding({}, {}, {:?})",
+                a(0),
+                self.w(id, "weight"),
+                s.get()
+            ),
             Op::TargetEmbed => format!("F.embedding({}, target.embed)", a(0)),
             Op::TargetNorm => format!("rms_norm({}, target.final_norm, target.eps)", a(0)),
             Op::TargetLmHead if self.reduced_vocab().is_some() => format!(

@@ -105,6 +105,15 @@ def swiglu(x, gate, up, down):
     return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
 
 
+def geglu(x, gate, up, down):
+    return F.linear(F.gelu(F.linear(x, gate), approximate="tanh") * F.linear(x, up), down)
+
+
+def scaled_embedding(ids, w, scale):
+    # Gemma: rows times √d, the factor in the table's dtype.
+    return F.embedding(ids, w) * torch.tensor(scale, dtype=w.dtype)
+
+
 def layer_sum(x, w):
     # x [..., k, d], w [k]: sum_k softmax(w)_k x[..., k, :].
     p = torch.softmax(w.float(), dim=0).to(x.dtype)
@@ -156,20 +165,21 @@ def visible(mask, qp, kp):
     raise ValueError(f"mask {mask!r} has no training form")
 
 
-def sdpa(q, k, v, vis):
+def sdpa(q, k, v, vis, scale=None):
     """q [N, H, Tq, hd], k/v [N, Hkv, Tk, hd], vis [N, Tq, Tk] bool. A query
-    row that sees no key gets zeros (draftc's convention)."""
+    row that sees no key gets zeros (draftc's convention). `scale`: the
+    scores' scale (None: 1/√hd)."""
     group = q.shape[1] // k.shape[1]
     if group > 1:
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
     any_key = vis.any(-1, keepdim=True)  # [N, Tq, 1]
     safe = vis | ~any_key
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None, :, :])
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None, :, :], scale=scale)
     return o * any_key[:, None, :, :].to(o.dtype)
 
 
-def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None, qk_norm=None):
+def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache=None, qk_norm=None, scale=None):
     """Sequence-axis attention with q/k/v/o projections `w` (a dict of
     weights, and `q_proj.bias` … when the attention has biases; `q_norm`
     and `k_norm` with `qk_norm` = (eps, offset): every query and key head
@@ -213,7 +223,7 @@ def attention_seq(x, kv_src, w, h, hkv, hd, mask, theta, ctx, memory=None, cache
     key_vis = ctx.key_vis.get(cache, ctx.key_vis.get("*")) if cache is not None else None
     if key_vis is not None:
         vis = vis & key_vis
-    o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vis)
+    o = sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vis, scale)
     o = o.transpose(1, 2).reshape(B, T, h * hd)
     return F.linear(o, w["o_proj"])
 

@@ -143,8 +143,20 @@ pub struct AttentionAttrs {
     /// `qk_norm` / `qk_norm=unit_offset`: an RMS norm over each query and
     /// key head (weights `q_norm.weight`, `k_norm.weight`, `[head_dim]`,
     /// shared by every head) between the projections and RoPE (Qwen 3,
-    /// Gemma 3).
-    pub qk_norm: Option<QkNorm>,
+    /// Gemma 3). Boxed: rare, and it would grow every op.
+    pub qk_norm: Option<Box<QkNorm>>,
+    /// `scale=`: the softmax scale of the scores (Gemma 3's
+    /// `query_pre_attn_scalar ** -0.5`); `None`: `1/√head_dim`.
+    pub scale: Option<F64>,
+}
+
+/// The activation of a gated MLP's gate (`Op::SwiGlu`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GateAct {
+    /// `silu(g)`: `swiglu` (Llama, Qwen).
+    Silu,
+    /// `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`: `geglu` (Gemma).
+    GeluTanh,
 }
 
 /// How an RMS norm's weight scales the normalised values.
@@ -207,9 +219,11 @@ pub enum Op {
         out: Dim,
         bias: bool,
     },
-    /// RMS norm over the last dim; weight `[d]`.
+    /// RMS norm over the last dim; weight `[d]` (`x̂·w`, or Gemma's
+    /// `x̂·(1 + w)` with `unit_offset`).
     RmsNorm {
         eps: F64,
+        weight: NormWeight,
     },
     /// RMS norm over the last dim with one scale vector per group (dim −2); weight `[g, d]`.
     GroupRmsNorm {
@@ -221,14 +235,19 @@ pub enum Op {
     },
     /// Multi-head attention with q/k/v/o projections (HF names `q_proj` …).
     Attention(AttentionAttrs),
-    /// `down(silu(gate(x)) * up(x))` with hidden width `hidden`.
+    /// `down(act(gate(x)) * up(x))` with hidden width `hidden`: SwiGLU
+    /// (`swiglu`, act = SiLU) or GeGLU (`geglu`, act = tanh-approximated
+    /// GELU, Gemma's `gelu_pytorch_tanh`).
     SwiGlu {
         hidden: Dim,
+        act: GateAct,
     },
-    /// Row gather from `[vocab, d]` by u32 ids.
+    /// Row gather from `[vocab, d]` by u32 ids, times `scale` when given
+    /// (Gemma multiplies its embeddings by √d).
     Embedding {
         vocab: Dim,
         dim: Dim,
+        scale: Option<F64>,
     },
     /// The target's token embedding (weights shared with the target).
     TargetEmbed,
@@ -269,7 +288,13 @@ impl Op {
             Op::GroupRmsNorm { .. } => "group_rms_norm",
             Op::Rope { .. } => "rope",
             Op::Attention(_) => "attention",
-            Op::SwiGlu { .. } => "swiglu",
+            Op::SwiGlu {
+                act: GateAct::Silu, ..
+            } => "swiglu",
+            Op::SwiGlu {
+                act: GateAct::GeluTanh,
+                ..
+            } => "geglu",
             Op::Embedding { .. } => "embedding",
             Op::TargetEmbed => "target.embed",
             Op::TargetLmHead => "target.lm_head",

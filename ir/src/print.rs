@@ -154,7 +154,14 @@ pub fn call(g: &Graph, node: &Node) -> String {
             arg(0),
             if *bias { ", bias" } else { "" }
         ),
-        Op::RmsNorm { eps } => format!("rms_norm({}, eps={eps})", arg(0)),
+        Op::RmsNorm { eps, weight } => format!(
+            "rms_norm({}, eps={eps}{})",
+            arg(0),
+            match weight {
+                NormWeight::Plain => "",
+                NormWeight::UnitOffset => ", unit_offset",
+            }
+        ),
         Op::GroupRmsNorm { eps } => format!("group_rms_norm({}, eps={eps})", arg(0)),
         Op::Rope { theta } => format!("rope({}, theta={theta})", arg(0)),
         Op::Attention(a) => {
@@ -188,12 +195,15 @@ pub fn call(g: &Graph, node: &Node) -> String {
             if a.bias {
                 s.push_str(", bias");
             }
-            match a.qk_norm.map(|n| n.weight) {
+            match a.qk_norm.as_ref().map(|n| n.weight) {
                 Some(NormWeight::Plain) => s.push_str(", qk_norm"),
                 Some(w) => {
                     let _ = write!(s, ", qk_norm={}", w.name());
                 }
                 None => {}
+            }
+            if let Some(x) = a.scale {
+                let _ = write!(s, ", scale={x}");
             }
             if let Some(m) = &a.memory {
                 let _ = write!(s, ", memory={m}");
@@ -204,8 +214,11 @@ pub fn call(g: &Graph, node: &Node) -> String {
             s.push(')');
             s
         }
-        Op::SwiGlu { hidden } => format!("swiglu({}, {hidden})", arg(0)),
-        Op::Embedding { vocab, dim } => format!("embedding({}, {vocab}, {dim})", arg(0)),
+        Op::SwiGlu { hidden, .. } => format!("{}({}, {hidden})", node.op.name(), arg(0)),
+        Op::Embedding { vocab, dim, scale } => match scale {
+            None => format!("embedding({}, {vocab}, {dim})", arg(0)),
+            Some(s) => format!("embedding({}, {vocab}, {dim}, scale={s})", arg(0)),
+        },
         Op::TargetEmbed | Op::TargetLmHead | Op::TargetNorm => {
             format!("{}({})", node.op.name(), arg(0))
         }

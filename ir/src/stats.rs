@@ -118,7 +118,7 @@ pub fn flop_stats(g: &Graph, context: i64, target_dims: (i64, i64)) -> FlopStats
                 };
                 proj + 4 * rows * a.heads * a.head_dim * keys
             }
-            Op::SwiGlu { hidden } => {
+            Op::SwiGlu { hidden, .. } => {
                 let rows = if last_in > 0 { out / last_in } else { 0 };
                 let f = eval(hidden);
                 2 * rows * 3 * last_in * f + 5 * rows * f

@@ -29,11 +29,29 @@ impl Resolver for ModelsDir {
     }
 }
 
-/// The default target preset as it ships (`models/smollm2-135m.draft`).
+/// The default target preset as it ships (`models/smollm2-135m.draft`),
+/// plus the settings Gemma 3's model file reads ([`gemma_settings`]), so
+/// every model file in `models/` compiles against one preset.
 pub fn smollm2() -> TargetConfig {
     let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft"))
         .expect("models/smollm2-135m.draft exists");
-    crate::parse_preset(&src).expect("the preset parses")
+    let mut cfg = crate::parse_preset(&src).expect("the preset parses");
+    gemma_settings(&mut cfg);
+    cfg
+}
+
+/// What `models/gemma3.draft` reads beyond a Llama preset, chosen so a test
+/// sees each of them act: an embedding scale, a local RoPE base, a scores'
+/// scale other than 1/√hd, a window of 4 keys, and layers 0–4 of every 6
+/// sliding (Gemma 3's pattern), for up to 64 layers.
+pub fn gemma_settings(cfg: &mut TargetConfig) {
+    cfg.floats.insert("embed_scale".into(), 3.0);
+    cfg.floats.insert("local_theta".into(), 10_000.0);
+    cfg.floats.insert("attn_scale".into(), 0.1);
+    cfg.ints.insert("window".into(), 4);
+    for i in 0..64 {
+        cfg.flags.insert(format!("sliding[{i}]"), (i + 1) % 6 != 0);
+    }
 }
 
 /// SmolLM2's preset shrunk to a tiny target: 2 layers, d = 32, 4 heads

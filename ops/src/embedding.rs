@@ -6,6 +6,15 @@
 //! the device mid-pass). The kernel clamps ids to the last row either way,
 //! so memory stays safe whatever the ids hold.
 //!
+//! [`embedding_scaled`] and [`embedding_clamped_scaled`] multiply the
+//! gathered row by a runtime `scale` (Gemma 3's `embed(ids) * sqrt(hidden)`):
+//! `out = F(f32(table[id, :]) * scale)`, the product in f32 and rounded once
+//! to the storage type at the store. A kernel of its own
+//! ([`embedding_scaled_kernel`]), so the plain gather's source stays as it
+//! was. transformers multiplies by `embed_scale.to(dtype)`: for its f16
+//! results pass the scale rounded to f16 (the f16 × f16 product is exact in
+//! f32, so the one rounding then matches torch's).
+//!
 //! [`lookup_u32`] is the same gather over a one-wide u32 table: an id map
 //! applied on the device (a reduced draft vocabulary's ids to the
 //! target's, so a drafter's next pass reads them without a round trip),
@@ -45,6 +54,32 @@ pub fn embedding_kernel<F: Float + CubeElement, N: Size>(
     }
 }
 
+/// [`embedding_kernel`] times `scale`: every vector widened to f32,
+/// multiplied, and cast back to `F` at the store.
+#[cube(launch_unchecked)]
+pub fn embedding_scaled_kernel<F: Float + CubeElement, N: Size>(
+    table: &Array<Vector<F, N>>,
+    ids: &Array<u32>,
+    out: &mut Array<Vector<F, N>>,
+    tokens: usize,
+    vocab: usize,
+    dv: usize,
+    scale: f32,
+) {
+    let t = CUBE_POS;
+    if t < tokens {
+        let id = ids[t] as usize;
+        let row = select(id < vocab, id, vocab - 1);
+        let s = Vector::<f32, N>::new(scale);
+        let mut j = UNIT_POS as usize;
+        while j < dv {
+            let x = Vector::<f32, N>::cast_from(table[row * dv + j]);
+            out[t * dv + j] = Vector::<F, N>::cast_from(x * s);
+            j += comptime!(BLOCK);
+        }
+    }
+}
+
 /// Gathers rows of `table` (`[vocab, d]`) by `ids` (u32, `[t]`) into `out`
 /// (`[t, d]`), after reading the ids back to check them.
 pub fn embedding<R: Runtime>(
@@ -53,7 +88,7 @@ pub fn embedding<R: Runtime>(
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, out, true)
+    launch(client, table, ids, None, out, true)
 }
 
 /// [`embedding`] without reading the ids back: an id `>= vocab` gathers the
@@ -64,27 +99,64 @@ pub fn embedding_clamped<R: Runtime>(
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, out, false)
+    launch(client, table, ids, None, out, false)
+}
+
+/// [`embedding`] times `scale` (finite): `out[t, :] = table[ids[t], :] *
+/// scale`, after reading the ids back to check them.
+pub fn embedding_scaled<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    scale: f32,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    launch(client, table, ids, Some(scale), out, true)
+}
+
+/// [`embedding_clamped`] times `scale` (finite): no read-back, an id `>=
+/// vocab` gathers the last row.
+pub fn embedding_clamped_scaled<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    scale: f32,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    launch(client, table, ids, Some(scale), out, false)
 }
 
 fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     table: &DeviceTensor<R>,
     ids: &DeviceTensor<R>,
+    scale: Option<f32>,
     out: &DeviceTensor<R>,
     check_ids: bool,
 ) -> Result<()> {
-    const OP: &str = "embedding";
-    expect_float(client, OP, "table", table)?;
-    expect_nonempty(OP, "table", table)?;
-    let s = expect_rank(OP, "table", table, 2, "[vocab, d]")?;
+    let op = if scale.is_some() {
+        "embedding_scaled"
+    } else {
+        "embedding"
+    };
+    expect_float(client, op, "table", table)?;
+    expect_nonempty(op, "table", table)?;
+    let s = expect_rank(op, "table", table, 2, "[vocab, d]")?;
     let (vocab, d) = (s[0], s[1]);
-    expect_dtype(OP, "ids", ids, DType::U32)?;
-    expect_nonempty(OP, "ids", ids)?;
-    expect_rank(OP, "ids", ids, 1, "[t]")?;
+    expect_dtype(op, "ids", ids, DType::U32)?;
+    expect_nonempty(op, "ids", ids)?;
+    expect_rank(op, "ids", ids, 1, "[t]")?;
     let tokens = ids.numel();
-    expect_shape(OP, "out", out, &[tokens, d])?;
-    expect_dtype(OP, "out", out, table.dtype())?;
+    expect_shape(op, "out", out, &[tokens, d])?;
+    expect_dtype(op, "out", out, table.dtype())?;
+    if let Some(scale) = scale {
+        if !scale.is_finite() {
+            return Err(OpsError::InvalidArgument {
+                op,
+                reason: format!("scale must be finite, got {scale}"),
+            });
+        }
+    }
     if check_ids {
         let host_ids = ids.download_u32(client)?;
         if let Some((position, &id)) = host_ids
@@ -93,7 +165,7 @@ fn launch<R: Runtime>(
             .find(|(_, &id)| id as usize >= vocab)
         {
             return Err(OpsError::IndexOutOfRange {
-                op: OP,
+                op,
                 arg: "ids",
                 position,
                 index: id as u64,
@@ -102,21 +174,30 @@ fn launch<R: Runtime>(
         }
     }
     let n = vector_width(client, d);
-    let count = cube_count(OP, tokens)?;
+    let count = cube_count(op, tokens)?;
     // Unchecked launch: no per-access bounds checks in the shader.
-    crate::dispatch_float!(table.dtype(), OP, F => {
-        // SAFETY: shapes validated above; every index is guarded or clamped in the kernel.
+    let dim = CubeDim::new_1d(BLOCK as u32);
+    crate::dispatch_float!(table.dtype(), op, F => {
+        // SAFETY: shapes validated above; a cube works only for `t <
+        // tokens`, reads its row at an id clamped below `vocab` (>= 1), and
+        // its units index `j < d / n` within that row.
         unsafe {
-            embedding_kernel::launch_unchecked::<F, R>(
-                client, count, CubeDim::new_1d(BLOCK as u32), n,
-                table.array_arg(), ids.array_arg(), out.array_arg(), tokens, vocab, d / n,
-            )
+            match scale {
+                None => embedding_kernel::launch_unchecked::<F, R>(
+                    client, count, dim, n,
+                    table.array_arg(), ids.array_arg(), out.array_arg(), tokens, vocab, d / n,
+                ),
+                Some(scale) => embedding_scaled_kernel::launch_unchecked::<F, R>(
+                    client, count, dim, n,
+                    table.array_arg(), ids.array_arg(), out.array_arg(), tokens, vocab, d / n,
+                    scale,
+                ),
+            }
         }
     })?;
-    finish(client, OP)
+    finish(client, op)
 }
 
-/// Plain-Rust oracle.
 /// One unit per id.
 #[cube(launch_unchecked)]
 pub fn lookup_kernel(
@@ -176,6 +257,7 @@ pub fn lookup_u32<R: Runtime>(
     finish(client, OP)
 }
 
+/// Plain-Rust oracles.
 pub mod reference {
     /// `table[min(id, len - 1)]` for every id.
     pub fn lookup(table: &[u32], ids: &[u32]) -> Vec<u32> {
@@ -188,6 +270,14 @@ pub mod reference {
     pub fn embedding(table: &[f32], d: usize, ids: &[u32]) -> Vec<f32> {
         ids.iter()
             .flat_map(|&i| table[i as usize * d..(i as usize + 1) * d].iter().copied())
+            .collect()
+    }
+
+    /// [`embedding`] times `scale`, in f32.
+    pub fn embedding_scaled(table: &[f32], d: usize, ids: &[u32], scale: f32) -> Vec<f32> {
+        embedding(table, d, ids)
+            .into_iter()
+            .map(|x| x * scale)
             .collect()
     }
 }

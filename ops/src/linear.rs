@@ -7,9 +7,12 @@
 //!   `groups * d == in` (see [`crate::group_rms_norm`]). The per-row (per
 //!   group) sum of squares is accumulated in the same pass over `x` as the
 //!   dot products, and `1/rms` scales the group's partial sums at the end.
-//! * **Epilogue**: none, `+ bias[out]`, `+ residual[m, out]`, or SwiGLU:
-//!   `W` is the gate weight, the epilogue carries the up weight, and
-//!   `out = silu(x·W_gateᵀ) * (x·W_upᵀ)`.
+//! * **Epilogue**: none, `+ bias[out]`, `+ residual[m, out]`, or a gated
+//!   unit, SwiGLU or GeGLU: `W` is the gate weight, the epilogue carries the
+//!   up weight, and `out = silu(x·W_gateᵀ) * (x·W_upᵀ)` (SwiGLU, Llama/Qwen)
+//!   or `out = gelu_tanh(x·W_gateᵀ) * (x·W_upᵀ)` (GeGLU, Gemma: PyTorch's
+//!   `gelu(approximate="tanh")`, [`reference::gelu_tanh`]; the kernel's
+//!   numerically safe form is `gelu_tanh` in this file).
 //!
 //! Kernel layout: each unit owns `cols` adjacent output columns (comptime,
 //! one of [`UNIT_COLUMNS`]), [`BLOCK`] units per cube. A unit streams its
@@ -64,6 +67,14 @@ pub(crate) const EPI_NONE: u32 = 0;
 pub(crate) const EPI_BIAS: u32 = 1;
 pub(crate) const EPI_RESIDUAL: u32 = 2;
 pub(crate) const EPI_SWIGLU: u32 = 3;
+/// 5, not 4: `source::LinearEpilogue::RopeQkv` uses 4 as its placeholder code.
+pub(crate) const EPI_GEGLU: u32 = 5;
+
+/// Whether an epilogue code multiplies by an up projection (the launch
+/// binds and accumulates a second weight).
+pub(crate) const fn is_gated(epilogue: u32) -> bool {
+    epilogue == EPI_SWIGLU || epilogue == EPI_GEGLU
+}
 
 /// What is applied to `x` as it is loaded.
 #[derive(Debug, Clone, Copy)]
@@ -93,6 +104,11 @@ pub enum Epilogue<'a, R: Runtime> {
     SwiGlu {
         up: &'a DeviceTensor<R>,
     },
+    /// `gelu_tanh(x·Wᵀ) * (x·W_upᵀ)` (Gemma's MLP), `up` `[out, in]` like
+    /// the gate weight; bound and validated exactly as for `SwiGlu`.
+    GeGlu {
+        up: &'a DeviceTensor<R>,
+    },
 }
 
 /// Rows per register block for `m` rows.
@@ -107,10 +123,11 @@ pub(crate) fn rows_per_block(m: usize) -> usize {
 
 /// One reduction step of both linear layouts: at vector index `kv`, loads
 /// the weight vectors of the `cols` columns (`wbase`: their row offsets;
-/// with `swiglu` the up weights too) and each of the `mb` rows' `x` vector
-/// (`xoff`: row offsets; one load serves every column), and adds the dot
-/// products to `part` / `part_u` (`[r * cols + c]`) and, with `norm`, the
-/// rows' sums of squares to `sq` (1/rms scales the dot products later).
+/// with `gated`, i.e. SwiGLU or GeGLU, the up weights too) and each of the
+/// `mb` rows' `x` vector (`xoff`: row offsets; one load serves every
+/// column), and adds the dot products to `part` / `part_u` (`[r * cols +
+/// c]`) and, with `norm`, the rows' sums of squares to `sq` (1/rms scales
+/// the dot products later).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn accumulate<F: Float + CubeElement, N: Size>(
@@ -127,14 +144,14 @@ pub(crate) fn accumulate<F: Float + CubeElement, N: Size>(
     #[comptime] mb: usize,
     #[comptime] cols: usize,
     #[comptime] norm: bool,
-    #[comptime] swiglu: bool,
+    #[comptime] gated: bool,
 ) {
     let mut wv = Array::<Vector<f32, N>>::new(cols);
     let mut uv = Array::<Vector<f32, N>>::new(cols);
     #[unroll]
     for c in 0..cols {
         wv[c] = Vector::<f32, N>::cast_from(w[wbase[c] + kv]);
-        if swiglu {
+        if gated {
             uv[c] = Vector::<f32, N>::cast_from(w_up[wbase[c] + kv]);
         }
     }
@@ -152,7 +169,7 @@ pub(crate) fn accumulate<F: Float + CubeElement, N: Size>(
         #[unroll]
         for c in 0..cols {
             part[r * cols + c] += lane_sum::<f32, N>(xv * wv[c]);
-            if swiglu {
+            if gated {
                 part_u[r * cols + c] += lane_sum::<f32, N>(xv * uv[c]);
             }
         }
@@ -160,7 +177,7 @@ pub(crate) fn accumulate<F: Float + CubeElement, N: Size>(
 }
 
 /// The epilogue of both linear layouts on output value `acc[at]` (its
-/// SwiGLU up product `acc_u[at]`) stored at `out[idx]`: plus column
+/// SwiGLU/GeGLU up product `acc_u[at]`) stored at `out[idx]`: plus column
 /// `col_offset + o` of `extra` (bias) or `extra[idx]` (residual). Each
 /// operand is read inside its own comptime branch, so every layout and
 /// epilogue compiles to the code it had inline.
@@ -186,7 +203,44 @@ pub(crate) fn epilogue_of<F: Float + CubeElement>(
     if comptime!(epilogue == EPI_SWIGLU) {
         y = y / (1f32 + f32::exp(-y)) * acc_u[at];
     }
+    if comptime!(epilogue == EPI_GEGLU) {
+        y = gelu_tanh(y) * acc_u[at];
+    }
     y
+}
+
+/// `2·√(2/π)` = 1.5957691216… (this literal is the f32 nearest to it):
+/// twice the factor of `gelu_tanh`'s `u = √(2/π)·(g + 0.044715·g³)`.
+pub(crate) const GELU_TANH_2K: f32 = 1.595_769_2;
+/// The cube term's coefficient of the tanh GELU.
+pub(crate) const GELU_TANH_C: f32 = 0.044_715;
+/// `gelu_tanh` takes `u` from `g` clamped to ±1e4, which keeps `g³` finite;
+/// there `|2u|` ≈ 7e10, so `σ(2u)` is exactly 0 or 1 in f32 either way.
+pub(crate) const GELU_TANH_CLAMP: f32 = 1.0e4;
+
+/// The tanh GELU (PyTorch `gelu(approximate="tanh")`, transformers'
+/// `gelu_pytorch_tanh`) in f32:
+/// `0.5·g·(1 + tanh(u))`, `u = √(2/π)·(g + 0.044715·g³)`, computed through
+/// the exact identity `0.5·(1 + tanh(u)) = σ(2u)` as
+/// `g · exp(min(2u, 0)) / (1 + exp(-|2u|))`.
+///
+/// Why not `f32::tanh`: CubeCL 0.10 has it (CUDA `tanh()`, f16 through
+/// float; WGSL's built-in `tanh`; the GUIDE does not cover it), but on WGSL
+/// its accuracy for large |u| is the driver's: GLSL.std.450 `Tanh` only
+/// inherits the precision of `(eᵘ − e⁻ᵘ)/(eᵘ + e⁻ᵘ)`, which overflows to
+/// inf/inf = NaN unless the driver clamps (Mesa does; Metal does not, which
+/// cubecl patches on macOS only); and `1 + tanh(u)` cancels for g ≪ 0
+/// (PyTorch's own f32 result at g = −5 is −2.98e-7 against a true
+/// −2.29e-7). In the form used here both `exp` arguments are ≤ 0, so
+/// nothing overflows for any finite `g` (an underflow to 0 is the right
+/// limit), nothing cancels, and no backend's `tanh` is involved. The cost
+/// is a second `exp` (`g / (1 + exp(-2u))`, the SiLU form, would need
+/// `exp` to overflow to inf for g ≪ 0).
+#[cube]
+pub(crate) fn gelu_tanh(g: f32) -> f32 {
+    let c = f32::clamp(g, comptime!(-GELU_TANH_CLAMP), comptime!(GELU_TANH_CLAMP));
+    let t = comptime!(GELU_TANH_2K) * (c + comptime!(GELU_TANH_C) * c * c * c);
+    g * f32::exp(f32::min(t, 0f32)) / (1f32 + f32::exp(-f32::abs(t)))
 }
 
 /// Adds a reduction group's partial sums (`part`, `part_u`: `[mb × cols]`)
@@ -288,7 +342,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
 ) {
     // This unit's `cols` columns: o0, o0 + 1, ... (clamped for loads, guarded for stores).
     let o0 = (CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize) * cols;
-    let swiglu = comptime!(epilogue == EPI_SWIGLU);
+    let gated = comptime!(is_gated(epilogue));
     let mut wbase = Array::<usize>::new(cols);
     #[unroll]
     for c in 0..cols {
@@ -340,7 +394,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
                     mb,
                     cols,
                     norm,
-                    swiglu,
+                    gated,
                 );
             }
             add_group(
@@ -358,7 +412,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
 /// `out = epilogue(prologue(x) · weightᵀ)`, units owning 8 columns.
 ///
 /// * `x`: `[..., in]` (all leading dims are rows, `m` = their product).
-/// * `weight`: `[out, in]` (the gate weight for SwiGLU).
+/// * `weight`: `[out, in]` (the gate weight for SwiGLU and GeGLU).
 /// * `out`: `[..., out]` with `x`'s leading dims; same dtype as `x`.
 pub fn linear<R: Runtime>(
     client: &ComputeClient<R>,
@@ -583,6 +637,10 @@ pub(crate) fn check_args<'a, R: Runtime>(
             expect_shape(OP, "up weight", up, weight.shape())?;
             (dummy, Some(up), EPI_SWIGLU)
         }
+        Epilogue::GeGlu { up } => {
+            expect_shape(OP, "up weight", up, weight.shape())?;
+            (dummy, Some(up), EPI_GEGLU)
+        }
     };
     expect_dtype(OP, "epilogue tensor", extra, dtype)?;
     if let Some(up) = up {
@@ -657,6 +715,14 @@ pub mod reference {
         Bias(&'a [f32]),
         Residual(&'a [f32]),
         SwiGlu { up: &'a [f32] },
+        GeGlu { up: &'a [f32] },
+    }
+
+    /// The tanh GELU as PyTorch writes it (`gelu(approximate="tanh")`), in f32:
+    /// `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`.
+    pub fn gelu_tanh(g: f32) -> f32 {
+        let k = (2.0 / std::f32::consts::PI).sqrt();
+        0.5 * g * (1.0 + (k * (g + 0.044715 * g * g * g)).tanh())
     }
 
     /// `x` `[m, k]`, `w` `[n, k]` → `[m, n]`.
@@ -695,6 +761,12 @@ pub mod reference {
                 y.iter_mut()
                     .zip(u)
                     .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
+            }
+            Epilogue::GeGlu { up } => {
+                let u = matmul(up);
+                y.iter_mut()
+                    .zip(u)
+                    .for_each(|(g, u)| *g = gelu_tanh(*g) * u);
             }
         }
         y

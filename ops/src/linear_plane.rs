@@ -1,6 +1,6 @@
 //! Linear layer for real GPUs (the "planes" variant of [`crate::linear`]):
 //! `y = prologue(x) · Wᵀ (+ epilogue)` with the same prologues (RMS norm,
-//! grouped RMS norm) and epilogues (bias, residual, SwiGLU) and the same
+//! grouped RMS norm) and epilogues (bias, residual, SwiGLU, GeGLU) and the same
 //! `[out, in]` weight layout.
 //!
 //! Layout (docs/gpu.md; llama.cpp's `mul_mat_vec` is the model):
@@ -82,8 +82,9 @@ fn zero(a: &mut Array<f32>, #[comptime] n: usize) {
 /// Reduces a plane's partial sums over its lanes (`plane_sum`), then over
 /// the `ksplit` planes that share its column group through `smem` (`mb ·
 /// cols · 2 + mb` floats a plane): the group's sums end in its first plane
-/// (`split == 0`). `part_u` is SwiGLU's up projection (reduced only with
-/// `swiglu`), `sq` the rows' sums of squares (over lanes only with `norm`).
+/// (`split == 0`). `part_u` is the gated epilogues' (SwiGLU's, GeGLU's)
+/// up projection (reduced only with `gated`), `sq` the rows' sums of
+/// squares (over lanes only with `norm`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn reduce_group(
@@ -98,14 +99,14 @@ pub(crate) fn reduce_group(
     #[comptime] cols: usize,
     #[comptime] ksplit: usize,
     #[comptime] norm: bool,
-    #[comptime] swiglu: bool,
+    #[comptime] gated: bool,
 ) {
     let slot = comptime!(mb * cols * 2 + mb);
     // Reduce over the plane's lanes.
     #[unroll]
     for i in 0..comptime!(mb * cols) {
         part[i] = plane_sum(part[i]);
-        if swiglu {
+        if gated {
             part_u[i] = plane_sum(part_u[i]);
         }
     }
@@ -122,7 +123,7 @@ pub(crate) fn reduce_group(
             #[unroll]
             for i in 0..comptime!(mb * cols) {
                 smem[base + i] = part[i];
-                if swiglu {
+                if gated {
                     smem[base + comptime!(mb * cols) + i] = part_u[i];
                 }
             }
@@ -139,7 +140,7 @@ pub(crate) fn reduce_group(
                 #[unroll]
                 for i in 0..comptime!(mb * cols) {
                     part[i] += smem[base + i];
-                    if swiglu {
+                    if gated {
                         part_u[i] += smem[base + comptime!(mb * cols) + i];
                     }
                 }
@@ -177,7 +178,7 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
     #[comptime] norm: bool,
     #[comptime] epilogue: u32,
 ) {
-    let swiglu = comptime!(epilogue == crate::linear::EPI_SWIGLU);
+    let gated = comptime!(crate::linear::is_gated(epilogue));
     let lane = UNIT_POS_X as usize;
     let plane = UNIT_POS_Y as usize;
     let split = plane % ksplit;
@@ -185,7 +186,7 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
     let o0 = (CUBE_POS * comptime!(planes / ksplit) + group_in_cube) * cols;
     let pdim = PLANE_DIM as usize;
     let step = pdim * ksplit;
-    // Per plane: mb * cols dot products (+ as many for SwiGLU's up) and mb
+    // Per plane: mb * cols dot products (+ as many for SwiGLU's/GeGLU's up) and mb
     // sums of squares, exchanged when ksplit planes share a column group.
     let slot = comptime!(mb * cols * 2 + mb);
     let mut smem = SharedMemory::<f32>::new(comptime!(planes * slot));
@@ -231,7 +232,7 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
                     mb,
                     cols,
                     norm,
-                    swiglu,
+                    gated,
                 );
                 kv += step;
             }
@@ -247,7 +248,7 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
                 cols,
                 ksplit,
                 norm,
-                swiglu,
+                gated,
             );
             crate::linear::add_group(
                 &mut acc, &mut acc_u, &part, &part_u, &sq, d, eps, mb, cols, norm,

@@ -1,11 +1,14 @@
 //! Fused attention kernel vs `attention_ref` on the wgpu runtime: every mask
 //! kind, grouped-query heads, batches of ragged sequences, f32 and f16;
-//! draft-dim chunking is bit-identical to one launch; invalid input is an
-//! `Err`, never a launch.
+//! the tree mask over a sliding window against the reference and, row for
+//! row, against the sliding-window decode rows of each node's path;
+//! a softmax scale set on the metadata (both layouts) vs
+//! `attention_ref_scaled`; draft-dim chunking is bit-identical to one launch;
+//! invalid input is an `Err`, never a launch.
 
 use draftc_ops::attention::{
-    attention, attention_planes, attention_ref, draft_dim_attention, AttnDims, AttnMeta,
-    AttnPlaneShape, Mask, SeqBatch, TreeTail, TREE_ROOT,
+    attention, attention_planes, attention_ref, attention_ref_scaled, attention_rows,
+    draft_dim_attention, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch, TreeTail, TREE_ROOT,
 };
 use draftc_ops::testing::{assert_close, config, float_dtype, random_f32, random_u32, test_client};
 use draftc_ops::{DType, DeviceTensor, OpsError};
@@ -39,6 +42,20 @@ fn check_as(
     seed: u64,
     layout: Option<(u32, u32)>,
 ) -> Result<(), TestCaseError> {
+    check_scaled(dtype, dims, batch, mask, seed, layout, None)
+}
+
+/// [`check_as`] with the softmax scale `scale` set on the metadata
+/// ([`AttnMeta::with_scale`]) when given, against [`attention_ref_scaled`].
+fn check_scaled(
+    dtype: DType,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    seed: u64,
+    layout: Option<(u32, u32)>,
+    scale: Option<f32>,
+) -> Result<(), TestCaseError> {
     let client = test_client();
     let (tq, tk) = (batch.total_q(), batch.total_k());
     let q = random_f32(seed, tq * dims.heads * dims.head_dim, -2.0, 2.0, dtype);
@@ -69,15 +86,26 @@ fn check_as(
             );
             // Poison the output so that a kernel that never ran cannot pass.
             let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
-            attention(&client, &qt, &kt, &vt, dims, batch, mask, &out)
-                .and_then(|()| out.download_f32(&client))
+            match scale {
+                None => attention(&client, &qt, &kt, &vt, dims, batch, mask, &out),
+                Some(s) => AttnMeta::new(&client, batch, mask)
+                    .and_then(|m| m.with_scale(s))
+                    .and_then(|m| attention_rows(&client, &qt, &kt, &vt, dims, &m, 0..tq, &out)),
+            }
+            .and_then(|()| out.download_f32(&client))
         }
-        Some((planes, chunk)) => run_planes(dtype, dims, batch, mask, (&q, &k, &v), planes, chunk),
+        Some((planes, chunk)) => {
+            let qkv = (&q[..], &k[..], &v[..]);
+            run_planes_scaled(dtype, dims, batch, mask, qkv, planes, chunk, scale)
+        }
     }
     .map_err(|e| TestCaseError::fail(e.to_string()))?;
-    let want = attention_ref(&q, &k, &v, dims, batch, mask);
+    let want = match scale {
+        None => attention_ref(&q, &k, &v, dims, batch, mask),
+        Some(s) => attention_ref_scaled(&q, &k, &v, dims, batch, mask, s as f64),
+    };
     assert_close(
-        &format!("{mask:?} {dims:?} {dtype} {layout:?}"),
+        &format!("{mask:?} {dims:?} {dtype} {layout:?} scale {scale:?}"),
         &got,
         &want,
         dtype,
@@ -92,9 +120,25 @@ fn run_planes(
     dims: AttnDims,
     batch: &SeqBatch,
     mask: Mask,
+    qkv: (&[f32], &[f32], &[f32]),
+    planes: u32,
+    chunk: u32,
+) -> draftc_ops::Result<Vec<f32>> {
+    run_planes_scaled(dtype, dims, batch, mask, qkv, planes, chunk, None)
+}
+
+/// [`run_planes`] with the softmax scale `scale` set on the metadata when
+/// given.
+#[allow(clippy::too_many_arguments)]
+fn run_planes_scaled(
+    dtype: DType,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
     (q, k, v): (&[f32], &[f32], &[f32]),
     planes: u32,
     chunk: u32,
+    scale: Option<f32>,
 ) -> draftc_ops::Result<Vec<f32>> {
     let client = test_client();
     let (tq, tk) = (batch.total_q(), batch.total_k());
@@ -112,7 +156,10 @@ fn run_planes(
         planes,
         chunk,
     };
-    let meta = AttnMeta::new(&client, batch, mask)?;
+    let mut meta = AttnMeta::new(&client, batch, mask)?;
+    if let Some(s) = scale {
+        meta = meta.with_scale(s)?;
+    }
     let rows = 0..meta.total_q();
     attention_planes(&client, &qt, &kt, &vt, dims, &meta, rows, &out, shape)?;
     out.download_f32(&client)
@@ -169,6 +216,66 @@ proptest! {
             check_as(dtype, dims, &b, Mask::Causal, seed, Some(layout))?;
         }
     }
+}
+
+proptest! {
+    #![proptest_config(config(12))]
+
+    /// A softmax scale set on the metadata (Gemma 3's
+    /// `query_pre_attn_scalar^-0.5`) replaces `1/√head_dim` on the lane
+    /// kernel (any head size) and on the GPU plane layout.
+    #[test]
+    fn metadata_scale_matches_scaled_reference(
+        dtype in float_dtype(), dims in dims_strategy(), plane_dims in plane_dims_strategy(),
+        mask in mask_strategy(), batch in batch_strategy(), seed in 0u64..1000,
+        layout in plane_layout(), scale in 0.05f32..1.0,
+    ) {
+        check_scaled(dtype, dims, &batch, mask, seed, None, Some(scale))?;
+        check_scaled(dtype, plane_dims, &batch, mask, seed, Some(layout), Some(scale))?;
+    }
+}
+
+/// Setting the default scale `1/√head_dim` explicitly changes no bit on
+/// either layout.
+#[test]
+fn default_scale_set_explicitly_is_bit_identical() {
+    let client = test_client();
+    let p = plane() as usize;
+    let dims = AttnDims {
+        heads: 6,
+        kv_heads: 2,
+        head_dim: 2 * p,
+    };
+    let batch = SeqBatch::single(5, 40);
+    let (tq, tk, hd) = (batch.total_q(), batch.total_k(), dims.head_dim);
+    let q = random_f32(1, tq * dims.heads * hd, -2.0, 2.0, DType::F16);
+    let k = random_f32(2, tk * dims.kv_heads * hd, -2.0, 2.0, DType::F16);
+    let v = random_f32(3, tk * dims.kv_heads * hd, -1.0, 1.0, DType::F16);
+    let up = |data: &[f32], rows: usize, h: usize| {
+        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, hd], DType::F16).unwrap()
+    };
+    let (qt, kt, vt) = (
+        up(&q, tq, dims.heads),
+        up(&k, tk, dims.kv_heads),
+        up(&v, tk, dims.kv_heads),
+    );
+    let default = 1.0 / (hd as f32).sqrt();
+    let fused = |scale: Option<f32>| {
+        let mut meta = AttnMeta::new(&client, &batch, Mask::Causal).unwrap();
+        if let Some(s) = scale {
+            meta = meta.with_scale(s).unwrap();
+        }
+        let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
+        attention_rows(&client, &qt, &kt, &vt, dims, &meta, 0..tq, &out).unwrap();
+        out.download_f32(&client).unwrap()
+    };
+    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(fused(None)), bits(fused(Some(default))), "lane kernel");
+    let planes = |scale| {
+        let qkv = (&q[..], &k[..], &v[..]);
+        run_planes_scaled(DType::F16, dims, &batch, Mask::Causal, qkv, 2, 16, scale).unwrap()
+    };
+    assert_eq!(bits(planes(None)), bits(planes(Some(default))), "planes");
 }
 
 /// Each node of `tree` (one sequence) as the decode row that autoregressive
@@ -419,6 +526,213 @@ fn tree_tail_semantics() {
     check(DType::F32, dims, &none, Mask::Full, 4).unwrap();
 }
 
+/// A random tree of `n` nodes over `committed` keys that is deep: node `i`
+/// hangs off node `i - 1` or `i - 2` (two chains that keep branching), so
+/// depths reach about `n / 2` and a sliding window shorter than the tree
+/// cuts off ancestors as well as committed keys.
+fn deep_tree_batch(committed: usize, n: usize, seed: u64) -> SeqBatch {
+    let r = random_u32(seed, n, 1 << 16);
+    let parents: Vec<u32> = (0..n)
+        .map(|i| match i {
+            0 => TREE_ROOT,
+            1 if r[1].is_multiple_of(2) => TREE_ROOT,
+            1 => 0,
+            _ => (i - 1 - (r[i] % 2) as usize) as u32,
+        })
+        .collect();
+    SeqBatch::tree(committed, &parents).unwrap()
+}
+
+/// A random tree: bushy ([`tree_batch`]) or deep ([`deep_tree_batch`]).
+fn some_tree(committed: usize, n: usize, seed: u64, deep: bool) -> SeqBatch {
+    if deep {
+        deep_tree_batch(committed, n, seed)
+    } else {
+        tree_batch(committed, n, seed)
+    }
+}
+
+/// Sliding windows shorter than the deep trees (so the window cuts inside
+/// the tree) and longer ones, with and without sink keys.
+fn tree_sliding_strategy() -> impl Strategy<Value = Mask> {
+    (prop_oneof![1u32..6, 6u32..40], 0u32..3)
+        .prop_map(|(window, sink)| Mask::TreeSliding { window, sink })
+}
+
+proptest! {
+    #![proptest_config(config(16))]
+
+    /// Tree verification of a sliding-window layer (Gemma 3's local layers):
+    /// the lane kernel and the GPU plane layout against the reference.
+    #[test]
+    fn tree_sliding_mask_matches_reference(
+        dtype in float_dtype(), dims in dims_strategy(), plane_dims in plane_dims_strategy(),
+        committed in prop_oneof![Just(0usize), Just(1), Just(50), 0..40usize],
+        nodes in prop_oneof![Just(1usize), Just(3), Just(33), Just(64), 1..20usize],
+        deep in any::<bool>(), mask in tree_sliding_strategy(), seed in 0u64..1000,
+        layout in plane_layout(),
+    ) {
+        let batch = some_tree(committed, nodes, seed, deep);
+        check(dtype, dims, &batch, mask, seed)?;
+        check_as(dtype, plane_dims, &batch, mask, seed, Some(layout))?;
+    }
+
+    /// What lossless verification of a sliding-window layer needs: every
+    /// node's row, on either kernel layout and in the reference, has the
+    /// bits of the decode row autoregressive decoding runs at its position
+    /// over its committed path under the plain sliding-window mask (the
+    /// window covers ancestors and committed keys alike; sibling branches
+    /// are never seen).
+    #[test]
+    fn tree_sliding_rows_equal_sliding_decode_rows(
+        dtype in float_dtype(), dims in plane_dims_strategy(),
+        committed in prop_oneof![Just(0usize), Just(37), 1..24usize],
+        nodes in prop_oneof![Just(12usize), 2..40usize],
+        deep in any::<bool>(), mask in tree_sliding_strategy(), seed in 0u64..1000,
+        planes in prop_oneof![Just(2u32), Just(4)],
+        chunk in prop_oneof![Just(3u32), Just(16), Just(256)],
+    ) {
+        let Mask::TreeSliding { window, sink } = mask else { unreachable!() };
+        let tree = some_tree(committed, nodes, seed, deep);
+        let (decode, key_rows) = paths_as_decode_rows(&tree);
+        let sliding = Mask::SlidingSink { window, sink };
+        let (hd, tk) = (dims.head_dim, tree.total_k());
+        let q = random_f32(seed, nodes * dims.heads * hd, -2.0, 2.0, dtype);
+        let k = random_f32(seed + 1, tk * dims.kv_heads * hd, -2.0, 2.0, dtype);
+        let v = random_f32(seed + 2, tk * dims.kv_heads * hd, -1.0, 1.0, dtype);
+        let gather = |x: &[f32]| -> Vec<f32> {
+            let w = dims.kv_heads * hd;
+            key_rows.iter().flat_map(|&r| x[r * w..(r + 1) * w].to_vec()).collect()
+        };
+        let (dk, dv) = (gather(&k), gather(&v));
+        let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
+        let lanes = |b: &SeqBatch, m: Mask, k: &[f32], v: &[f32]| {
+            let client = test_client();
+            let up = |data: &[f32], h: usize| {
+                let rows = data.len() / (h * hd);
+                DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, hd], dtype)
+            };
+            let (qt, kt, vt) = (up(&q, dims.heads)?, up(k, dims.kv_heads)?, up(v, dims.kv_heads)?);
+            let out = up(&vec![f32::NAN; q.len()], dims.heads)?;
+            attention(&client, &qt, &kt, &vt, dims, b, m, &out)?;
+            out.download_f32(&client)
+        };
+        let runs = [
+            (
+                "reference",
+                attention_ref(&q, &k, &v, dims, &tree, mask),
+                attention_ref(&q, &dk, &dv, dims, &decode, sliding),
+            ),
+            (
+                "lanes",
+                lanes(&tree, mask, &k, &v).map_err(fail)?,
+                lanes(&decode, sliding, &dk, &dv).map_err(fail)?,
+            ),
+            (
+                "planes",
+                run_planes(dtype, dims, &tree, mask, (&q, &k, &v), planes, chunk)
+                    .map_err(fail)?,
+                run_planes(dtype, dims, &decode, sliding, (&q, &dk, &dv), planes, chunk)
+                    .map_err(fail)?,
+            ),
+        ];
+        let w = dims.heads * hd;
+        for (what, got, want) in runs {
+            for node in 0..nodes {
+                let (a, b) = (&got[node * w..][..w], &want[node * w..][..w]);
+                prop_assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{what}: node {node} (parents {:?}, {mask:?}) differs from its decode row: \
+                     {:?} vs {:?}",
+                    tree.parents, &a[..4.min(w)], &b[..4.min(w)]
+                );
+            }
+        }
+    }
+}
+
+/// A window that covers every key makes `TreeSliding` the tree mask (same
+/// bits on both kernels); a short one really restricts it.
+#[test]
+fn tree_sliding_with_a_wide_window_is_the_tree_mask() {
+    let dims = AttnDims {
+        heads: 3,
+        kv_heads: 1,
+        head_dim: 2 * plane() as usize,
+    };
+    let batch = deep_tree_batch(9, 20, 5);
+    let (tq, tk, hd) = (batch.total_q(), batch.total_k(), dims.head_dim);
+    let q = random_f32(1, tq * dims.heads * hd, -2.0, 2.0, DType::F32);
+    let k = random_f32(2, tk * dims.kv_heads * hd, -2.0, 2.0, DType::F32);
+    let v = random_f32(3, tk * dims.kv_heads * hd, -1.0, 1.0, DType::F32);
+    let client = test_client();
+    let up = |data: &[f32], rows: usize, h: usize| {
+        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, hd], DType::F32).unwrap()
+    };
+    let (qt, kt, vt) = (
+        up(&q, tq, dims.heads),
+        up(&k, tk, dims.kv_heads),
+        up(&v, tk, dims.kv_heads),
+    );
+    let lanes = |mask: Mask| {
+        let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
+        attention(&client, &qt, &kt, &vt, dims, &batch, mask, &out).unwrap();
+        out.download_f32(&client).unwrap()
+    };
+    let planes =
+        |mask: Mask| run_planes(DType::F32, dims, &batch, mask, (&q, &k, &v), 2, 16).unwrap();
+    let wide = Mask::TreeSliding {
+        window: tk as u32,
+        sink: 0,
+    };
+    let short = Mask::TreeSliding { window: 3, sink: 1 };
+    let bits = |x: Vec<f32>| x.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(
+        attention_ref(&q, &k, &v, dims, &batch, wide),
+        attention_ref(&q, &k, &v, dims, &batch, Mask::Tree)
+    );
+    assert_eq!(bits(lanes(wide)), bits(lanes(Mask::Tree)), "lanes");
+    assert_eq!(bits(planes(wide)), bits(planes(Mask::Tree)), "planes");
+    assert_ne!(
+        attention_ref(&q, &k, &v, dims, &batch, short),
+        attention_ref(&q, &k, &v, dims, &batch, Mask::Tree)
+    );
+    check(DType::F32, dims, &batch, short, 6).unwrap();
+}
+
+/// `TreeSliding` compiles to its own kernels (the sliding-window predicate
+/// with the tree flag), on both layouts and both backends; the tree and
+/// sliding-window kernels keep their sources.
+#[test]
+fn tree_sliding_is_its_own_kernel_source() {
+    use draftc_ops::source::{source, Backend, KernelSpec, MaskKind};
+    for backend in [Backend::Wgsl, Backend::Cuda] {
+        for gpu in [false, true] {
+            let src = |m| {
+                let spec = if gpu {
+                    KernelSpec::attention_planes(DType::F16, 64, 8, 2, m)
+                } else {
+                    KernelSpec::attention(DType::F16, 64, m)
+                };
+                source(&spec, backend).unwrap()
+            };
+            let (tree, sliding, both) = (
+                src(MaskKind::Tree),
+                src(MaskKind::SlidingSink),
+                src(MaskKind::TreeSliding),
+            );
+            assert!(
+                both != tree && both != sliding && tree != sliding,
+                "{backend:?} planes {gpu}"
+            );
+        }
+    }
+    let m = Mask::TreeSliding { window: 3, sink: 1 };
+    assert_eq!(MaskKind::from(m), MaskKind::TreeSliding);
+    assert!(m.is_tree() && Mask::Tree.is_tree());
+    assert!(!Mask::SlidingSink { window: 3, sink: 1 }.is_tree());
+}
+
 /// Two trees of different sizes in one batch (the runtime's batched verify).
 #[test]
 fn batched_trees_match_reference() {
@@ -435,6 +749,16 @@ fn batched_trees_match_reference() {
         head_dim: 64,
     };
     check(DType::F32, dims, &batch, Mask::Tree, 7).unwrap();
+    for (window, sink) in [(1, 0), (4, 1), (12, 2)] {
+        check(
+            DType::F32,
+            dims,
+            &batch,
+            Mask::TreeSliding { window, sink },
+            8,
+        )
+        .unwrap();
+    }
 }
 
 /// Draft-dim attention: every chunk size gives exactly the unchunked bits,
@@ -568,13 +892,27 @@ fn invalid_arguments_are_errors() {
             "{mask:?}"
         );
     }
-    // tree: a parent pointing forward, and more nodes than keys
+    // tree: a parent pointing forward, and more nodes than keys; a tree
+    // over a sliding window of 0, or without parents
     let mut tree = SeqBatch::tree(0, &[TREE_ROOT, 0, 1]).unwrap();
-    tree.parents[1] = 2;
+    let sliding = Mask::TreeSliding { window: 2, sink: 0 };
+    assert!(attention(&client, &q, &kv, &kv, dims, &tree, sliding, &q).is_ok());
+    let zero = Mask::TreeSliding { window: 0, sink: 1 };
     assert!(matches!(
-        attention(&client, &q, &kv, &kv, dims, &tree, Mask::Tree, &q),
-        Err(OpsError::IndexOutOfRange { .. })
+        attention(&client, &q, &kv, &kv, dims, &tree, zero, &q),
+        Err(OpsError::InvalidArgument { .. })
     ));
+    assert!(attention(&client, &q, &kv, &kv, dims, &batch, sliding, &q).is_err());
+    tree.parents[1] = 2;
+    for mask in [Mask::Tree, sliding] {
+        assert!(
+            matches!(
+                attention(&client, &q, &kv, &kv, dims, &tree, mask, &q),
+                Err(OpsError::IndexOutOfRange { .. })
+            ),
+            "{mask:?}"
+        );
+    }
     let mut few_keys = SeqBatch::tree(0, &[TREE_ROOT, 0, 1]).unwrap();
     few_keys.k_lens = vec![2];
     few_keys.k_pos.pop();
@@ -599,10 +937,40 @@ fn invalid_arguments_are_errors() {
     let mut both = SeqBatch::tree(0, &[TREE_ROOT, 0, 1]).unwrap();
     both.tail = Some(TreeTail::from_visible(vec![1], &[vec![], vec![], vec![]]).unwrap());
     assert!(attention(&client, &q, &kv, &kv, dims, &both, Mask::Tree, &q).is_err());
+    assert!(attention(&client, &q, &kv, &kv, dims, &both, sliding, &q).is_err());
     // draft-dim: chunk 0
     let (q3, kv3) = (t(&[3, 1, 8]), t(&[3, 1, 4]));
     assert!(matches!(
         draft_dim_attention(&client, &q3, &kv3, &kv3, dims, 0, &q3),
         Err(OpsError::InvalidArgument { .. })
     ));
+}
+
+/// A softmax scale that is not finite and positive is an `Err`; a valid one
+/// is kept, and the metadata has none until one is set.
+#[test]
+fn bad_scale_is_an_error() {
+    let client = test_client();
+    let meta = || AttnMeta::<R>::new(&client, &SeqBatch::single(3, 3), Mask::Causal).unwrap();
+    assert_eq!(meta().scale(), None);
+    assert_eq!(meta().softmax_scale(16), 0.25);
+    for bad in [
+        0.0,
+        -0.0,
+        -0.125,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ] {
+        assert!(
+            matches!(
+                meta().with_scale(bad),
+                Err(OpsError::InvalidArgument { .. })
+            ),
+            "scale {bad}"
+        );
+    }
+    let m = meta().with_scale(0.0625).unwrap();
+    assert_eq!((m.scale(), m.softmax_scale(16)), (Some(0.0625), 0.0625));
+    assert_eq!(m.clone().scale(), Some(0.0625), "a clone keeps the scale");
 }

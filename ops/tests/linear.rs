@@ -1,7 +1,9 @@
 //! Linear (skinny GEMM) with every prologue/epilogue against the reference
 //! on wgpu, f32 and f16, ragged sizes, the weight-chunk split, and errors;
 //! both layouts: the lavapipe-shaped `linear` and the GPU-shaped
-//! `linear_planes` (plane ops run on lavapipe with 8-lane planes).
+//! `linear_planes` (plane ops run on lavapipe with 8-lane planes). The
+//! GeGLU epilogue's tanh GELU is also checked value by value (one-hot `x`
+//! rows make the gate products the weights themselves), tails included.
 
 use draftc_ops::linear::{
     linear, linear_lanes_with_binding_limit, reference as lref, Epilogue, Prologue, UNIT_COLUMNS,
@@ -9,7 +11,8 @@ use draftc_ops::linear::{
 use draftc_ops::linear_plane::{linear_planes, linear_planes_with_binding_limit, PlaneShape};
 use draftc_ops::source::linear_rows_per_block;
 use draftc_ops::testing::{
-    assert_close, awkward_size, config, float_dtype, random_f32, test_client,
+    assert_close, assert_close_terms, awkward_size, config, float_dtype, random_f32, round_to,
+    test_client,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -27,6 +30,7 @@ enum Epi {
     Bias,
     Residual,
     SwiGlu,
+    GeGlu,
 }
 
 fn pro() -> impl Strategy<Value = Pro> {
@@ -42,7 +46,8 @@ fn epi() -> impl Strategy<Value = Epi> {
         Just(Epi::None),
         Just(Epi::Bias),
         Just(Epi::Residual),
-        Just(Epi::SwiGlu)
+        Just(Epi::SwiGlu),
+        Just(Epi::GeGlu)
     ]
 }
 
@@ -161,6 +166,10 @@ fn check_as(
             Epilogue::SwiGlu { up: &upt },
             lref::Epilogue::SwiGlu { up: &up },
         ),
+        Epi::GeGlu => (
+            Epilogue::GeGlu { up: &upt },
+            lref::Epilogue::GeGlu { up: &up },
+        ),
     };
     match layout {
         Layout::Lanes(cols) => {
@@ -278,14 +287,15 @@ fn plane_layout_smollm_shapes_and_chunks() {
 /// Lossless speculation rests on this too: in the GPU layout a row's output
 /// has the same bits whether it runs alone (an autoregressive decode step)
 /// or among the rows of a verify pass (m up to 64, blocks of 16), for the
-/// RMS prologue and a SwiGLU or residual epilogue.
+/// RMS prologue and a SwiGLU, GeGLU or residual epilogue.
 #[test]
 fn plane_layout_rows_do_not_depend_on_their_batch() {
     let client = test_client();
-    for (m, k, n, ksplit, dtype, swiglu) in [
-        (37usize, 576usize, 96usize, 1u32, DType::F16, true),
-        (64, 384, 40, 4, DType::F32, false),
-        (20, 200, 33, 2, DType::F16, false),
+    for (m, k, n, ksplit, dtype, e) in [
+        (37usize, 576usize, 96usize, 1u32, DType::F16, Epi::SwiGlu),
+        (64, 384, 40, 4, DType::F32, Epi::Residual),
+        (20, 200, 33, 2, DType::F16, Epi::Residual),
+        (33, 640, 48, 2, DType::F16, Epi::GeGlu),
     ] {
         let x = random_f32(1, m * k, -1.0, 1.0, dtype);
         let w = random_f32(2, n * k, -0.5, 0.5, dtype);
@@ -309,10 +319,10 @@ fn plane_layout_rows_do_not_depend_on_their_batch() {
                 weight: &gt,
                 eps: 1e-5,
             };
-            let epi = if swiglu {
-                Epilogue::SwiGlu { up: &ut }
-            } else {
-                Epilogue::Residual(&rt)
+            let epi = match e {
+                Epi::SwiGlu => Epilogue::SwiGlu { up: &ut },
+                Epi::GeGlu => Epilogue::GeGlu { up: &ut },
+                _ => Epilogue::Residual(&rt),
             };
             linear_planes(&client, &xt, &wt, pro, epi, &out, shape).unwrap();
             out.download_f32(&client).unwrap()
@@ -355,7 +365,7 @@ fn weight_split_into_chunks() {
     // 600 output columns of 12 f32 = 48 bytes per row; a 256-row chunk is
     // 12 KiB, so a 16 KiB limit gives chunks of 256, 256, 88 columns.
     for p in [Pro::None, Pro::Rms] {
-        for e in [Epi::Bias, Epi::SwiGlu, Epi::Residual] {
+        for e in [Epi::Bias, Epi::SwiGlu, Epi::Residual, Epi::GeGlu] {
             check(5, 12, 600, p, e, DType::F32, 42, 16 << 10).unwrap();
         }
     }
@@ -559,9 +569,200 @@ fn errors() {
             ..
         })
     ));
+    assert!(matches!(
+        linear(
+            &client,
+            &x,
+            &w,
+            Prologue::None,
+            Epilogue::GeGlu { up: &up },
+            &out
+        ),
+        Err(OpsError::ShapeMismatch {
+            arg: "up weight",
+            ..
+        })
+    ));
     let wh = DeviceTensor::zeros(&client, &[4, 8], DType::F16);
     assert!(matches!(
         linear(&client, &x, &wh, Prologue::None, Epilogue::None, &out),
         Err(OpsError::DTypeMismatch { arg: "weight", .. })
     ));
+    assert!(matches!(
+        linear(
+            &client,
+            &x,
+            &w,
+            Prologue::None,
+            Epilogue::GeGlu { up: &wh },
+            &out
+        ),
+        Err(OpsError::DTypeMismatch {
+            arg: "up weight",
+            ..
+        })
+    ));
+    let shape = PlaneShape {
+        plane: plane(),
+        planes: 2,
+        ksplit: 1,
+        cols: 1,
+    };
+    assert!(matches!(
+        linear_planes(
+            &client,
+            &x,
+            &w,
+            Prologue::None,
+            Epilogue::GeGlu { up: &up },
+            &out,
+            shape
+        ),
+        Err(OpsError::ShapeMismatch {
+            arg: "up weight",
+            ..
+        })
+    ));
+}
+
+/// The decode and verify shapes of Gemma 3 270M's MLP gate/up pair (hidden
+/// 640, intermediate 2048; RMS prologue, GeGLU) in both layouts, and GeGLU
+/// over weight chunks bound through handle offsets.
+#[test]
+fn gemma_geglu_shapes_and_chunks() {
+    for (m, dtype, layout) in [
+        (1, DType::F16, Layout::Lanes(32)),
+        (4, DType::F32, Layout::Lanes(12)),
+        (1, DType::F16, Layout::Planes(4, 1, 1)),
+        (16, DType::F32, Layout::Planes(4, 2, 2)),
+    ] {
+        check_as(
+            m,
+            640,
+            2048,
+            Pro::Rms,
+            Epi::GeGlu,
+            dtype,
+            21,
+            usize::MAX,
+            layout,
+        )
+        .unwrap();
+    }
+    for layout in [Layout::Lanes(UNIT_COLUMNS[0]), Layout::Planes(2, 2, 2)] {
+        check_as(
+            5,
+            12,
+            600,
+            Pro::Rms,
+            Epi::GeGlu,
+            DType::F32,
+            44,
+            16 << 10,
+            layout,
+        )
+        .unwrap();
+    }
+}
+
+/// The GeGLU epilogue on chosen gate values: `x` is the identity (`m = k`),
+/// so the gate product of row `r`, column `o` is `w[o, r]` and the up
+/// product `up[o, r]` exactly; `gates` and `ups` are laid out `[k, n]`
+/// (row-major over `x`'s rows). Compared element by element with slack
+/// `tol · (|expected| + 1)`, tighter than the tensor-scaled `assert_close`,
+/// so an erf GELU (at most 4.7e-4 off) fails in f32.
+fn check_gate_values(
+    gates: &[f32],
+    ups: &[f32],
+    k: usize,
+    dtype: DType,
+    layout: Layout,
+) -> Result<(), TestCaseError> {
+    let client = test_client();
+    let n = gates.len() / k;
+    let transpose = |v: &[f32]| -> Vec<f32> {
+        let v = round_to(dtype, v);
+        (0..n * k).map(|i| v[(i % k) * n + i / k]).collect()
+    };
+    let (w, up) = (transpose(gates), transpose(ups));
+    let x: Vec<f32> = (0..k * k)
+        .map(|i| if i / k == i % k { 1.0 } else { 0.0 })
+        .collect();
+    let upload = |v: &[f32], s: &[usize]| DeviceTensor::upload_f32(&client, v, s, dtype).unwrap();
+    let (xt, wt, ut) = (
+        upload(&x, &[k, k]),
+        upload(&w, &[n, k]),
+        upload(&up, &[n, k]),
+    );
+    let out = DeviceTensor::empty(&client, &[k, n], dtype);
+    let epi = Epilogue::GeGlu { up: &ut };
+    match layout {
+        Layout::Lanes(cols) => linear_lanes_with_binding_limit(
+            &client,
+            &xt,
+            &wt,
+            Prologue::None,
+            epi,
+            &out,
+            usize::MAX,
+            cols,
+        )
+        .unwrap(),
+        Layout::Planes(planes, ksplit, cols) => {
+            let shape = PlaneShape {
+                plane: plane(),
+                planes,
+                ksplit,
+                cols,
+            };
+            linear_planes(&client, &xt, &wt, Prologue::None, epi, &out, shape).unwrap()
+        }
+    }
+    let got = out.download_f32(&client).unwrap();
+    let want = lref::linear(
+        &x,
+        &w,
+        k,
+        lref::Prologue::None,
+        lref::Epilogue::GeGlu { up: &up },
+    );
+    prop_assert!(got.iter().all(|v| v.is_finite()), "non-finite GeGLU output");
+    let magnitude: Vec<f32> = want.iter().map(|e| e.abs() + 1.0).collect();
+    assert_close_terms(
+        &format!("GeGLU gate values k={k} n={n} {dtype} {layout:?}"),
+        &got,
+        &want,
+        &magnitude,
+        dtype,
+    )
+}
+
+/// Gate values that make every part of the tanh GELU count: a dense grid
+/// over [-6, 6] (the cube term, the erf/tanh difference) with up factors in
+/// [0.5, 2], and the tails (±10 around the no-longer-linear region, values
+/// whose `exp(±2u)` or `g³` would overflow f32) with up factor 1; f32 and
+/// f16, both layouts.
+#[test]
+fn geglu_epilogue_is_the_tanh_gelu() {
+    let (k, n) = (64, 40);
+    let grid: Vec<f32> = (0..k * n)
+        .map(|i| -6.0 + 12.0 * i as f32 / (k * n - 1) as f32)
+        .collect();
+    // 24 values (f16-representable), 32 in f32: 8 rows of 3 or 4 columns.
+    let f16_tails = [
+        -60000.0, -1000.0, -88.0, -20.0, -10.5, -10.0, -9.5, -7.0, -5.0, -3.0, -1.0, -1e-3, 0.0,
+        1e-3, 1.0, 3.0, 5.0, 9.5, 10.0, 10.5, 20.0, 88.0, 1000.0, 60000.0,
+    ];
+    let f32_extra = [-3e38, -1e13, -1e4, -2.7, 2.7, 1e4, 1e13, 3e38];
+    for dtype in [DType::F32, DType::F16] {
+        let ups = random_f32(7, k * n, 0.5, 2.0, dtype);
+        let mut tails = f16_tails.to_vec();
+        if dtype == DType::F32 {
+            tails.extend(f32_extra);
+        }
+        for layout in [Layout::Lanes(UNIT_COLUMNS[0]), Layout::Planes(2, 2, 2)] {
+            check_gate_values(&grid, &ups, k, dtype, layout).unwrap();
+            check_gate_values(&tails, &vec![1.0; tails.len()], 8, dtype, layout).unwrap();
+        }
+    }
 }

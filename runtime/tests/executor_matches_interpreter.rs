@@ -93,6 +93,7 @@ fn config() -> impl Strategy<Value = Config> {
 fn tiny_target(c: &Config) -> TargetConfig {
     let src = std::fs::read_to_string(repo().join("models/smollm2-135m.draft")).unwrap();
     let mut t = draftc_ir::parse_preset(&src).unwrap();
+    draftc_ir::testing::gemma_settings(&mut t);
     for (k, v) in [
         ("n", c.layers),
         ("d", c.heads * c.head_dim),

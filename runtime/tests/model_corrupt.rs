@@ -484,8 +484,8 @@ fn config_json_is_read_as_transformers_reads_it() {
     for (key, value, named) in [
         (
             "model_type",
-            serde_json::json!("qwen3"),
-            "model_type `qwen3`",
+            serde_json::json!("mistral"),
+            "model_type `mistral`",
         ),
         (
             "rope_scaling",
@@ -518,6 +518,113 @@ fn config_json_is_read_as_transformers_reads_it() {
     })
     .unwrap_err();
     assert!(e.contains("no `model_type`"), "{e}");
+}
+
+#[test]
+fn a_gemma3_config_is_read_as_transformers_reads_it() {
+    use draftc_runtime::model::config::LlamaConfig;
+    let dir = fixture_copy("gemma3-tied");
+    let path = dir.path().join("config.json");
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let load = |edit: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+        let mut v = base.clone();
+        edit(v.as_object_mut().unwrap());
+        std::fs::write(&path, v.to_string()).unwrap();
+        LlamaConfig::load(&path).map_err(|e| e.to_string())
+    };
+    let c = load(&|_| {}).unwrap();
+    let g = c.gemma.clone().unwrap();
+    assert_eq!(
+        (0..3).map(|i| g.sliding(i)).collect::<Vec<_>>(),
+        [true, false, true],
+        "layer_types win over `_sliding_window_pattern`"
+    );
+    assert_eq!((g.sliding_window, g.query_pre_attn_scalar), (4, 32.0));
+    assert_eq!(
+        c.hidden_act, "gelu_pytorch_tanh",
+        "read from hidden_activation"
+    );
+    // Gemma3TextConfig's defaults: a tied head, head_dim 256, eos 1, and
+    // without `layer_types` every sixth layer global.
+    let c = load(&|m| {
+        for k in [
+            "layer_types",
+            "_sliding_window_pattern",
+            "tie_word_embeddings",
+            "head_dim",
+            "eos_token_id",
+            "query_pre_attn_scalar",
+        ] {
+            m.remove(k);
+        }
+        m.insert("num_hidden_layers".into(), serde_json::json!(12));
+        m.insert("hidden_size".into(), serde_json::json!(1024));
+    })
+    .unwrap();
+    let g = c.gemma.clone().unwrap();
+    let full: Vec<usize> = (0..12).filter(|&i| !g.sliding(i)).collect();
+    assert_eq!(full, [5, 11]);
+    assert_eq!((c.tie_word_embeddings, c.head_dim), (true, 256));
+    assert_eq!(
+        (c.eos_token_id.clone(), g.query_pre_attn_scalar),
+        (vec![1], 256.0)
+    );
+    let c = load(&|m| {
+        m.remove("layer_types");
+        m.insert("sliding_window_pattern".into(), serde_json::json!(2));
+    })
+    .unwrap();
+    let g = c.gemma.unwrap();
+    assert_eq!(
+        (0..3).map(|i| g.sliding(i)).collect::<Vec<_>>(),
+        [true, false, true]
+    );
+    // What would change the computation and is not built is named.
+    for (key, value, named) in [
+        (
+            "final_logit_softcapping",
+            serde_json::json!(30.0),
+            "final_logit_softcapping",
+        ),
+        (
+            "attn_logit_softcapping",
+            serde_json::json!(50.0),
+            "attn_logit_softcapping",
+        ),
+        (
+            "rope_scaling",
+            serde_json::json!({"rope_type": "linear", "factor": 8.0}),
+            "rope_scaling",
+        ),
+        (
+            "hidden_activation",
+            serde_json::json!("gelu"),
+            "hidden_activation `gelu`",
+        ),
+        (
+            "layer_types",
+            serde_json::json!(["sliding_attention"]),
+            "1 entries for 3 layers",
+        ),
+        (
+            "layer_types",
+            serde_json::json!(["sliding_attention", "chunked_attention", "full_attention"]),
+            "layer type `chunked_attention`",
+        ),
+        ("sliding_window", serde_json::json!(0), "sliding_window: 0"),
+        (
+            "model_type",
+            serde_json::json!("gemma3"),
+            "multimodal Gemma 3",
+        ),
+    ] {
+        let e = load(&|m| {
+            m.insert(key.into(), value.clone());
+        })
+        .unwrap_err();
+        assert!(e.contains(named) && e.contains("config.json"), "{key}: {e}");
+    }
 }
 
 #[test]

@@ -5,8 +5,11 @@
 //! list of eos ids and four shards behind an index, a Qwen 2 (q/k/v
 //! biases, `models/qwen2.draft`, chosen by `model_type`), a Llama with
 //! Llama 3.1's RoPE scaling (`rope_scaling=llama3`), and a Qwen 3 (per-head
-//! q/k norms, `head_dim` apart from hidden / heads; made by
-//! `tools/fixtures/tiny_targets_recent.py` with a newer transformers). Each opens as a
+//! q/k norms, `head_dim` apart from hidden / heads) and a Gemma 3 (sliding
+//! and global layers, a window the prompts cross, unit-offset norms before
+//! and after each block, GeGLU, a scores' scale apart from 1/√hd), both
+//! made by `tools/fixtures/tiny_targets_recent.py` with a newer
+//! transformers. Each opens as a
 //! Hugging Face directory, matches transformers' first-step logits and
 //! greedy ids, and decodes the same ids speculatively (prompt lookup, and
 //! model drafters on random weights whose `target.lm_head` is the
@@ -115,12 +118,13 @@ fn greedy(t: &mut TargetModel<Wgpu>, e: &Expected) -> (Vec<Vec<u32>>, Vec<Vec<u3
     (want, got)
 }
 
-const NAMES: [&str; 5] = [
+const NAMES: [&str; 6] = [
     "llama-tied",
     "llama-untied",
     "qwen2-tied",
     "llama3-scaled",
     "qwen3-tied",
+    "gemma3-tied",
 ];
 /// The fixtures with a GGUF beside them (Llama 3's scaling travels in a
 /// GGUF as a `rope_freqs` tensor, which `draftc convert` refuses).
@@ -157,9 +161,16 @@ fn checkpoints_open_as_transformers_saved_them() {
         .weights
         .names()
         .contains(&"model.layers.1.self_attn.k_norm.weight".to_string()));
+    let (gemma3, _) = open("gemma3-tied");
+    assert_eq!(gemma3.config.model_type, "gemma3_text");
+    assert!(gemma3
+        .weights
+        .names()
+        .contains(&"model.layers.2.post_feedforward_layernorm.weight".to_string()));
     for (model, name) in [
         (&tied, "llama-tied"),
         (&qwen3, "qwen3-tied"),
+        (&gemma3, "gemma3-tied"),
         (&untied, "llama-untied"),
         (&qwen2, "qwen2-tied"),
     ] {

@@ -225,7 +225,7 @@ impl Lowerer<'_> {
                         into_cache: direct,
                     });
                 }
-                if let Some(norm) = a.qk_norm {
+                if let Some(norm) = a.qk_norm.as_deref() {
                     // Each head normalised, then rotated, in one launch.
                     for (part, b, r, h) in [
                         ("q_norm", q, rows, a.heads),
@@ -337,6 +337,7 @@ impl Lowerer<'_> {
                         .cfg
                         .device
                         .attention_layout(a.heads, a.kv_heads, a.head_dim),
+                    scale: a.scale,
                 }
             }
         };

@@ -10,7 +10,7 @@
 //! linear with the SwiGLU epilogue. Attention lives in `attention.rs`.
 
 use draftc_ir::graph::ValueId;
-use draftc_ir::op::Op;
+use draftc_ir::op::{GateAct, Op};
 
 use super::Lowerer;
 use crate::error::CodegenError;
@@ -34,6 +34,7 @@ pub(super) enum Epi {
     Bias(WeightRef),
     Residual(BufferId),
     SwiGlu(WeightRef),
+    GeGlu(WeightRef),
 }
 
 /// One linear launch.
@@ -71,14 +72,17 @@ impl Lowerer<'_> {
         let dims = self.shape(norm)?;
         let d = dims.last().copied().unwrap_or(1);
         let (kind, gamma) = match &node.op {
-            Op::RmsNorm { eps } => (
+            Op::RmsNorm { eps, weight } => (
                 Prologue::RmsNorm { eps: *eps },
-                self.weight(norm, "weight", vec![d])?,
+                self.weight(norm, "weight", vec![d])?.with_norm(*weight),
             ),
             Op::TargetNorm => {
                 let name = format!("{}.weight", self.export(norm, "final_norm")?);
                 let eps = self.target.eps;
-                (Prologue::RmsNorm { eps }, self.weight_named(name, vec![d]))
+                let w = self
+                    .weight_named(name, vec![d])
+                    .with_norm(self.target.final_norm);
+                (Prologue::RmsNorm { eps }, w)
             }
             Op::GroupRmsNorm { eps } => {
                 let groups = dims
@@ -181,7 +185,7 @@ impl Lowerer<'_> {
                     into_cache: false,
                 });
             }
-            Op::SwiGlu { hidden } => {
+            Op::SwiGlu { hidden, act } => {
                 let f = self.eval(main, &hidden)?;
                 let gate = self.weight(main, "gate_proj.weight", vec![f, k])?;
                 let up = self.weight(main, "up_proj.weight", vec![f, k])?;
@@ -203,7 +207,10 @@ impl Lowerer<'_> {
                         n: f,
                         pro,
                         weight: gate,
-                        epi: Epi::SwiGlu(up),
+                        epi: match act {
+                            GateAct::Silu => Epi::SwiGlu(up),
+                            GateAct::GeluTanh => Epi::GeGlu(up),
+                        },
                         out: h,
                         into_cache: false,
                     });
@@ -236,14 +243,18 @@ impl Lowerer<'_> {
                         out: u,
                         into_cache: false,
                     });
+                    let (op, part) = match act {
+                        GateAct::Silu => (ElementwiseOp::SwiGlu, "silu·mul"),
+                        GateAct::GeluTanh => (ElementwiseOp::GeGlu, "gelu·mul"),
+                    };
                     let kernel = Kernel::Elementwise {
-                        op: ElementwiseOp::SwiGlu,
+                        op,
                         numel: m * f,
                         b_numel: m * f,
                     };
                     self.launch(
                         kernel,
-                        "silu·mul",
+                        part,
                         vec![main],
                         vec![g, u],
                         vec![h],
@@ -329,6 +340,10 @@ impl Lowerer<'_> {
                 weights.push(up);
                 Epilogue::SwiGlu
             }
+            Epi::GeGlu(up) => {
+                weights.push(up);
+                Epilogue::GeGlu
+            }
         };
         let groups = match prologue {
             Prologue::GroupRmsNorm { groups, .. } => groups,
@@ -341,7 +356,7 @@ impl Lowerer<'_> {
             groups,
             self.cfg.dtype.size() as usize,
             prologue != Prologue::None,
-            epilogue == Epilogue::SwiGlu,
+            matches!(epilogue, Epilogue::SwiGlu | Epilogue::GeGlu),
         );
         let kernel = Kernel::Linear {
             m: l.m,

@@ -20,7 +20,7 @@ mod single;
 use std::collections::BTreeMap;
 
 use draftc_ir::graph::{Graph, ValueId};
-use draftc_ir::op::{Op, F64};
+use draftc_ir::op::{NormWeight, Op, F64};
 use draftc_ir::types::{DType, TensorType};
 use draftc_ir::TargetConfig;
 
@@ -37,6 +37,9 @@ pub struct TargetWeights {
     pub exports: BTreeMap<String, String>,
     pub vocab: i64,
     pub eps: F64,
+    /// How the target's final norm scales (`target.norm`): Gemma's is
+    /// `x̂·(1 + w)`.
+    pub final_norm: NormWeight,
 }
 
 impl TargetWeights {
@@ -46,7 +49,24 @@ impl TargetWeights {
             exports: exports.clone(),
             vocab: cfg.int("v").unwrap_or(0),
             eps: F64::new(cfg.floats.get("eps").copied().unwrap_or(1e-5)),
+            final_norm: NormWeight::Plain,
         }
+    }
+
+    /// With the final norm's kind as the target's graph `g` applies it
+    /// (the RMS norm whose weights are the `final_norm` export).
+    pub fn with_final_norm_of(mut self, g: &Graph) -> TargetWeights {
+        let Some(prefix) = self.exports.get("final_norm") else {
+            return self;
+        };
+        for node in &g.nodes {
+            if let Op::RmsNorm { weight, .. } = node.op {
+                if node.weights.as_deref() == Some(prefix.as_str()) {
+                    self.final_norm = weight;
+                }
+            }
+        }
+        self
     }
 }
 
@@ -272,6 +292,7 @@ impl Lowerer<'_> {
             name,
             shape,
             dtype: self.cfg.dtype,
+            plus_one: false,
         }
     }
 

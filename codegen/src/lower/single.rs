@@ -26,10 +26,10 @@ impl Lowerer<'_> {
                 let out = self.value_buffer(v)?;
                 self.weight_op(v, None, None, out, false)?;
             }
-            Op::RmsNorm { eps } => {
+            Op::RmsNorm { eps, weight } => {
                 let x = self.buf(self.input(v, 0)?)?;
                 let (rows, d) = self.rows_last(v)?;
-                let w = self.weight(v, "weight", vec![d])?;
+                let w = self.weight(v, "weight", vec![d])?.with_norm(weight);
                 let out = self.value_buffer(v)?;
                 let kernel = Kernel::RmsNorm { rows, d, eps };
                 self.launch(kernel, "", nodes, vec![x], vec![out], vec![w], None);
@@ -38,7 +38,9 @@ impl Lowerer<'_> {
                 let x = self.buf(self.input(v, 0)?)?;
                 let (rows, d) = self.rows_last(v)?;
                 let name = format!("{}.weight", self.export(v, "final_norm")?);
-                let w = self.weight_named(name, vec![d]);
+                let w = self
+                    .weight_named(name, vec![d])
+                    .with_norm(self.target.final_norm);
                 let out = self.value_buffer(v)?;
                 let kernel = Kernel::RmsNorm {
                     rows,
@@ -89,13 +91,18 @@ impl Lowerer<'_> {
                 };
                 self.launch(kernel, "", nodes, vec![x], vec![out], Vec::new(), None);
             }
-            Op::Embedding { vocab, dim } => {
+            Op::Embedding { vocab, dim, scale } => {
                 let ids = self.buf(self.input(v, 0)?)?;
                 let (vocab, d) = (self.eval(v, &vocab)?, self.eval(v, &dim)?);
                 let tokens = self.rows_last(v)?.0;
                 let w = self.weight(v, "weight", vec![vocab, d])?;
                 let out = self.value_buffer(v)?;
-                let kernel = Kernel::Embedding { tokens, vocab, d };
+                let kernel = Kernel::Embedding {
+                    tokens,
+                    vocab,
+                    d,
+                    scale,
+                };
                 self.launch(kernel, "", nodes, vec![ids], vec![out], vec![w], None);
             }
             Op::TargetEmbed => {
@@ -105,7 +112,12 @@ impl Lowerer<'_> {
                 let name = format!("{}.weight", self.export(v, "embed")?);
                 let w = self.weight_named(name, vec![vocab, d]);
                 let out = self.value_buffer(v)?;
-                let kernel = Kernel::Embedding { tokens, vocab, d };
+                let kernel = Kernel::Embedding {
+                    tokens,
+                    vocab,
+                    d,
+                    scale: None,
+                };
                 self.launch(kernel, "", nodes, vec![ids], vec![out], vec![w], None);
             }
             Op::Add | Op::Mul => {

@@ -264,6 +264,14 @@ impl Lowerer<'_> {
             return None;
         }
         let qk_norm = self.qk_norm(a)?;
+        let scale = self.positive_float(a, "scale")?.map(F64::new);
+        if scale.is_some() && axis == Axis::Draft {
+            self.error(
+                Diagnostic::error(span, "`scale` applies to attention along the sequence")
+                    .with_label("draft-axis attention scales by 1/√head_dim"),
+            );
+            return None;
+        }
         if qk_norm.is_some() && (axis == Axis::Draft || memory.is_some() || kv.is_some()) {
             self.error(
                 Diagnostic::error(
@@ -290,6 +298,7 @@ impl Lowerer<'_> {
             bias,
             rope_scaling,
             qk_norm,
+            scale,
         };
         let mut inputs = vec![x];
         if let Some(k) = kv {
@@ -438,7 +447,7 @@ impl Lowerer<'_> {
     /// Llama 3's RoPE scaling from the preset's `rope_factor`,
     /// `rope_low_freq_factor`, `rope_high_freq_factor` (numbers) and
     /// `rope_original_context` (an integer); an error naming those missing.
-    fn qk_norm(&mut self, a: &mut CallArgs) -> Option<Option<QkNorm>> {
+    fn qk_norm(&mut self, a: &mut CallArgs) -> Option<Option<Box<QkNorm>>> {
         let weight = match a.get("qk_norm", None) {
             // A bare `qk_norm` (positional): the plain weight.
             None => a
@@ -460,9 +469,11 @@ impl Lowerer<'_> {
                 }
             }
         };
-        Some(weight.map(|weight| QkNorm {
-            eps: F64::new(self.default_eps()),
-            weight,
+        Some(weight.map(|weight| {
+            Box::new(QkNorm {
+                eps: F64::new(self.default_eps()),
+                weight,
+            })
         }))
     }
 

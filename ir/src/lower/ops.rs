@@ -5,7 +5,7 @@ use crate::ast::{Arg, Expr, ExprKind, WeightPath};
 use crate::diagnostic::Diagnostic;
 use crate::dim::{fmt_shape, Dim};
 use crate::graph::ValueId;
-use crate::op::{Op, F64};
+use crate::op::{GateAct, NormWeight, Op, F64};
 use crate::span::Span;
 use crate::types::{DType, TensorType};
 
@@ -17,7 +17,7 @@ use crate::ast::ItemKind;
 /// (call name, signature, has weights)
 const OPS: &[(&str, &[&str], bool)] = &[
     ("linear", &["x", "out", "bias"], true),
-    ("rms_norm", &["x", "eps"], true),
+    ("rms_norm", &["x", "eps", "unit_offset"], true),
     ("group_rms_norm", &["x", "eps"], true),
     ("rope", &["x", "theta"], false),
     (
@@ -38,12 +38,15 @@ const OPS: &[(&str, &[&str], bool)] = &[
             "out",
             "bias",
             "rope_scaling",
+            "qk_norm",
+            "scale",
         ],
         true,
     ),
     ("prev", &["stream"], false),
     ("swiglu", &["x", "hidden"], true),
-    ("embedding", &["ids", "vocab", "dim"], true),
+    ("geglu", &["x", "hidden"], true),
+    ("embedding", &["ids", "vocab", "dim", "scale"], true),
     ("reshape", &["x", "shape"], false),
     ("concat", &["xs…", "axis"], false),
     ("split", &["x", "parts", "axis", "index"], false),
@@ -101,7 +104,7 @@ pub fn param_shapes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Vec<(S
             }
             v
         }
-        Op::SwiGlu { hidden } => {
+        Op::SwiGlu { hidden, .. } => {
             let dm = last(inputs[0]);
             vec![
                 ("gate_proj.weight".into(), vec![hidden.clone(), dm.clone()]),
@@ -109,7 +112,9 @@ pub fn param_shapes(op: &Op, inputs: &[&TensorType], out: &TensorType) -> Vec<(S
                 ("down_proj.weight".into(), vec![dm, hidden.clone()]),
             ]
         }
-        Op::Embedding { vocab, dim } => vec![("weight".into(), vec![vocab.clone(), dim.clone()])],
+        Op::Embedding { vocab, dim, .. } => {
+            vec![("weight".into(), vec![vocab.clone(), dim.clone()])]
+        }
         Op::LayerSum => {
             let d = &inputs[0].dims;
             vec![("weight".into(), vec![d[d.len() - 2].clone()])]
@@ -445,6 +450,28 @@ impl Lowerer<'_> {
         }
     }
 
+    /// A positive number given as `name=` (`None` after reporting why not;
+    /// `Some(None)` when absent).
+    pub(super) fn positive_float(&mut self, a: &mut CallArgs, name: &str) -> Option<Option<f64>> {
+        let Some(e) = a.get(name, None) else {
+            return Some(None);
+        };
+        match self.expr(e) {
+            Val::Float(x) if x.is_finite() && x > 0.0 => Some(Some(x)),
+            Val::Dim(d) if d.as_const().is_some_and(|c| c > 0) => {
+                Some(d.as_const().map(|c| c as f64))
+            }
+            Val::Error => None,
+            _ => {
+                self.error(
+                    Diagnostic::error(e.span, format!("bad value for `{name}`"))
+                        .with_label("expected a positive number"),
+                );
+                None
+            }
+        }
+    }
+
     pub(super) fn positive_attr(&mut self, e: &Expr, name: &str) -> Option<i64> {
         let v = self.const_int(e, name)?;
         if v < 1 {
@@ -493,13 +520,21 @@ impl Lowerer<'_> {
                 let x = self.tensor_arg(a, "x", Some(0), true, &format!("{name}(x)"))?;
                 let eps = self.float_attr(a, "eps", Some(self.default_eps()))?;
                 let grouped = name == "group_rms_norm";
+                let weight = if !grouped && a.flag("unit_offset", &mut self.diags) {
+                    NormWeight::UnitOffset
+                } else {
+                    NormWeight::Plain
+                };
                 self.require_rank(x, if grouped { 2 } else { 1 }, name, span)?;
                 self.fixed_last(x, name, span)?;
                 let ty = self.ty(x).clone();
                 let op = if grouped {
                     Op::GroupRmsNorm { eps: F64::new(eps) }
                 } else {
-                    Op::RmsNorm { eps: F64::new(eps) }
+                    Op::RmsNorm {
+                        eps: F64::new(eps),
+                        weight,
+                    }
                 };
                 if grouped && ty.dims[ty.rank() - 2].symbols().any(|s| s != "l") {
                     self.error(
@@ -535,18 +570,24 @@ impl Lowerer<'_> {
                 ))
             }
             "attention" => self.attention(a, span),
-            "swiglu" => {
-                let x = self.tensor_arg(a, "x", Some(0), true, "swiglu(x, f)")?;
+            "swiglu" | "geglu" => {
+                let example = format!("{name}(x, f)");
+                let x = self.tensor_arg(a, "x", Some(0), true, &example)?;
                 let Some(he) = a.get("hidden", Some(1)) else {
-                    let d = a.missing("hidden", "swiglu(x, f)");
+                    let d = a.missing("hidden", &example);
                     self.error(d);
                     return None;
                 };
                 let hidden = Dim::constant(self.positive_attr(he, "hidden")?);
-                self.require_rank(x, 1, "swiglu", span)?;
-                self.fixed_last(x, "swiglu", span)?;
+                self.require_rank(x, 1, name, span)?;
+                self.fixed_last(x, name, span)?;
                 let ty = self.ty(x).clone();
-                Some(self.push(Op::SwiGlu { hidden }, vec![x], ty, span))
+                let act = if name == "geglu" {
+                    GateAct::GeluTanh
+                } else {
+                    GateAct::Silu
+                };
+                Some(self.push(Op::SwiGlu { hidden, act }, vec![x], ty, span))
             }
             "embedding" => {
                 let ids = self.tensor_arg(a, "ids", Some(0), false, "embedding(ids, v, d)")?;
@@ -559,10 +600,12 @@ impl Lowerer<'_> {
                     Dim::constant(self.positive_attr(ve, "vocab")?),
                     Dim::constant(self.positive_attr(de, "dim")?),
                 );
+                // `scale=`: every row multiplied (Gemma's √d).
+                let scale = self.positive_float(a, "scale")?.map(F64::new);
                 let mut dims = self.ty(ids).dims.clone();
                 dims.push(dim.clone());
                 Some(self.push(
-                    Op::Embedding { vocab, dim },
+                    Op::Embedding { vocab, dim, scale },
                     vec![ids],
                     TensorType::new(dims, DType::Float),
                     span,

@@ -455,7 +455,7 @@ pub fn attention_planes<R: Runtime>(
                 (heads / kv_heads) as u32,
                 kv_heads as u32,
                 hdv as u32,
-                1.0 / (head_dim as f32).sqrt(),
+                meta.softmax_scale(head_dim),
                 p0,
                 p1,
                 meta.words as u32,

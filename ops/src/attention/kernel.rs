@@ -1,11 +1,12 @@
 //! The fused flash-style attention kernel: Q·Kᵀ, mask, online softmax and ·V
 //! in one launch, one unit per (query row, query head).
 //!
-//! Each unit keeps its query (pre-scaled by 1/√hd) and its output accumulator
-//! in local arrays of `cap` vectors (f32, whatever the storage type), walks
-//! the keys of its sequence in order, skips masked ones, and maintains the
-//! running max `m` and denominator `l` of the online softmax (FlashAttention,
-//! Dao et al. 2022). The mask kind is a comptime code (see `mask::code`);
+//! Each unit keeps its query (pre-scaled by the runtime `scale`: 1/√hd unless
+//! the metadata sets another) and its output accumulator in local arrays of
+//! `cap` vectors (f32, whatever the storage type), walks the keys of its
+//! sequence in order, skips masked ones, and maintains the running max `m`
+//! and denominator `l` of the online softmax (FlashAttention, Dao et al.
+//! 2022). The mask kind is a comptime code (see `mask::code`);
 //! its predicates are the ones in `mask.rs`. Grouped-query attention: query
 //! head `h` reads KV head `h / group`.
 //!
@@ -21,7 +22,7 @@
 //!
 //! Per-row metadata `meta[row * 4 ..]` = `(q_pos, k_begin, k_end, tree_base)`:
 //! the query's position, the half-open key-row range of its sequence, and the
-//! first key row holding tree keys (with the comptime `tree` flag: the tree
+//! first key row holding tree keys (with the comptime `tree` flag: a tree
 //! mask's nodes, or a [`super::TreeTail`]). Launches cover the query
 //! rows `row_offset .. row_offset + rows`; chunked launches differ only in
 //! `row_offset`, so every row is computed by the same code in the same order.

@@ -35,6 +35,26 @@ pub struct AttnMeta<R: Runtime> {
     pub(super) mask: Mask,
     /// Most keys any query row scans (its sequence's key rows).
     pub(super) max_keys: usize,
+    /// The softmax scale when set ([`AttnMeta::with_scale`]); `1/√head_dim`
+    /// otherwise.
+    pub(super) scale: Option<f32>,
+}
+
+// By hand: a derive would ask `R: Clone`. Clones share the device buffers.
+impl<R: Runtime> Clone for AttnMeta<R> {
+    fn clone(&self) -> Self {
+        AttnMeta {
+            meta: self.meta.clone(),
+            k_pos: self.k_pos.clone(),
+            anc: self.anc.clone(),
+            words: self.words,
+            total_q: self.total_q,
+            total_k: self.total_k,
+            mask: self.mask,
+            max_keys: self.max_keys,
+            scale: self.scale,
+        }
+    }
 }
 
 /// The metadata's tensors (per-row metadata, key positions, tree bits)
@@ -102,6 +122,7 @@ impl<R: Runtime> AttnMeta<R> {
             total_k: batch.total_k(),
             mask,
             max_keys: batch.k_lens.iter().copied().max().unwrap_or(0),
+            scale: None,
         })
     }
 
@@ -122,6 +143,34 @@ impl<R: Runtime> AttnMeta<R> {
         }
         self.anc = bits;
         Ok(self)
+    }
+
+    /// The same metadata with softmax scale `scale` instead of `1/√head_dim`:
+    /// every launch over it ([`attention_rows`], [`super::attention_planes`])
+    /// computes `softmax(scale · q·kᵀ)`. Gemma 3 scales by
+    /// `query_pre_attn_scalar^-0.5`. The scale is a runtime scalar of the
+    /// kernels, so no new kernel is compiled. `scale` must be finite and
+    /// `> 0`, else [`OpsError::InvalidArgument`].
+    pub fn with_scale(mut self, scale: f32) -> Result<Self> {
+        if !scale.is_finite() || scale <= 0.0 {
+            return Err(OpsError::InvalidArgument {
+                op: "attention",
+                reason: format!("softmax scale must be finite and > 0, got {scale}"),
+            });
+        }
+        self.scale = Some(scale);
+        Ok(self)
+    }
+
+    /// The scale set by [`AttnMeta::with_scale`], if any.
+    pub fn scale(&self) -> Option<f32> {
+        self.scale
+    }
+
+    /// The softmax scale of a launch over heads of `head_dim`: the one set
+    /// by [`AttnMeta::with_scale`], else `1/√head_dim`.
+    pub fn softmax_scale(&self, head_dim: usize) -> f32 {
+        self.scale.unwrap_or_else(|| 1.0 / (head_dim as f32).sqrt())
     }
 
     /// Like [`AttnMeta::new`], but the keys of sequence `s` are the rows
@@ -163,6 +212,7 @@ impl<R: Runtime> AttnMeta<R> {
             total_k: key_rows,
             mask,
             max_keys: batch.k_lens.iter().copied().max().unwrap_or(0),
+            scale: None,
         };
         Ok((m, rest))
     }
@@ -183,7 +233,9 @@ impl<R: Runtime> AttnMeta<R> {
     }
 }
 
-/// Fused attention over a whole batch: `out = softmax(mask(q·kᵀ/√hd))·v`.
+/// Fused attention over a whole batch: `out = softmax(mask(q·kᵀ/√hd))·v`
+/// (for another scale, build an [`AttnMeta`] with [`AttnMeta::with_scale`]
+/// and call [`attention_rows`]).
 ///
 /// `q`, `out`: `[Σ q_lens, heads, head_dim]`; `k`, `v`: `[Σ k_lens, kv_heads,
 /// head_dim]`; all the same float dtype. Masks: see [`Mask`].
@@ -205,7 +257,7 @@ pub fn attention<R: Runtime>(
 
 /// Launches the kernel for the query rows `rows` of the batch behind `meta`
 /// only (other rows of `out` are left untouched). Tensor shapes as in
-/// [`attention`].
+/// [`attention`]; the softmax scale is [`AttnMeta::softmax_scale`].
 #[allow(clippy::too_many_arguments)]
 pub fn attention_rows<R: Runtime>(
     client: &ComputeClient<R>,
@@ -258,7 +310,7 @@ pub fn attention_rows<R: Runtime>(
                 (heads / kv_heads) as u32,
                 kv_heads as u32,
                 (head_dim / vec) as u32,
-                1.0 / (head_dim as f32).sqrt(),
+                meta.softmax_scale(head_dim),
                 p0,
                 p1,
                 meta.words as u32,

@@ -6,8 +6,8 @@
 //! parents) with its validation.
 //!
 //! Masks are defined on **positions** (`q_pos`, `k_pos`: the token's position in
-//! the original text), never on buffer indices — except the tree mask, which is
-//! defined on node indices because sibling nodes share a position.
+//! the original text), never on buffer indices — except the tree masks, whose
+//! ancestor test is on node indices because sibling nodes share a position.
 //!
 //! | mask | a query at position `qp` sees a key at position `kp` iff | source |
 //! | --- | --- | --- |
@@ -17,6 +17,7 @@
 //! | `InverseBlock { window: k, offset: ε }` | `win(kp) < win(qp)` where `win(p) = (p + k - 1 - ε) / k` | paper 002 §4.2, Fig. 2 (left) |
 //! | `SlidingSink { window: w, sink: s }` | `kp <= qp && (kp < s \|\| qp - kp < w)` | paper 004 §3.1 (StreamingLLM mask) |
 //! | `Tree` | key is in the committed prefix, or key node is an ancestor of (or is) the query node | docs/speculative.md, "The round": verify |
+//! | `TreeSliding { window: w, sink: s }` | `Tree`'s condition and `SlidingSink { w, s }`'s on positions | verify of a sliding-window layer (Gemma 3) |
 //!
 //! Inverse block (paper 002 §4.2): windows of size `k` start at `n = ε + w·k`
 //! and cover positions `n+1 ..= n+k`; "for a query at position n+i, i=1..k,
@@ -29,6 +30,14 @@
 //! Sliding window + sink (paper 004 §3.1, footnote 4): SPIRe takes positions
 //! from the original text, so `qp - kp` is the distance in the text; the
 //! window counts the query itself (`w = 1` sees only itself and the sink).
+//!
+//! Tree over a sliding window (`TreeSliding`): verifying a draft tree in a
+//! layer whose causal mask is a sliding window. A node's position is
+//! `committed + depth`, so its ancestors sit at exactly the positions the
+//! tokens of its path will have once committed, and the window applies to
+//! committed keys and ancestors alike: the node sees what autoregressive
+//! decoding of its path would see. (`Tree` alone would let it see every
+//! committed key; `SlidingSink` alone, sibling branches' nodes.)
 //!
 //! Tree tail ([`TreeTail`], any mask): the last `lens[s]` keys of sequence
 //! `s` are draft-tree states that a query may additionally see only if its
@@ -60,6 +69,9 @@ pub enum Mask {
     SlidingSink { window: u32, sink: u32 },
     /// Tree verification mask over `[committed KV | tree nodes]`.
     Tree,
+    /// Tree verification of a sliding-window layer: `Tree`'s visibility and
+    /// `SlidingSink { window, sink }`'s predicate on positions.
+    TreeSliding { window: u32, sink: u32 },
 }
 
 /// Comptime codes of the mask kinds (the kernel is specialised per kind).
@@ -74,7 +86,8 @@ pub(crate) mod code {
 impl Mask {
     /// The comptime positional code and the two runtime parameters passed to
     /// the kernel. `Mask::Tree` is the full mask plus tree bits (the kernel's
-    /// comptime `tree` flag, set whenever there are tree keys).
+    /// comptime `tree` flag, set whenever there are tree keys);
+    /// `Mask::TreeSliding` the sliding-window mask plus tree bits.
     pub(crate) fn kernel_args(&self) -> (u32, u32, u32) {
         match *self {
             Mask::Full => (code::FULL, 0, 0),
@@ -83,12 +96,21 @@ impl Mask {
             Mask::InverseBlock { window, offset } => (code::INVERSE_BLOCK, window, offset),
             Mask::SlidingSink { window, sink } => (code::SLIDING_SINK, window, sink),
             Mask::Tree => (code::FULL, 0, 0),
+            Mask::TreeSliding { window, sink } => (code::SLIDING_SINK, window, sink),
         }
     }
 
-    /// Whether a query at position `qp` sees a key at position `kp`, for every
-    /// mask except `Tree` (which is decided on node indices, see
-    /// [`SeqBatch::ancestor_bits`]). `Tree` answers `true` here.
+    /// Whether this is a tree verification mask (`Tree`, `TreeSliding`):
+    /// the batch's `parents` describe the last `q_lens[s]` keys of each
+    /// sequence as tree nodes, visible only to their descendants.
+    pub fn is_tree(&self) -> bool {
+        matches!(self, Mask::Tree | Mask::TreeSliding { .. })
+    }
+
+    /// Whether a query at position `qp` sees a key at position `kp`: the
+    /// positional part of the mask. The tree masks' ancestor test is decided
+    /// on node indices (see [`SeqBatch::ancestor_bits`]): `Tree` answers
+    /// `true` here, `TreeSliding` its sliding-window predicate.
     pub fn visible(&self, qp: u32, kp: u32) -> bool {
         match *self {
             Mask::Full | Mask::Tree => true,
@@ -97,7 +119,9 @@ impl Mask {
             Mask::InverseBlock { window, offset } => {
                 inverse_block_window(kp, window, offset) < inverse_block_window(qp, window, offset)
             }
-            Mask::SlidingSink { window, sink } => kp <= qp && (kp < sink || qp - kp < window),
+            Mask::SlidingSink { window, sink } | Mask::TreeSliding { window, sink } => {
+                kp <= qp && (kp < sink || qp - kp < window)
+            }
         }
     }
 
@@ -111,11 +135,14 @@ impl Mask {
                     ),
                 })
             }
-            Mask::SlidingSink { window: 0, .. } => Err(OpsError::InvalidArgument {
-                op,
-                reason: "sliding-window mask needs window >= 1 (the window counts the query itself)"
-                    .into(),
-            }),
+            Mask::SlidingSink { window: 0, .. } | Mask::TreeSliding { window: 0, .. } => {
+                Err(OpsError::InvalidArgument {
+                    op,
+                    reason:
+                        "sliding-window mask needs window >= 1 (the window counts the query itself)"
+                            .into(),
+                })
+            }
             _ => Ok(()),
         }
     }
@@ -142,12 +169,13 @@ pub struct SeqBatch {
     pub q_pos: Vec<u32>,
     /// Position of every key row in its original text, `[Σ k_lens]`.
     pub k_pos: Vec<u32>,
-    /// `Mask::Tree` only, `[Σ q_lens]`: the parent of each tree node as a node
-    /// index local to its sequence, or [`TREE_ROOT`]. The keys of sequence `s`
-    /// are `[committed prefix (k_lens[s] - q_lens[s] rows) | its q_lens[s] nodes]`.
+    /// Tree masks only ([`Mask::is_tree`]), `[Σ q_lens]`: the parent of each
+    /// tree node as a node index local to its sequence, or [`TREE_ROOT`]. The
+    /// keys of sequence `s` are `[committed prefix (k_lens[s] - q_lens[s]
+    /// rows) | its q_lens[s] nodes]`.
     pub parents: Vec<u32>,
     /// Optional visibility restriction on the last keys of each sequence
-    /// (see [`TreeTail`]); not combinable with `Mask::Tree`.
+    /// (see [`TreeTail`]); not combinable with a tree mask.
     pub tail: Option<TreeTail>,
 }
 
@@ -292,7 +320,7 @@ impl SeqBatch {
         if self.k_pos.len() != self.total_k() {
             return Err(len_err(op, "k_pos", self.total_k(), self.k_pos.len()));
         }
-        if *mask == Mask::Tree {
+        if mask.is_tree() {
             if self.parents.len() != self.total_q() {
                 return Err(len_err(op, "parents", self.total_q(), self.parents.len()));
             }
@@ -311,10 +339,10 @@ impl SeqBatch {
             }
         }
         if let Some(tail) = &self.tail {
-            if *mask == Mask::Tree {
+            if mask.is_tree() {
                 return Err(OpsError::InvalidArgument {
                     op,
-                    reason: "a tree tail cannot be combined with the tree mask".into(),
+                    reason: "a tree tail cannot be combined with a tree mask".into(),
                 });
             }
             if tail.lens.len() != self.batch() {
@@ -353,21 +381,21 @@ impl SeqBatch {
         Ok(())
     }
 
-    /// Tree keys at the end of sequence `s` (nodes for `Mask::Tree`, the
+    /// Tree keys at the end of sequence `s` (nodes for a tree mask, the
     /// tail for a [`TreeTail`], none otherwise).
     pub fn tree_keys(&self, s: usize, mask: &Mask) -> usize {
         match (&self.tail, mask) {
-            (_, Mask::Tree) => self.q_lens[s].min(self.k_lens[s]),
+            (_, m) if m.is_tree() => self.q_lens[s].min(self.k_lens[s]),
             (Some(t), _) => t.lens[s],
             (None, _) => 0,
         }
     }
 
-    /// The visibility bits of the tree keys (`Mask::Tree`: ancestors; a
+    /// The visibility bits of the tree keys (a tree mask: ancestors; a
     /// tail: its bits) and words per row; `None` when there are no tree keys.
     pub fn tree_bits(&self, mask: &Mask) -> Option<(Vec<u32>, usize)> {
         match (&self.tail, mask) {
-            (_, Mask::Tree) => Some(self.ancestor_bits()),
+            (_, m) if m.is_tree() => Some(self.ancestor_bits()),
             (Some(t), _) => Some((t.bits.clone(), t.words)),
             (None, _) => None,
         }

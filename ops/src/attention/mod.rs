@@ -1,12 +1,12 @@
 //! Attention family: one fused flash-style kernel (Q·Kᵀ, mask, online softmax,
 //! ·V in one launch) with the mask kind chosen at comptime, grouped-query
-//! heads, scale 1/√head_dim, masks defined on token positions, and batches of
-//! sequences of different lengths.
+//! heads, scale 1/√head_dim (or any other: [`AttnMeta::with_scale`]), masks
+//! defined on token positions, and batches of sequences of different lengths.
 //!
 //! | file | owns |
 //! | --- | --- |
 //! | `mask.rs` | [`Mask`] and its exact definitions (paper citations there), [`SeqBatch`] |
-//! | `reference.rs` | [`attention_ref`], the plain-Rust oracle |
+//! | `reference.rs` | [`attention_ref`] / [`attention_ref_scaled`], the plain-Rust oracle |
 //! | `kernel.rs` | the `#[cube]` kernel |
 //! | `launch.rs` | safe launch functions: [`attention`], [`draft_dim_attention`], [`AttnMeta`] |
 //! | `decode.rs` | the GPU layout ([`attention_planes`]): a plane per (row, KV head, key split) serving the whole query-head group, flash-decoding splits |
@@ -29,7 +29,7 @@ mod reference;
 pub use decode::{attention_planes, supports as planes_support, AttnPlaneShape};
 pub use launch::{attention, attention_rows, draft_dim_attention, key_base_bytes, AttnMeta};
 pub use mask::{inverse_block_window, validate_parents, Mask, SeqBatch, TreeTail, TREE_ROOT};
-pub use reference::attention_ref;
+pub use reference::{attention_ref, attention_ref_scaled};
 // For `crate::source` (kernel source text without a device).
 pub(crate) use decode::{attention_combine, decode_attention};
 pub(crate) use kernel::fused_attention;
@@ -57,7 +57,8 @@ pub struct AttnDims {
     pub heads: usize,
     /// Key/value heads `hkv`; `heads % kv_heads == 0` (grouped-query attention).
     pub kv_heads: usize,
-    /// Size of one head; the softmax scale is `1/√head_dim`.
+    /// Size of one head; the softmax scale is `1/√head_dim` unless the
+    /// metadata sets another ([`AttnMeta::with_scale`]).
     pub head_dim: usize,
 }
 

@@ -1,17 +1,21 @@
 //! Plain-Rust reference attention: the oracle the fused kernel is tested
 //! against. Straightforward two-pass softmax in f64 over the visible keys.
 //!
-//! `out[r, h, :] = Σ_j softmax_j(q[r,h]·k[j,g(h)] / √hd) · v[j, g(h), :]` over
+//! `out[r, h, :] = Σ_j softmax_j(s · q[r,h]·k[j,g(h)]) · v[j, g(h), :]` over
 //! the keys `j` of row `r`'s sequence that the mask lets it see, where
 //! `g(h) = h / (heads / kv_heads)` is the KV head shared by a group of query
-//! heads (grouped-query attention). Tree keys (`Mask::Tree` nodes or a
-//! [`super::TreeTail`]) also need their bit. Rows that see no key are zero.
+//! heads (grouped-query attention). Tree keys (the nodes of a tree mask,
+//! `Mask::Tree` / `Mask::TreeSliding`, or a [`super::TreeTail`]) also need
+//! their bit. Rows that see no key are zero.
+//! The scale `s` is `1/√hd` ([`attention_ref`]) or given
+//! ([`attention_ref_scaled`], the kernels' `AttnMeta::with_scale`).
 
 use super::mask::{Mask, SeqBatch};
 use super::AttnDims;
 
 /// Reference attention over packed f32 buffers (layouts: see [`SeqBatch`]).
 /// Inputs must already be valid (`SeqBatch::validate`, buffer lengths).
+/// The softmax scale is `1/√head_dim`.
 pub fn attention_ref(
     q: &[f32],
     k: &[f32],
@@ -20,13 +24,27 @@ pub fn attention_ref(
     batch: &SeqBatch,
     mask: Mask,
 ) -> Vec<f32> {
+    let scale = 1.0 / (dims.head_dim as f64).sqrt();
+    attention_ref_scaled(q, k, v, dims, batch, mask, scale)
+}
+
+/// [`attention_ref`] with softmax scale `scale` in place of `1/√head_dim`
+/// (Gemma 3: `query_pre_attn_scalar^-0.5`).
+pub fn attention_ref_scaled(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    scale: f64,
+) -> Vec<f32> {
     let AttnDims {
         heads,
         kv_heads,
         head_dim,
     } = dims;
     let group = heads / kv_heads;
-    let scale = 1.0 / (head_dim as f64).sqrt();
     let mut out = vec![0.0f32; batch.total_q() * heads * head_dim];
     let q_starts = batch.q_starts();
     let k_starts = batch.k_starts();
@@ -42,7 +60,8 @@ pub fn attention_ref(
                 let qv = &q[(row * heads + h) * head_dim..][..head_dim];
                 scores.clear();
                 for j in k0..k1 {
-                    // Positional mask (`Tree`: always true), then tree keys
+                    // Positional mask (`Tree`: always true; `TreeSliding`:
+                    // the sliding window), then tree keys
                     // need their bit.
                     let vis = mask.visible(qp, batch.k_pos[j])
                         && match &bits {

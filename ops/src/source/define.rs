@@ -398,7 +398,7 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
                 planes,
                 crate::attention::decode::MAX_HEAD_DIM / n,
                 code,
-                mask == MaskKind::Tree,
+                mask.is_tree(),
             );
         }
         KernelSpec::AttentionCombine { .. } => {
@@ -450,7 +450,7 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let p1 = scalar::<u32>(&mut b);
             let words = scalar::<u32>(&mut b);
             let (code, _, _) = mask.representative().kernel_args();
-            let tree = mask == MaskKind::Tree;
+            let tree = mask.is_tree();
             k::expand::<F, k::N>(
                 &mut b.scope,
                 n,
@@ -487,6 +487,19 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let vocab = scalar::<usize>(&mut b);
             let dv = scalar::<usize>(&mut b);
             k::expand::<F, k::N>(&mut b.scope, n, table, ids, out, tokens, vocab, dv);
+        }
+        KernelSpec::EmbeddingScaled { .. } => {
+            use embedding::embedding_scaled_kernel as k;
+            b.scope.register_size::<k::N>(n);
+            AddressType::U32.register(&mut b.scope);
+            let table = array_in::<Vector<F, k::N>>(&mut b);
+            let ids = array_in::<u32>(&mut b);
+            let out = array_out::<Vector<F, k::N>>(&mut b);
+            let tokens = scalar::<usize>(&mut b);
+            let vocab = scalar::<usize>(&mut b);
+            let dv = scalar::<usize>(&mut b);
+            let scale = scalar::<f32>(&mut b);
+            k::expand::<F, k::N>(&mut b.scope, n, table, ids, out, tokens, vocab, dv, scale);
         }
         KernelSpec::Elementwise { op, .. } => {
             use elementwise::elementwise_kernel as k;

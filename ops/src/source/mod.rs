@@ -311,11 +311,55 @@ mod tests {
                 KernelSpec::attention(dtype, 64, MaskKind::Tree),
                 KernelSpec::attention(dtype, 130, MaskKind::SlidingSink),
                 KernelSpec::embedding(dtype, 576),
+                KernelSpec::embedding_scaled(dtype, 640),
+                KernelSpec::head_norm(dtype, true),
+                KernelSpec::head_norm(dtype, false),
+                KernelSpec::linear(dtype, 1, 640, true, LinearEpilogue::GeGlu, 12),
+                KernelSpec::linear_planes(
+                    dtype,
+                    1,
+                    640,
+                    1,
+                    true,
+                    LinearEpilogue::GeGlu,
+                    crate::linear_plane::PlaneShape {
+                        plane: 32,
+                        planes: 4,
+                        ksplit: 1,
+                        cols: 2,
+                    },
+                    8,
+                ),
+                KernelSpec::elementwise(dtype, 1001, ElementwiseKind::GeGlu),
                 KernelSpec::elementwise(dtype, 1001, ElementwiseKind::Silu),
                 KernelSpec::layer_sum(dtype, 576),
             ]);
         }
         v
+    }
+
+    /// The specs' comptime codes are the kernels' own.
+    #[test]
+    fn spec_codes_are_the_kernels_codes() {
+        use crate::{elementwise as e, linear as l};
+        for (spec, kernel) in [
+            (LinearEpilogue::None, l::EPI_NONE),
+            (LinearEpilogue::Bias, l::EPI_BIAS),
+            (LinearEpilogue::Residual, l::EPI_RESIDUAL),
+            (LinearEpilogue::SwiGlu, l::EPI_SWIGLU),
+            (LinearEpilogue::GeGlu, l::EPI_GEGLU),
+        ] {
+            assert_eq!(spec.code(), kernel, "{spec:?}");
+        }
+        for (spec, kernel) in [
+            (ElementwiseKind::Add, e::OP_ADD),
+            (ElementwiseKind::Mul, e::OP_MUL),
+            (ElementwiseKind::SwiGlu, e::OP_SWIGLU),
+            (ElementwiseKind::Silu, e::OP_SILU),
+            (ElementwiseKind::GeGlu, e::OP_GEGLU),
+        ] {
+            assert_eq!(spec.code(), kernel, "{spec:?}");
+        }
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub enum LinearEpilogue {
     Bias,
     Residual,
     SwiGlu,
+    /// `gelu_tanh(gate) · up`.
+    GeGlu,
     /// RoPE on q and k and the KV append: the kernels of
     /// [`crate::linear_rope`] (`cols` counts columns, two per pair, in
     /// the lanes layout, and pairs per plane in the planes layout).
@@ -29,6 +31,7 @@ impl LinearEpilogue {
             LinearEpilogue::SwiGlu => 3,
             // A kernel of its own, with no epilogue code.
             LinearEpilogue::RopeQkv => 4,
+            LinearEpilogue::GeGlu => 5,
         }
     }
 
@@ -38,6 +41,7 @@ impl LinearEpilogue {
             LinearEpilogue::Bias => "bias",
             LinearEpilogue::Residual => "residual",
             LinearEpilogue::SwiGlu => "swiglu",
+            LinearEpilogue::GeGlu => "geglu",
             LinearEpilogue::RopeQkv => "rope_qkv",
         }
     }
@@ -52,6 +56,8 @@ pub enum ElementwiseKind {
     SwiGlu,
     /// `silu(a)` (no second operand).
     Silu,
+    /// `gelu_tanh(a) * b`.
+    GeGlu,
 }
 
 impl ElementwiseKind {
@@ -62,6 +68,7 @@ impl ElementwiseKind {
             ElementwiseKind::Mul => 1,
             ElementwiseKind::SwiGlu => 2,
             ElementwiseKind::Silu => 3,
+            ElementwiseKind::GeGlu => 4,
         }
     }
 
@@ -71,6 +78,7 @@ impl ElementwiseKind {
             ElementwiseKind::Mul => "mul",
             ElementwiseKind::SwiGlu => "swiglu",
             ElementwiseKind::Silu => "silu",
+            ElementwiseKind::GeGlu => "geglu",
         }
     }
 }
@@ -85,6 +93,8 @@ pub enum MaskKind {
     InverseBlock,
     SlidingSink,
     Tree,
+    /// Tree verification of a sliding-window layer (`Mask::TreeSliding`).
+    TreeSliding,
 }
 
 impl MaskKind {
@@ -100,7 +110,13 @@ impl MaskKind {
             },
             MaskKind::SlidingSink => Mask::SlidingSink { window: 1, sink: 0 },
             MaskKind::Tree => Mask::Tree,
+            MaskKind::TreeSliding => Mask::TreeSliding { window: 1, sink: 0 },
         }
+    }
+
+    /// Whether the kernel is compiled with its comptime `tree` flag.
+    pub(super) fn is_tree(self) -> bool {
+        self.representative().is_tree()
     }
 
     fn name(self) -> &'static str {
@@ -111,6 +127,7 @@ impl MaskKind {
             MaskKind::InverseBlock => "inverse_block",
             MaskKind::SlidingSink => "sliding_sink",
             MaskKind::Tree => "tree",
+            MaskKind::TreeSliding => "tree_sliding",
         }
     }
 }
@@ -124,6 +141,7 @@ impl From<Mask> for MaskKind {
             Mask::InverseBlock { .. } => MaskKind::InverseBlock,
             Mask::SlidingSink { .. } => MaskKind::SlidingSink,
             Mask::Tree => MaskKind::Tree,
+            Mask::TreeSliding { .. } => MaskKind::TreeSliding,
         }
     }
 }
@@ -198,6 +216,9 @@ pub enum KernelSpec {
     AttentionCombine { dtype: DType, vector: usize },
     /// [`crate::embedding::embedding_kernel`].
     Embedding { dtype: DType, vector: usize },
+    /// [`crate::embedding::embedding_scaled_kernel`]: the gather times a
+    /// runtime scale (Gemma 3's `sqrt(hidden)`).
+    EmbeddingScaled { dtype: DType, vector: usize },
     /// [`crate::elementwise::elementwise_kernel`].
     Elementwise {
         dtype: DType,
@@ -355,6 +376,14 @@ impl KernelSpec {
         }
     }
 
+    /// Embedding gather of rows of `d` times a runtime scale.
+    pub fn embedding_scaled(dtype: DType, d: usize) -> KernelSpec {
+        KernelSpec::EmbeddingScaled {
+            dtype,
+            vector: vector_width(d),
+        }
+    }
+
     /// Element-wise `op` over `numel` elements.
     pub fn elementwise(dtype: DType, numel: usize, op: ElementwiseKind) -> KernelSpec {
         KernelSpec::Elementwise {
@@ -387,6 +416,7 @@ impl KernelSpec {
             | KernelSpec::AttentionPlanes { dtype, .. }
             | KernelSpec::AttentionCombine { dtype, .. }
             | KernelSpec::Embedding { dtype, .. }
+            | KernelSpec::EmbeddingScaled { dtype, .. }
             | KernelSpec::Elementwise { dtype, .. }
             | KernelSpec::LayerSum { dtype, .. } => dtype,
         }
@@ -407,6 +437,7 @@ impl KernelSpec {
             | KernelSpec::AttentionPlanes { vector, .. }
             | KernelSpec::AttentionCombine { vector, .. }
             | KernelSpec::Embedding { vector, .. }
+            | KernelSpec::EmbeddingScaled { vector, .. }
             | KernelSpec::Elementwise { vector, .. }
             | KernelSpec::LayerSum { vector, .. } => vector,
         }
@@ -435,6 +466,7 @@ impl KernelSpec {
             KernelSpec::AttentionPlanes { .. } => "decode_attention",
             KernelSpec::AttentionCombine { .. } => "attention_combine",
             KernelSpec::Embedding { .. } => "embedding_kernel",
+            KernelSpec::EmbeddingScaled { .. } => "embedding_scaled_kernel",
             KernelSpec::Elementwise { .. } => "elementwise_kernel",
             KernelSpec::LayerSum { .. } => "layer_sum_kernel",
         }
@@ -473,7 +505,9 @@ impl KernelSpec {
             KernelSpec::Attention { .. } => ATTENTION_UNITS,
             KernelSpec::AttentionPlanes { planes, .. } => 32 * *planes as u32,
             KernelSpec::AttentionCombine { .. } => 128,
-            KernelSpec::Embedding { .. } => embedding::BLOCK as u32,
+            KernelSpec::Embedding { .. } | KernelSpec::EmbeddingScaled { .. } => {
+                embedding::BLOCK as u32
+            }
             KernelSpec::Elementwise { .. } => elementwise::BLOCK as u32,
             KernelSpec::LayerSum { .. } => layer_sum::BLOCK as u32,
         }

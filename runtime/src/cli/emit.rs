@@ -226,6 +226,7 @@ pub fn kernel_spec(
                 Epilogue::Bias => LinearEpilogue::Bias,
                 Epilogue::Residual => LinearEpilogue::Residual,
                 Epilogue::SwiGlu => LinearEpilogue::SwiGlu,
+                Epilogue::GeGlu => LinearEpilogue::GeGlu,
                 Epilogue::RopeQkv { .. } => LinearEpilogue::RopeQkv,
             };
             match crate::exec::linear_launch(layout) {
@@ -285,13 +286,15 @@ pub fn kernel_spec(
             }
         }
         Kernel::DraftDimAttention { head_dim, .. } => attention(dt, head_dim, MaskKind::Full)?,
-        Kernel::Embedding { d, .. } => KernelSpec::embedding(dt, size("d", d)?),
+        Kernel::Embedding { d, scale: None, .. } => KernelSpec::embedding(dt, size("d", d)?),
+        Kernel::Embedding { d, .. } => KernelSpec::embedding_scaled(dt, size("d", d)?),
         Kernel::Elementwise { op, numel, .. } => {
             let op = match op {
                 ElementwiseOp::Add => ElementwiseKind::Add,
                 ElementwiseOp::Mul => ElementwiseKind::Mul,
                 ElementwiseOp::Silu => ElementwiseKind::Silu,
                 ElementwiseOp::SwiGlu => ElementwiseKind::SwiGlu,
+                ElementwiseOp::GeGlu => ElementwiseKind::GeGlu,
             };
             KernelSpec::elementwise(dt, size("numel", numel)?, op)
         }
@@ -420,11 +423,21 @@ mod tests {
                 head_dim: 512,
                 mask: Mask::Causal,
                 layout: AttentionLayout::Lanes,
+                scale: None,
             },
             Kernel::Embedding {
                 tokens: 1,
                 vocab: 1,
                 d: 0,
+                scale: None,
+            },
+            Kernel::HeadNorm {
+                tokens: 1,
+                heads: 1,
+                head_dim: 63,
+                eps: F64::new(1e-6),
+                weight: draftc_ir::op::NormWeight::Plain,
+                theta: Some(F64::new(1e4)),
             },
             Kernel::Rope {
                 tokens: 1,

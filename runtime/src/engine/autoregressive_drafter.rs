@@ -176,7 +176,12 @@ pub(super) fn final_norm_of<R: Runtime>(
         .get("final_norm")
         .map(|p| format!("{p}.weight"))
         .unwrap_or_default();
-    let w = target.exec.weight(&weight).ok_or_else(|| {
+    // Gemma's final norm scales by 1 + w: bound under that name.
+    let bound = match target.weights.final_norm {
+        draftc_ir::op::NormWeight::Plain => weight.clone(),
+        draftc_ir::op::NormWeight::UnitOffset => format!("1 + {weight}"),
+    };
+    let w = target.exec.weight(&bound).ok_or_else(|| {
         EngineError::Invalid(format!(
             "drafter `{name}` seeds a memory through `target.norm`, but the target binds no \
              final norm weight `{weight}`"

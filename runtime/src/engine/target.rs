@@ -27,6 +27,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("llama", LLAMA_DRAFT),
     ("qwen2", include_str!("../../../models/qwen2.draft")),
     ("qwen3", include_str!("../../../models/qwen3.draft")),
+    ("gemma3", include_str!("../../../models/gemma3.draft")),
 ];
 
 /// Why generation failed.
@@ -44,11 +45,20 @@ pub enum EngineError {
     Invalid(String),
 }
 
+/// The family (model file) of a checkpoint's `model_type`: its own name,
+/// except Gemma 3's text model (`gemma3_text`), whose file is `gemma3`.
+pub fn family_of(model_type: &str) -> &str {
+    match model_type {
+        "gemma3_text" => "gemma3",
+        other => other,
+    }
+}
+
 /// The description-language view of a checkpoint's hyper-parameters.
 pub fn target_config(c: &LlamaConfig) -> TargetConfig {
     let mut t = TargetConfig {
         name: c.model_type.clone(),
-        family: c.model_type.clone(),
+        family: family_of(&c.model_type).into(),
         ..TargetConfig::default()
     };
     for (k, v) in [
@@ -69,6 +79,22 @@ pub fn target_config(c: &LlamaConfig) -> TargetConfig {
         .insert("tied_embeddings".into(), c.tie_word_embeddings);
     t.flags
         .insert("rope_llama3".into(), c.rope_scaling.is_some());
+    if let Some(g) = &c.gemma {
+        // Gemma 3: the embedding scale √d (f32, as transformers' buffer),
+        // each layer's window and RoPE base, the scores' scale.
+        t.floats.insert(
+            "embed_scale".into(),
+            (c.hidden_size as f64).sqrt() as f32 as f64,
+        );
+        t.floats
+            .insert("local_theta".into(), g.rope_local_base_freq);
+        t.floats
+            .insert("attn_scale".into(), g.query_pre_attn_scalar.powf(-0.5));
+        t.ints.insert("window".into(), g.sliding_window as i64);
+        for i in 0..c.num_hidden_layers {
+            t.flags.insert(format!("sliding[{i}]"), g.sliding(i));
+        }
+    }
     if let Some(s) = &c.rope_scaling {
         t.floats.insert("rope_factor".into(), s.factor);
         t.floats
@@ -155,7 +181,7 @@ impl<R: Runtime> TargetModel<R> {
         capacity: usize,
         dtype: PlanDType,
     ) -> Result<Self, EngineError> {
-        let tw = TargetWeights::new(&target_config, &graph.meta.exports);
+        let tw = TargetWeights::new(&target_config, &graph.meta.exports).with_final_norm_of(&graph);
         let exec = Executor::new(client, &graph, &tw, &weights, dtype, true)?;
         let ops_dtype = exec.dtype();
         let vocab = target_config.int("v").unwrap_or(0) as usize;

@@ -197,6 +197,12 @@ impl<R: Runtime> Run<'_, R> {
             kv_heads: kv_heads as usize,
             head_dim: head_dim as usize,
         };
+        // `scale=` (Gemma 3): set per launch, since the metadata is shared
+        // by every attention of the pass.
+        let scale = match launch.kernel {
+            draftc_codegen::Kernel::Attention { scale, .. } => scale.map(|s| s.get() as f32),
+            _ => None,
+        };
         let (qb, kb, vb) = (launch.inputs[0], launch.inputs[1], launch.inputs[2]);
         let q = self.tensor(qb)?;
         let rows = q.numel() / (dims.heads * dims.head_dim);
@@ -232,7 +238,7 @@ impl<R: Runtime> Run<'_, R> {
             let client = self.client;
             let meta = self.attn_meta(key)?;
             let (k, v) = (k.reshape(&kshape)?, v.reshape(&kshape)?);
-            return launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout);
+            return launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout, scale);
         }
         let (cache, in_target) = self.flush(kb, vb, mask, caches, target.as_deref_mut())?;
         let store: &mut CacheStore<R> = if in_target {
@@ -250,7 +256,7 @@ impl<R: Runtime> Run<'_, R> {
         let client = self.client;
         let meta = self.attn_meta(key)?;
         let (k, v) = (kc.reshape(&kshape)?, vc.reshape(&kshape)?);
-        launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout)
+        launch_attention(client, &q, &k, &v, dims, meta, rows, &out, layout, scale)
     }
 
     /// What an attention over `store`'s `cache` with `mask` needs of its
@@ -365,7 +371,16 @@ fn launch_attention<R: Runtime>(
     rows: usize,
     out: &DeviceTensor<R>,
     layout: AttentionLayout,
+    scale: Option<f32>,
 ) -> Result<(), ExecError> {
+    let scaled;
+    let meta = match scale {
+        Some(s) => {
+            scaled = meta.clone().with_scale(s)?;
+            &scaled
+        }
+        None => meta,
+    };
     match layout {
         AttentionLayout::Lanes => attention_rows(client, q, k, v, dims, meta, 0..rows, out)?,
         AttentionLayout::Planes {

@@ -65,12 +65,19 @@ pub(crate) fn upload<R: Runtime>(
     };
     let mut stacks: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     let mut alone: BTreeSet<&str> = BTreeSet::new();
+    // Norm scales read as `1 + w` (Gemma's `unit_offset`), by tensor name.
+    let mut plus_one: BTreeSet<&str> = BTreeSet::new();
     for l in &plan.launches {
         let from = matrix_index(l);
         let stack = stack_of(l, from);
         let stacked = stack.as_ref().map_or(0..0, |s| from..from + s.len());
         for (i, w) in l.weights.iter().enumerate() {
-            if !stacked.contains(&i) {
+            if stacked.contains(&i) {
+                continue;
+            }
+            if w.plus_one {
+                plus_one.insert(w.name.as_str());
+            } else {
                 alone.insert(w.name.as_str());
             }
         }
@@ -85,6 +92,13 @@ pub(crate) fn upload<R: Runtime>(
         let (shape, data) = get(&spec.name)?;
         let t = DeviceTensor::upload_f32(client, data, shape, dtype)?;
         dev.insert(spec.name.clone(), t);
+    }
+    for spec in table.iter().filter(|s| plus_one.contains(s.name.as_str())) {
+        let (shape, data) = get(&spec.name)?;
+        // `1 + w` in f32, then stored in the plan's dtype.
+        let shifted: Vec<f32> = data.iter().map(|w| 1.0 + w).collect();
+        let t = DeviceTensor::upload_f32(client, &shifted, shape, dtype)?;
+        dev.insert(format!("1 + {}", spec.name), t);
     }
     for (name, parts) in stacks {
         let mut data = Vec::new();
@@ -136,12 +150,12 @@ pub(crate) fn weight<'w, R: Runtime>(
     launch: &draftc_codegen::Launch,
     i: usize,
 ) -> Result<&'w DeviceTensor<R>, ExecError> {
-    let name = &launch
+    let name = launch
         .weights
         .get(i)
         .ok_or_else(|| ExecError::Internal(format!("launch #{} lacks weight {i}", launch.id.0)))?
-        .name;
+        .device_name();
     weights
-        .get(name)
+        .get(name.as_ref())
         .ok_or_else(|| ExecError::Internal(format!("weight `{name}` not uploaded")))
 }

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use draftc_codegen::TargetWeights;
 use draftc_ir::graph::{Graph, ValueId};
-use draftc_ir::op::{AttentionAttrs, Axis, Cache, InputSource, NormWeight, Op};
+use draftc_ir::op::{AttentionAttrs, Axis, Cache, GateAct, InputSource, NormWeight, Op};
 use draftc_ops::attention::{attention_ref, AttnDims, SeqBatch};
 use draftc_ops::linear::reference::{linear, Epilogue, Prologue};
 
@@ -180,15 +180,16 @@ impl Interp<'_> {
                     Epilogue::None,
                 )
             }
-            Op::RmsNorm { eps } => {
-                let w = self.prefixed(id, "weight")?;
-                draftc_ops::rms_norm::reference::rms_norm(&arg(0).data, w, eps.get() as f32)
+            Op::RmsNorm { eps, weight } => {
+                let w = norm_scale(self.prefixed(id, "weight")?, *weight);
+                draftc_ops::rms_norm::reference::rms_norm(&arg(0).data, &w, eps.get() as f32)
             }
             Op::TargetNorm => {
                 let w = self.weight(&self.export("final_norm")?)?;
+                let w = norm_scale(w, self.target.final_norm);
                 draftc_ops::rms_norm::reference::rms_norm(
                     &arg(0).data,
-                    w,
+                    &w,
                     self.target.eps.get() as f32,
                 )
             }
@@ -219,19 +220,28 @@ impl Interp<'_> {
                     .map(|v| env[v.index()].as_ref().expect("topological"));
                 self.attention(id, a, arg(0), kv_in, caches, target_caches)?
             }
-            Op::SwiGlu { .. } => {
+            Op::SwiGlu { act, .. } => {
                 let x = arg(0);
                 let k = *x.shape.last().unwrap_or(&1);
                 let gate = self.prefixed(id, "gate_proj.weight")?;
                 let up = self.prefixed(id, "up_proj.weight")?;
                 let down = self.prefixed(id, "down_proj.weight")?;
-                let h = linear(&x.data, gate, k, Prologue::None, Epilogue::SwiGlu { up });
+                let epi = match act {
+                    GateAct::Silu => Epilogue::SwiGlu { up },
+                    GateAct::GeluTanh => Epilogue::GeGlu { up },
+                };
+                let h = linear(&x.data, gate, k, Prologue::None, epi);
                 let f = gate.len() / k;
                 linear(&h, down, f, Prologue::None, Epilogue::None)
             }
-            Op::Embedding { .. } => {
+            Op::Embedding { scale, .. } => {
                 let table = self.prefixed(id, "weight")?;
-                self.embed(table, last, &arg(0).data)?
+                let mut rows = self.embed(table, last, &arg(0).data)?;
+                if let Some(s) = scale {
+                    let s = s.get() as f32;
+                    rows.iter_mut().for_each(|x| *x *= s);
+                }
+                rows
             }
             Op::TargetEmbed => {
                 let table = self.weight(&self.export("embed")?)?;
@@ -375,7 +385,7 @@ impl Interp<'_> {
             };
         let mut k = lin(&src, dsrc, "k_proj")?;
         let v = lin(&src, dsrc, "v_proj")?;
-        if let Some(norm) = a.qk_norm {
+        if let Some(norm) = a.qk_norm.as_deref() {
             let unit_offset = norm.weight == NormWeight::UnitOffset;
             let eps = norm.eps.get() as f32;
             let w = self.prefixed(id, "q_norm.weight")?;
@@ -403,6 +413,12 @@ impl Interp<'_> {
             let freqs = super::executor::rope_inv_freq(hd, theta.get(), a.rope_scaling.as_deref());
             q = draftc_ops::rope::reference::rope_with(&q, &q_pos, h, hd, &freqs);
             k = draftc_ops::rope::reference::rope_with(&k, &k_pos_new, hkv, hd, &freqs);
+        }
+        if let Some(s) = a.scale {
+            // `scale=`: the reference scales by 1/√hd, so the queries carry
+            // the rest of the factor.
+            let f = (s.get() * (hd as f64).sqrt()) as f32;
+            q.iter_mut().for_each(|x| *x *= f);
         }
         let width = hkv * hd;
         let cache = match (&a.cache, &a.memory) {
@@ -470,5 +486,13 @@ impl Interp<'_> {
             }
         };
         lin(&o, h * hd, "o_proj")
+    }
+}
+
+/// A norm's scale as it multiplies: `w`, or `1 + w` (Gemma's `unit_offset`).
+fn norm_scale(w: &[f32], kind: NormWeight) -> Vec<f32> {
+    match kind {
+        NormWeight::Plain => w.to_vec(),
+        NormWeight::UnitOffset => w.iter().map(|x| 1.0 + x).collect(),
     }
 }

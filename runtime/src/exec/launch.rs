@@ -141,6 +141,10 @@ impl<R: Runtime> Run<'_, R> {
                 extra = weight(self.weights, launch, wi + 1)?.clone();
                 linear::Epilogue::SwiGlu { up: &extra }
             }
+            Epilogue::GeGlu => {
+                extra = weight(self.weights, launch, wi + 1)?.clone();
+                linear::Epilogue::GeGlu { up: &extra }
+            }
             Epilogue::RopeQkv { .. } => {
                 return Err(ExecError::Internal(
                     "rope_qkv reached a plain linear".into(),
@@ -340,7 +344,7 @@ impl<R: Runtime> Run<'_, R> {
     }
 
     pub(super) fn embedding(&mut self, launch: &Launch) -> Result<(), ExecError> {
-        let Kernel::Embedding { d, .. } = launch.kernel else {
+        let Kernel::Embedding { d, scale, .. } = launch.kernel else {
             return Err(wrong(launch, "embedding"));
         };
         let c = self.client;
@@ -351,7 +355,18 @@ impl<R: Runtime> Run<'_, R> {
         // Ids are checked on the host where they are uploaded
         // (`TargetModel::forward`) or come from the device's own
         // selections; reading them back here would stall the pass.
-        draftc_ops::embedding::embedding_clamped(c, weight(self.weights, launch, 0)?, &ids, &out)?;
+        let table = weight(self.weights, launch, 0)?;
+        match scale {
+            None => draftc_ops::embedding::embedding_clamped(c, table, &ids, &out)?,
+            // Gemma's √d, as transformers multiplies: in the table's dtype.
+            Some(s) => {
+                let s = match self.dtype {
+                    draftc_ops::DType::F16 => half::f16::from_f64(s.get()).to_f32(),
+                    _ => s.get() as f32,
+                };
+                draftc_ops::embedding::embedding_clamped_scaled(c, table, &ids, s, &out)?
+            }
+        }
         Ok(())
     }
 
@@ -366,7 +381,10 @@ impl<R: Runtime> Run<'_, R> {
         let a = a.reshape(&[a.numel()])?;
         match op {
             ElementwiseOp::Silu => draftc_ops::elementwise::silu(c, &a, &out)?,
-            ElementwiseOp::Add | ElementwiseOp::Mul | ElementwiseOp::SwiGlu => {
+            ElementwiseOp::Add
+            | ElementwiseOp::Mul
+            | ElementwiseOp::SwiGlu
+            | ElementwiseOp::GeGlu => {
                 let b = self.tensor(launch.inputs[1])?;
                 let b = if b_numel < numel {
                     self.broadcast(launch, &b)?
@@ -376,7 +394,8 @@ impl<R: Runtime> Run<'_, R> {
                 let bop = match op {
                     ElementwiseOp::Add => BinaryOp::Add,
                     ElementwiseOp::Mul => BinaryOp::Mul,
-                    _ => BinaryOp::SwiGlu,
+                    ElementwiseOp::GeGlu => BinaryOp::GeGlu,
+                    ElementwiseOp::SwiGlu | ElementwiseOp::Silu => BinaryOp::SwiGlu,
                 };
                 draftc_ops::elementwise::binary(c, &a, &b, bop, &out)?;
             }

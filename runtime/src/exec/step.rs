@@ -14,7 +14,8 @@ pub struct SeqStep {
     pub positions: Vec<u32>,
     /// Tree verification: parent of each new row (local index, or
     /// `draftc_ops::attention::TREE_ROOT`). Causal attentions over a cache
-    /// then use the tree mask.
+    /// then use the tree mask, sliding-window ones the tree mask over their
+    /// window.
     pub parents: Option<Vec<u32>>,
     /// Tree drafting over memory streams: which of the last memory rows
     /// (draft states of earlier tree levels) each new row may see.
@@ -106,8 +107,11 @@ impl Step {
     /// The batch of an attention over a cache whose sequences hold
     /// `k_lens` keys at `k_pos` (packed), and its mask: in a tree pass a
     /// causal attention that does not read a memory stream (`memory`) uses
-    /// the tree mask, with every row's parent (a sequence without a tree is
-    /// a chain: root, then each row's predecessor); the memory tail applies
+    /// the tree mask, and a sliding-window one (Gemma 3's local layers) the
+    /// tree mask within its window, each with every row's parent (a
+    /// sequence without a tree is a chain: root, then each row's
+    /// predecessor) — a sliding-window mask alone would let a node see the
+    /// nodes of sibling branches inside its window; the memory tail applies
     /// to memory attention and to a drafter's own cache drafting a tree
     /// (EAGLE: no memory rows). The executor and the interpreter both build
     /// it here.
@@ -120,10 +124,14 @@ impl Step {
     ) -> Result<(draftc_ops::attention::SeqBatch, draftc_ops::attention::Mask), draftc_ops::OpsError>
     {
         use draftc_ops::attention::{Mask, SeqBatch, TREE_ROOT};
-        let tree = self.is_tree() && mask == Mask::Causal && !memory;
-        let mask = if tree { Mask::Tree } else { mask };
+        let mask = match mask {
+            _ if !self.is_tree() || memory => mask,
+            Mask::Causal => Mask::Tree,
+            Mask::SlidingSink { window, sink } => Mask::TreeSliding { window, sink },
+            _ => mask,
+        };
         let mut parents = Vec::new();
-        if mask == Mask::Tree {
+        if mask.is_tree() {
             for seq in &self.seqs {
                 match &seq.parents {
                     Some(p) => parents.extend_from_slice(p),

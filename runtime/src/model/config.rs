@@ -43,6 +43,32 @@ pub struct LlamaConfig {
     /// Llama 3's RoPE scaling (`rope_type: llama3`); the only kind read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<Llama3Rope>,
+    /// Gemma 3's layers (`model_type: gemma3_text`), written back as
+    /// transformers writes them.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub gemma: Option<GemmaLayers>,
+}
+
+/// What a Gemma 3 text model adds to the Llama fields: which layers attend
+/// through a sliding window (and with which RoPE base), and the scores'
+/// scale.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GemmaLayers {
+    /// Keys a sliding layer's query sees, itself included (`q - k < w`).
+    pub sliding_window: usize,
+    /// Per layer, `sliding_attention` or `full_attention`.
+    pub layer_types: Vec<String>,
+    /// The sliding layers' RoPE base (the full layers use `rope_theta`).
+    pub rope_local_base_freq: f64,
+    /// Scores are scaled by `query_pre_attn_scalar ** -0.5`.
+    pub query_pre_attn_scalar: f64,
+}
+
+impl GemmaLayers {
+    /// Whether layer `i` attends through the sliding window.
+    pub fn sliding(&self, i: usize) -> bool {
+        self.layer_types.get(i).map(String::as_str) == Some("sliding_attention")
+    }
 }
 
 /// `rope_scaling` with `rope_type: llama3` (Llama 3.1 and later), written
@@ -117,6 +143,17 @@ struct HfConfig {
     mlp_bias: Option<bool>,
     sliding_window: Option<serde_json::Value>,
     use_sliding_window: Option<bool>,
+    // Gemma 3 (`gemma3_text`).
+    hidden_activation: Option<String>,
+    layer_types: Option<Vec<String>>,
+    sliding_window_pattern: Option<usize>,
+    #[serde(rename = "_sliding_window_pattern")]
+    sliding_window_pattern_private: Option<usize>,
+    rope_local_base_freq: Option<f64>,
+    query_pre_attn_scalar: Option<f64>,
+    final_logit_softcapping: Option<serde_json::Value>,
+    attn_logit_softcapping: Option<serde_json::Value>,
+    dtype: Option<String>,
 }
 
 impl HfConfig {
@@ -126,10 +163,13 @@ impl HfConfig {
         let refuse = |detail: String| {
             Err(ModelError::Config {
                 detail: format!(
-                    "{detail} (Llama, Qwen 2 and Qwen 3 checkpoints run today; issue 54)"
+                    "{detail} (Llama, Qwen 2, Qwen 3 and Gemma 3 checkpoints run today; issue 54)"
                 ),
             })
         };
+        if self.model_type.as_deref() == Some("gemma3_text") {
+            return self.into_gemma3();
+        }
         // Per family, what transformers' config class defaults and which
         // fields it has: Qwen2Config has no bias switches (q/k/v biases are
         // always there, `models/qwen2.draft`); Qwen2Config and Qwen3Config
@@ -140,6 +180,13 @@ impl HfConfig {
             Some("llama") => ("llama", false),
             Some("qwen2") => ("qwen2", true),
             Some("qwen3") => ("qwen3", true),
+            Some("gemma3") => {
+                return refuse(
+                    "model_type `gemma3` is the multimodal Gemma 3; give its text model \
+                     (`gemma3_text`, Gemma3ForCausalLM, as Gemma 3 270M and 1B ship)"
+                        .into(),
+                )
+            }
             Some(other) => return refuse(format!("model_type `{other}` is not supported")),
             None => return refuse("config.json has no `model_type`".into()),
         };
@@ -234,8 +281,124 @@ impl HfConfig {
             } else {
                 self.hidden_size.checked_div(heads).unwrap_or(0)
             }),
-            torch_dtype: self.torch_dtype.unwrap_or_else(|| "float32".into()),
+            torch_dtype: self
+                .torch_dtype
+                .or(self.dtype)
+                .unwrap_or_else(|| "float32".into()),
             rope_scaling,
+            gemma: None,
+        })
+    }
+
+    /// A Gemma 3 text model (`gemma3_text`) with `Gemma3TextConfig`'s
+    /// defaults: sliding layers by `layer_types`, or where there is none by
+    /// `sliding_window_pattern` (layer i slides unless (i + 1) % pattern ==
+    /// 0), scores scaled by `query_pre_attn_scalar ** -0.5`, a tied head
+    /// unless said otherwise. Soft-capping, RoPE scaling and attention
+    /// biases are refused by name.
+    fn into_gemma3(self) -> Result<LlamaConfig> {
+        let refuse = |detail: String| {
+            Err(ModelError::Config {
+                detail: format!("Gemma 3: {detail} is not supported (issue 54)"),
+            })
+        };
+        for (field, v) in [
+            ("final_logit_softcapping", &self.final_logit_softcapping),
+            ("attn_logit_softcapping", &self.attn_logit_softcapping),
+            ("rope_scaling", &self.rope_scaling),
+        ] {
+            if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+                return refuse(format!("`{field}: {v}`"));
+            }
+        }
+        if self.attention_bias == Some(true) {
+            return refuse("`attention_bias: true`".into());
+        }
+        let act = self
+            .hidden_activation
+            .or(self.hidden_act)
+            .unwrap_or_else(|| "gelu_pytorch_tanh".into());
+        if act != "gelu_pytorch_tanh" {
+            return refuse(format!(
+                "hidden_activation `{act}` (only `gelu_pytorch_tanh`)"
+            ));
+        }
+        let n = self.num_hidden_layers;
+        let layer_types = match self.layer_types {
+            Some(t) => t,
+            None => {
+                let pattern = self
+                    .sliding_window_pattern
+                    .or(self.sliding_window_pattern_private)
+                    .unwrap_or(6)
+                    .max(1);
+                (0..n)
+                    .map(|i| {
+                        if (i + 1) % pattern == 0 {
+                            "full_attention"
+                        } else {
+                            "sliding_attention"
+                        }
+                        .to_string()
+                    })
+                    .collect()
+            }
+        };
+        if layer_types.len() != n {
+            return refuse(format!(
+                "`layer_types` of {} entries for {n} layers",
+                layer_types.len()
+            ));
+        }
+        if let Some(t) = layer_types
+            .iter()
+            .find(|t| *t != "sliding_attention" && *t != "full_attention")
+        {
+            return refuse(format!("layer type `{t}`"));
+        }
+        let sliding_window = match self.sliding_window {
+            None => 4096,
+            Some(v) => match v.as_u64() {
+                Some(w) if w > 0 => w as usize,
+                _ => return refuse(format!("`sliding_window: {v}`")),
+            },
+        };
+        let head_dim = self.head_dim.unwrap_or(256);
+        let bos = self.bos_token_id.map(Ids::into_vec).unwrap_or(vec![2]);
+        let bos_token_id = match bos[..] {
+            [] => None,
+            [one] => Some(one),
+            _ => return refuse(format!("bos_token_id {bos:?} (one id)")),
+        };
+        let heads = self.num_attention_heads;
+        Ok(LlamaConfig {
+            architectures: self.architectures,
+            model_type: "gemma3_text".into(),
+            hidden_size: self.hidden_size,
+            num_hidden_layers: n,
+            num_attention_heads: heads,
+            num_key_value_heads: self.num_key_value_heads.unwrap_or(heads),
+            intermediate_size: self.intermediate_size,
+            vocab_size: self.vocab_size,
+            rope_theta: self.rope_theta.unwrap_or(1_000_000.0),
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(true),
+            max_position_embeddings: self.max_position_embeddings.unwrap_or(131_072),
+            bos_token_id,
+            eos_token_id: self.eos_token_id.map(Ids::into_vec).unwrap_or(vec![1]),
+            hidden_act: act,
+            head_dim,
+            torch_dtype: self
+                .torch_dtype
+                .or(self.dtype)
+                .unwrap_or_else(|| "float32".into()),
+            rope_scaling: None,
+            gemma: Some(GemmaLayers {
+                sliding_window,
+                layer_types,
+                rope_local_base_freq: self.rope_local_base_freq.unwrap_or(10_000.0),
+                query_pre_attn_scalar: self.query_pre_attn_scalar.unwrap_or(256.0),
+            }),
         })
     }
 }
@@ -292,6 +455,7 @@ impl LlamaConfig {
             hidden_act: "silu".into(),
             head_dim: hidden_size.checked_div(heads).unwrap_or(0),
             torch_dtype: dtype.into(),
+            gemma: None,
             rope_scaling: None,
         };
         config.validate()?;
@@ -321,7 +485,7 @@ impl LlamaConfig {
         }
         // Qwen 3's model file takes `head_dim=hd`; Llama's and Qwen 2's
         // derive it from hidden / heads, so theirs must agree.
-        let own_head_dim = self.model_type == "qwen3";
+        let own_head_dim = self.model_type == "qwen3" || self.gemma.is_some();
         if !self.head_dim.is_multiple_of(2)
             || self.head_dim == 0
             || (!own_head_dim && self.head_dim * self.num_attention_heads != self.hidden_size)

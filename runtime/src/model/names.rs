@@ -89,9 +89,13 @@ pub fn expected_tensors(config: &LlamaConfig) -> Vec<(String, Vec<u64>)> {
         out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, d]));
         out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, d]));
         out.push((format!("{p}.self_attn.o_proj.weight"), vec![d, q]));
-        if config.model_type == "qwen3" {
+        if config.model_type == "qwen3" || config.gemma.is_some() {
             out.push((format!("{p}.self_attn.q_norm.weight"), vec![hd]));
             out.push((format!("{p}.self_attn.k_norm.weight"), vec![hd]));
+        }
+        if config.gemma.is_some() {
+            out.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![d]));
+            out.push((format!("{p}.post_feedforward_layernorm.weight"), vec![d]));
         }
         if config.model_type == "qwen2" {
             out.push((format!("{p}.self_attn.q_proj.bias"), vec![q]));
