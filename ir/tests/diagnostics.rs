@@ -540,3 +540,20 @@ fn qk_norm_takes_a_weight_kind_and_only_self_attention() {
         &["6:12 `qk_norm` applies to self-attention along the sequence"],
     );
 }
+
+#[test]
+fn a_preset_list_of_flags_sets_one_flag_per_layer() {
+    let cfg =
+        draftc_ir::parse_preset("preset p\nfamily gemma3\nn 3\nsliding [true, false, true]\n")
+            .unwrap();
+    let got: Vec<Option<bool>> = (0..4)
+        .map(|i| cfg.flags.get(&format!("sliding[{i}]")).copied())
+        .collect();
+    assert_eq!(got, [Some(true), Some(false), Some(true), None]);
+    let diags =
+        draftc_ir::parse_preset("preset p\nfamily gemma3\nsliding [true, 2]\n").unwrap_err();
+    assert!(
+        diags[0].message.contains("bad value for `sliding`"),
+        "{diags:?}"
+    );
+}

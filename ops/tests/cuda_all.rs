@@ -22,6 +22,9 @@ mod elementwise;
 #[path = "embedding.rs"]
 mod embedding;
 #[cfg(feature = "cuda-tests")]
+#[path = "head_norm.rs"]
+mod head_norm;
+#[cfg(feature = "cuda-tests")]
 #[path = "kept.rs"]
 mod kept;
 #[cfg(feature = "cuda-tests")]

@@ -17,6 +17,8 @@ enum SettingVal {
     Int(i64),
     Float(f64),
     Bool(bool),
+    /// `[true, false, …]`: a per-layer flag (`sliding [true, …]`).
+    Bools(Vec<bool>),
     /// A bare or dotted name: `parallel`, `model.embed_tokens`.
     Path(String),
     Other,
@@ -44,6 +46,16 @@ fn expr_val(e: &crate::ast::Expr) -> SettingVal {
         },
         ExprKind::Name(n) if n == "true" => SettingVal::Bool(true),
         ExprKind::Name(n) if n == "false" => SettingVal::Bool(false),
+        ExprKind::List(items) if !items.is_empty() => {
+            let flags: Option<Vec<bool>> = items
+                .iter()
+                .map(|i| match expr_val(i) {
+                    SettingVal::Bool(b) => Some(b),
+                    _ => None,
+                })
+                .collect();
+            flags.map_or(SettingVal::Other, SettingVal::Bools)
+        }
         _ => path(e).map_or(SettingVal::Other, SettingVal::Path),
     }
 }
@@ -105,7 +117,17 @@ pub fn read_preset(file: &File) -> Result<TargetConfig, Vec<Diagnostic>> {
             (_, SettingVal::Bool(v)) => {
                 cfg.flags.insert(s.key.name.clone(), v);
             }
-            _ => diags.push(bad(s, "an integer, a number, `true` or `false`")),
+            // A per-layer flag: entries `name[0]`, `name[1]`, … that
+            // `a if name[i] else b` reads.
+            (_, SettingVal::Bools(v)) => {
+                for (i, b) in v.into_iter().enumerate() {
+                    cfg.flags.insert(format!("{}[{i}]", s.key.name), b);
+                }
+            }
+            _ => diags.push(bad(
+                s,
+                "an integer, a number, `true`, `false` or a list of `true`/`false`",
+            )),
         }
     }
     if cfg.family.is_empty() && diags.is_empty() {

@@ -130,6 +130,26 @@ pub enum Compiled {
 
 /// Compile a model/drafter file against `target`, or validate a preset
 /// (including its family model instantiated with it).
+/// The first preset (by file name) next to `file` whose family is `family`.
+fn family_preset(file: &Path, family: &str) -> Option<TargetConfig> {
+    let dir = match file.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "draft"))
+        .collect();
+    paths.sort();
+    paths.into_iter().find_map(|p| {
+        let src = std::fs::read_to_string(&p).ok()?;
+        draftc_ir::parse_preset(&src)
+            .ok()
+            .filter(|cfg| cfg.family == family)
+    })
+}
+
 pub fn compile_file(
     path: &Path,
     target: &TargetConfig,
@@ -157,6 +177,23 @@ pub fn compile_file(
         })?;
         return Ok(Compiled::Preset(cfg));
     }
+    // A target model file of another family than the preset's compiles
+    // against its own family's preset next to it, where there is one
+    // (`models/gemma3.draft` reads `window`, `sliding[i]`, … that only
+    // `models/gemma3-270m.draft` sets).
+    let own;
+    let target = match draftc_ir::header(&src) {
+        Some((ItemKind::Model, name)) if name != target.family => {
+            match family_preset(path, &name) {
+                Some(cfg) => {
+                    own = cfg;
+                    &own
+                }
+                None => target,
+            }
+        }
+        _ => target,
+    };
     match draftc_ir::compile(&src, target, sets, &resolver) {
         Ok(g) => Ok(Compiled::Graph(Box::new(g))),
         Err(diags) => {
