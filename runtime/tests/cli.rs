@@ -276,3 +276,31 @@ fn a_checkpoint_without_a_chat_template_asks_for_raw() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!err.contains("panicked"));
 }
+
+#[test]
+fn an_unknown_model_name_is_an_error_naming_the_known_ones() {
+    let out = draftc(&["fetch", "gemma-9-9000b"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("`gemma-9-9000b` is not a model draftc can fetch")
+            && err.contains("smollm2-135m-instruct")
+            && err.contains("gemma-3-270m"),
+        "{err}"
+    );
+    let out = draftc(&[
+        "generate",
+        "--model",
+        "no-such-model",
+        "--raw",
+        "--prompt",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--model no-such-model: not a checkpoint directory")
+            && err.contains("gemma-3-270m"),
+        "{err}"
+    );
+}

@@ -316,6 +316,58 @@ fn gguf_written_by_the_gguf_package_converts_to_the_same_model() {
     }
 }
 
+/// A Gemma 3 GGUF as llama.cpp's converter lays it out
+/// (`tools/fixtures/gguf_gemma3.py`: norms stored as 1 + w, no Q/K
+/// permutation, no `output.weight`) converts to the checkpoint's tensors.
+/// Such a file does not say which layers slide or how the scores scale:
+/// the converted config says what llama.cpp assumes (every sixth layer
+/// global, 1/√head_dim), so its logits are the checkpoint's under those
+/// settings, not transformers' (whose fixture slides layers 0 and 2 only
+/// and scales by 32^-1/2).
+#[test]
+fn a_gemma3_gguf_converts_to_the_checkpoint_under_llama_cpps_assumptions() {
+    use draftc_runtime::model::convert::{convert_gguf, ConvertOptions};
+    use draftc_runtime::model::safetensors_io::WeightDtype;
+    let (mut hf, e) = open("gemma3-tied");
+    let out = tempfile::tempdir().unwrap();
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    convert_gguf(&dir("gemma3-tied").join("model.gguf"), out.path(), &opts).unwrap();
+    let model = ConvertedModel::open(out.path()).unwrap();
+    assert_eq!(model.config.model_type, "gemma3_text");
+    assert!(model.config.tie_word_embeddings);
+    let g = model.config.gemma.clone().unwrap();
+    assert_eq!((0..3).map(|i| g.sliding(i)).collect::<Vec<_>>(), [true; 3]);
+    assert_eq!((g.sliding_window, g.query_pre_attn_scalar), (4, 16.0));
+    for n in hf.weights.names() {
+        let shape = hf.weights.shape(&n).unwrap();
+        let (a, b) = (
+            model.weights.tensor_f32(&n, &shape).unwrap(),
+            hf.weights.tensor_f32(&n, &shape).unwrap(),
+        );
+        // Norms come back from 1 + w minus one: within an ulp of one.
+        let tol = if n.ends_with("norm.weight") {
+            1e-7
+        } else {
+            0.0
+        };
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= tol, "{n}: {x} vs {y}");
+        }
+    }
+    hf.config.gemma = Some(g);
+    let from_gguf = first_logits(&mut load(&model, &e), &e);
+    let from_hf = first_logits(&mut load(&hf, &e), &e);
+    for (i, (a, b)) in from_gguf.iter().zip(&from_hf).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "logit {i}: {a} vs {b}"
+        );
+    }
+}
+
 #[test]
 fn llama3_rope_scaling_is_read_and_changes_the_logits() {
     let (model, e) = open("llama3-scaled");

@@ -63,10 +63,7 @@ fn run_inner(args: ServeArgs) -> Result<(), String> {
             args.speculate
         ));
     }
-    let dir: PathBuf = match &args.model {
-        Some(d) => d.clone(),
-        None => draftc_runtime::cli::generate::default_model(false)?,
-    };
+    let dir: PathBuf = draftc_runtime::cli::generate::model_dir(args.model.as_deref(), false)?;
     let model =
         Arc::new(ConvertedModel::open(&dir).map_err(|e| format!("{}: {e}", dir.display()))?);
     let max_model_len = args

@@ -321,10 +321,7 @@ fn with_backend(
 ) -> Result<(), String> {
     crate::device::check_dtype(&common.dtype)?;
     let backend = Backend::parse(&common.backend)?;
-    let dir = match &common.model {
-        Some(d) => d.clone(),
-        None => super::generate::default_model(common.quiet)?,
-    };
+    let dir = super::generate::model_dir(common.model.as_deref(), common.quiet)?;
     let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
     let progress = Progress::new(!common.quiet);
     backend.run(Bench {

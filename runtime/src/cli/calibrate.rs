@@ -144,10 +144,7 @@ fn run_inner(args: &CalibrateArgs) -> Result<(), String> {
     }
     crate::device::check_dtype(&args.dtype)?;
     let backend = Backend::parse(&args.backend)?;
-    let dir = match &args.model {
-        Some(d) => d.clone(),
-        None => super::generate::default_model(false)?,
-    };
+    let dir = super::generate::model_dir(args.model.as_deref(), false)?;
     let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
     backend.run(Calibrate {
         args,

