@@ -15,6 +15,20 @@
 //! results pass the scale rounded to f16 (the f16 × f16 product is exact in
 //! f32, so the one rounding then matches torch's).
 //!
+//! **Tables over one binding.** A storage binding holds at most
+//! [`MAX_BINDING_BYTES`] (lavapipe's `maxStorageBufferRange`, 128 MiB);
+//! Gemma 3 270M's table is 640 MiB in f32. A larger table (one allocation)
+//! is bound in chunks of whole rows `[r0, r0 + rows)` through handle
+//! offsets, as `linear` binds its weight: one launch of
+//! [`embedding_rows_kernel`] per chunk, each writing only the output rows
+//! whose (clamped) id falls in its chunk, from chunk row `id - r0`. Every
+//! chunk but the last holds a multiple of the rows that keep its byte
+//! offset a multiple of [`PACK_ALIGN`] (256, wgpu's storage offset
+//! alignment, which `linear`'s 256-row chunks also meet) and at most the
+//! limit's bytes. Tables within the limit take the single launch above,
+//! unchanged. [`embedding_with_binding_limit`] takes the limit as an
+//! argument (tests split small tables with it).
+//!
 //! [`lookup_u32`] is the same gather over a one-wide u32 table: an id map
 //! applied on the device (a reduced draft vocabulary's ids to the
 //! target's, so a drafter's next pass reads them without a round trip),
@@ -26,8 +40,9 @@ use crate::block::vector_width;
 use crate::error::{OpsError, Result};
 use crate::launch::{
     cube_count, expect_dtype, expect_float, expect_nonempty, expect_rank, expect_shape, finish,
+    MAX_BINDING_BYTES,
 };
-use crate::tensor::{DType, DeviceTensor};
+use crate::tensor::{DType, DeviceTensor, PACK_ALIGN};
 
 /// Units per cube.
 pub const BLOCK: usize = 64;
@@ -80,6 +95,52 @@ pub fn embedding_scaled_kernel<F: Float + CubeElement, N: Size>(
     }
 }
 
+/// The gather from a table bound in chunks: `table` holds rows `[row0,
+/// row0 + rows)` of a `[vocab, d]` table, and a cube writes output row `t`
+/// only when its id (clamped to `vocab - 1`) falls in that range. With
+/// `scaled` the row is multiplied by `scale` in f32 as in
+/// [`embedding_scaled_kernel`]; without, copied unchanged (`scale` unread).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub fn embedding_rows_kernel<F: Float + CubeElement, N: Size>(
+    table: &Array<Vector<F, N>>,
+    ids: &Array<u32>,
+    out: &mut Array<Vector<F, N>>,
+    tokens: usize,
+    vocab: usize,
+    row0: usize,
+    rows: usize,
+    dv: usize,
+    scale: f32,
+    #[comptime] scaled: bool,
+) {
+    let t = CUBE_POS;
+    if t < tokens {
+        let id = ids[t] as usize;
+        let row = select(id < vocab, id, vocab - 1);
+        // Nested, not `&&`: `row - row0` only once `row >= row0`.
+        if row >= row0 {
+            let local = row - row0;
+            if local < rows {
+                let mut j = UNIT_POS as usize;
+                if scaled {
+                    let s = Vector::<f32, N>::new(scale);
+                    while j < dv {
+                        let x = Vector::<f32, N>::cast_from(table[local * dv + j]);
+                        out[t * dv + j] = Vector::<F, N>::cast_from(x * s);
+                        j += comptime!(BLOCK);
+                    }
+                } else {
+                    while j < dv {
+                        out[t * dv + j] = table[local * dv + j];
+                        j += comptime!(BLOCK);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Gathers rows of `table` (`[vocab, d]`) by `ids` (u32, `[t]`) into `out`
 /// (`[t, d]`), after reading the ids back to check them.
 pub fn embedding<R: Runtime>(
@@ -88,7 +149,7 @@ pub fn embedding<R: Runtime>(
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, None, out, true)
+    launch(client, table, ids, None, true, out, MAX_BINDING_BYTES)
 }
 
 /// [`embedding`] without reading the ids back: an id `>= vocab` gathers the
@@ -99,7 +160,7 @@ pub fn embedding_clamped<R: Runtime>(
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, None, out, false)
+    launch(client, table, ids, None, false, out, MAX_BINDING_BYTES)
 }
 
 /// [`embedding`] times `scale` (finite): `out[t, :] = table[ids[t], :] *
@@ -111,7 +172,15 @@ pub fn embedding_scaled<R: Runtime>(
     scale: f32,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, Some(scale), out, true)
+    launch(
+        client,
+        table,
+        ids,
+        Some(scale),
+        true,
+        out,
+        MAX_BINDING_BYTES,
+    )
 }
 
 /// [`embedding_clamped`] times `scale` (finite): no read-back, an id `>=
@@ -123,7 +192,68 @@ pub fn embedding_clamped_scaled<R: Runtime>(
     scale: f32,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, Some(scale), out, false)
+    launch(
+        client,
+        table,
+        ids,
+        Some(scale),
+        false,
+        out,
+        MAX_BINDING_BYTES,
+    )
+}
+
+/// The four gathers with an explicit per-binding byte limit for the table
+/// (tests use a small one to exercise the split): `scale` `None` is the
+/// plain gather, `check_ids` reads the ids back ([`embedding`],
+/// [`embedding_scaled`]) or clamps them ([`embedding_clamped`],
+/// [`embedding_clamped_scaled`]). The public gathers pass
+/// [`MAX_BINDING_BYTES`].
+#[doc(hidden)]
+pub fn embedding_with_binding_limit<R: Runtime>(
+    client: &ComputeClient<R>,
+    table: &DeviceTensor<R>,
+    ids: &DeviceTensor<R>,
+    scale: Option<f32>,
+    check_ids: bool,
+    out: &DeviceTensor<R>,
+    max_binding_bytes: usize,
+) -> Result<()> {
+    launch(client, table, ids, scale, check_ids, out, max_binding_bytes)
+}
+
+/// Most rows of `row_bytes` one binding of `max_binding_bytes` holds, a
+/// multiple of the rows whose bytes are a multiple of [`PACK_ALIGN`] (so
+/// every chunk's byte offset is aligned); 0 when not even that many fit.
+pub fn rows_per_binding(row_bytes: usize, max_binding_bytes: usize) -> usize {
+    let align = PACK_ALIGN / gcd(PACK_ALIGN, row_bytes);
+    (max_binding_bytes / row_bytes) / align * align
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Rows `r0..r0+rows` of a `[vocab, d]` table as a tensor over a sub-range
+/// of the same allocation (no copy).
+fn table_rows<R: Runtime>(
+    table: &DeviceTensor<R>,
+    r0: usize,
+    rows: usize,
+    row_bytes: usize,
+) -> Result<DeviceTensor<R>> {
+    let total = table.handle.size_in_used();
+    let start = (r0 * row_bytes) as u64;
+    let end = start + (rows * row_bytes) as u64;
+    let handle = table
+        .handle
+        .clone()
+        .offset_start(start)
+        .offset_end(total - end);
+    DeviceTensor::from_handle(handle, &[rows, table.shape()[1]], table.dtype())
 }
 
 fn launch<R: Runtime>(
@@ -131,8 +261,9 @@ fn launch<R: Runtime>(
     table: &DeviceTensor<R>,
     ids: &DeviceTensor<R>,
     scale: Option<f32>,
-    out: &DeviceTensor<R>,
     check_ids: bool,
+    out: &DeviceTensor<R>,
+    max_binding_bytes: usize,
 ) -> Result<()> {
     let op = if scale.is_some() {
         "embedding_scaled"
@@ -177,6 +308,39 @@ fn launch<R: Runtime>(
     let count = cube_count(op, tokens)?;
     // Unchecked launch: no per-access bounds checks in the shader.
     let dim = CubeDim::new_1d(BLOCK as u32);
+    let row_bytes = d * table.dtype().size();
+    if vocab * row_bytes > max_binding_bytes {
+        let max_rows = rows_per_binding(row_bytes, max_binding_bytes);
+        if max_rows == 0 {
+            return Err(OpsError::InvalidArgument {
+                op,
+                reason: format!(
+                    "d = {d} is too wide: {} table rows exceed one binding",
+                    PACK_ALIGN / gcd(PACK_ALIGN, row_bytes)
+                ),
+            });
+        }
+        let mut r0 = 0;
+        while r0 < vocab {
+            let rows = (vocab - r0).min(max_rows);
+            let chunk = table_rows(table, r0, rows, row_bytes)?;
+            crate::dispatch_float!(table.dtype(), op, F => {
+                // SAFETY: shapes validated above; a cube works only for `t <
+                // tokens` and reads chunk row `id - r0` only when the
+                // clamped id is in `[r0, r0 + rows)`, the rows `chunk` holds;
+                // its units index `j < d / n` within that row.
+                unsafe {
+                    embedding_rows_kernel::launch_unchecked::<F, R>(
+                        client, count.clone(), dim, n,
+                        chunk.array_arg(), ids.array_arg(), out.array_arg(), tokens, vocab,
+                        r0, rows, d / n, scale.unwrap_or(1.0), scale.is_some(),
+                    )
+                }
+            })?;
+            r0 += rows;
+        }
+        return finish(client, op);
+    }
     crate::dispatch_float!(table.dtype(), op, F => {
         // SAFETY: shapes validated above; a cube works only for `t <
         // tokens`, reads its row at an id clamped below `vocab` (>= 1), and

@@ -501,6 +501,34 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             let scale = scalar::<f32>(&mut b);
             k::expand::<F, k::N>(&mut b.scope, n, table, ids, out, tokens, vocab, dv, scale);
         }
+        KernelSpec::EmbeddingRows { scaled, .. } => {
+            use embedding::embedding_rows_kernel as k;
+            b.scope.register_size::<k::N>(n);
+            AddressType::U32.register(&mut b.scope);
+            let table = array_in::<Vector<F, k::N>>(&mut b);
+            let ids = array_in::<u32>(&mut b);
+            let out = array_out::<Vector<F, k::N>>(&mut b);
+            let tokens = scalar::<usize>(&mut b);
+            let vocab = scalar::<usize>(&mut b);
+            let row0 = scalar::<usize>(&mut b);
+            let rows = scalar::<usize>(&mut b);
+            let dv = scalar::<usize>(&mut b);
+            let scale = scalar::<f32>(&mut b);
+            k::expand::<F, k::N>(
+                &mut b.scope,
+                n,
+                table,
+                ids,
+                out,
+                tokens,
+                vocab,
+                row0,
+                rows,
+                dv,
+                scale,
+                scaled,
+            );
+        }
         KernelSpec::Elementwise { op, .. } => {
             use elementwise::elementwise_kernel as k;
             b.scope.register_size::<k::N>(n);

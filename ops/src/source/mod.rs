@@ -312,6 +312,8 @@ mod tests {
                 KernelSpec::attention(dtype, 130, MaskKind::SlidingSink),
                 KernelSpec::embedding(dtype, 576),
                 KernelSpec::embedding_scaled(dtype, 640),
+                KernelSpec::embedding_rows(dtype, 640, true),
+                KernelSpec::embedding_rows(dtype, 576, false),
                 KernelSpec::head_norm(dtype, true),
                 KernelSpec::head_norm(dtype, false),
                 KernelSpec::linear(dtype, 1, 640, true, LinearEpilogue::GeGlu, 12),

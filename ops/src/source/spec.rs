@@ -219,6 +219,14 @@ pub enum KernelSpec {
     /// [`crate::embedding::embedding_scaled_kernel`]: the gather times a
     /// runtime scale (Gemma 3's `sqrt(hidden)`).
     EmbeddingScaled { dtype: DType, vector: usize },
+    /// [`crate::embedding::embedding_rows_kernel`]: the gather from one
+    /// chunk of rows of a table over the binding limit, times a runtime
+    /// scale when `scaled`.
+    EmbeddingRows {
+        dtype: DType,
+        vector: usize,
+        scaled: bool,
+    },
     /// [`crate::elementwise::elementwise_kernel`].
     Elementwise {
         dtype: DType,
@@ -384,6 +392,17 @@ impl KernelSpec {
         }
     }
 
+    /// Embedding gather of rows of `d` from a table bound in chunks of
+    /// rows (one over the binding limit), times a runtime scale when
+    /// `scaled`.
+    pub fn embedding_rows(dtype: DType, d: usize, scaled: bool) -> KernelSpec {
+        KernelSpec::EmbeddingRows {
+            dtype,
+            vector: vector_width(d),
+            scaled,
+        }
+    }
+
     /// Element-wise `op` over `numel` elements.
     pub fn elementwise(dtype: DType, numel: usize, op: ElementwiseKind) -> KernelSpec {
         KernelSpec::Elementwise {
@@ -417,6 +436,7 @@ impl KernelSpec {
             | KernelSpec::AttentionCombine { dtype, .. }
             | KernelSpec::Embedding { dtype, .. }
             | KernelSpec::EmbeddingScaled { dtype, .. }
+            | KernelSpec::EmbeddingRows { dtype, .. }
             | KernelSpec::Elementwise { dtype, .. }
             | KernelSpec::LayerSum { dtype, .. } => dtype,
         }
@@ -438,6 +458,7 @@ impl KernelSpec {
             | KernelSpec::AttentionCombine { vector, .. }
             | KernelSpec::Embedding { vector, .. }
             | KernelSpec::EmbeddingScaled { vector, .. }
+            | KernelSpec::EmbeddingRows { vector, .. }
             | KernelSpec::Elementwise { vector, .. }
             | KernelSpec::LayerSum { vector, .. } => vector,
         }
@@ -467,6 +488,7 @@ impl KernelSpec {
             KernelSpec::AttentionCombine { .. } => "attention_combine",
             KernelSpec::Embedding { .. } => "embedding_kernel",
             KernelSpec::EmbeddingScaled { .. } => "embedding_scaled_kernel",
+            KernelSpec::EmbeddingRows { .. } => "embedding_rows_kernel",
             KernelSpec::Elementwise { .. } => "elementwise_kernel",
             KernelSpec::LayerSum { .. } => "layer_sum_kernel",
         }
@@ -505,9 +527,9 @@ impl KernelSpec {
             KernelSpec::Attention { .. } => ATTENTION_UNITS,
             KernelSpec::AttentionPlanes { planes, .. } => 32 * *planes as u32,
             KernelSpec::AttentionCombine { .. } => 128,
-            KernelSpec::Embedding { .. } | KernelSpec::EmbeddingScaled { .. } => {
-                embedding::BLOCK as u32
-            }
+            KernelSpec::Embedding { .. }
+            | KernelSpec::EmbeddingScaled { .. }
+            | KernelSpec::EmbeddingRows { .. } => embedding::BLOCK as u32,
             KernelSpec::Elementwise { .. } => elementwise::BLOCK as u32,
             KernelSpec::LayerSum { .. } => layer_sum::BLOCK as u32,
         }
@@ -636,6 +658,7 @@ impl fmt::Display for KernelSpec {
             } => write!(f, " pv={pv} planes={planes} mask={}", mask.name()),
             KernelSpec::Elementwise { op, .. } => write!(f, " op={}", op.name()),
             KernelSpec::HeadNorm { rope: true, .. } => write!(f, " rope"),
+            KernelSpec::EmbeddingRows { scaled: true, .. } => write!(f, " scaled"),
             _ => Ok(()),
         }
     }

@@ -286,6 +286,15 @@ pub fn kernel_spec(
             }
         }
         Kernel::DraftDimAttention { head_dim, .. } => attention(dt, head_dim, MaskKind::Full)?,
+        // A table above one binding is gathered in row chunks
+        // (`ops::embedding`), by a kernel of its own.
+        Kernel::Embedding {
+            vocab, d, scale, ..
+        } if size("vocab", vocab)? * size("d", d)? * dt.size()
+            > draftc_ops::launch::MAX_BINDING_BYTES =>
+        {
+            KernelSpec::embedding_rows(dt, size("d", d)?, scale.is_some())
+        }
         Kernel::Embedding { d, scale: None, .. } => KernelSpec::embedding(dt, size("d", d)?),
         Kernel::Embedding { d, .. } => KernelSpec::embedding_scaled(dt, size("d", d)?),
         Kernel::Elementwise { op, numel, .. } => {

@@ -99,12 +99,21 @@ impl Tokenizer {
         self.vocab_size
     }
 
-    /// Token ids of `text`; special tokens written in the text (e.g.
-    /// `<|im_start|>`) map to their ids. Nothing is prepended or appended.
+    /// Token ids of a raw-text prompt as transformers' `tokenizer(text)`
+    /// gives them: special tokens written in the text (e.g. `<|im_start|>`)
+    /// map to their ids, and what the tokenizer's post-processor adds is
+    /// added (Gemma's `<bos>`; nothing for SmolLM2).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        self.encode_with(text, true)
+    }
+
+    /// `text`'s ids, with the tokens the tokenizer adds around a text
+    /// (`specials`: Gemma's `<bos>`) or without (a chat prompt, whose
+    /// template writes them itself, as transformers' `apply_chat_template`).
+    fn encode_with(&self, text: &str, specials: bool) -> Result<Vec<u32>> {
         let enc = self
             .inner
-            .encode(text, false)
+            .encode(text, specials)
             .map_err(|e| err(format!("encoding failed: {e}")))?;
         Ok(enc.get_ids().to_vec())
     }
@@ -146,7 +155,7 @@ impl Tokenizer {
 
     /// Token ids of [`Tokenizer::chat_prompt`].
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
-        self.encode(&self.chat_prompt(messages)?)
+        self.encode_with(&self.chat_prompt(messages)?, false)
     }
 
     fn check_ids(&self, ids: &[u32]) -> Result<()> {

@@ -31,6 +31,10 @@ enum DynamicPool {
     Exclusive(ExclusiveMemoryPool),
 }
 
+/// draftc patch: the largest allocation of the pool that takes what the
+/// default configuration's pages cannot (see `SubSlices`).
+const OVERSIZED_ALLOC: u64 = 1 << 40;
+
 impl MemoryPool for DynamicPool {
     fn accept(&self, size: u64) -> bool {
         match self {
@@ -263,7 +267,7 @@ impl<Storage: ComputeStorage> MemoryManagement<Storage> {
                 // the binding limit (a 262k-token embedding table).
                 pools.push(MemoryPoolOptions {
                     pool_type: PoolType::ExclusivePages {
-                        max_alloc_size: 1 << 40,
+                        max_alloc_size: OVERSIZED_ALLOC,
                     },
                     dealloc_period: None,
                 });
@@ -330,12 +334,20 @@ impl<Storage: ComputeStorage> MemoryManagement<Storage> {
                         pool_pos,
                     )),
                     PoolType::ExclusivePages { max_alloc_size } => {
-                        DynamicPool::Exclusive(ExclusiveMemoryPool::new(
+                        let pool = ExclusiveMemoryPool::new(
                             max_alloc_size,
                             properties.alignment,
                             options.dealloc_period.unwrap_or(u64::MAX),
                             pool_pos,
-                        ))
+                        );
+                        // draftc patch: the oversized pool's pages are the
+                        // sizes asked for (its running average would start
+                        // at half a TiB).
+                        DynamicPool::Exclusive(if max_alloc_size == OVERSIZED_ALLOC {
+                            pool.exact()
+                        } else {
+                            pool
+                        })
                     }
                 }
             })

@@ -90,6 +90,13 @@ impl ExclusiveMemoryPool {
             .min_by_key(|page| page.free_count)
     }
 
+    /// draftc patch: pages of exactly the sizes asked for at first (the
+    /// running average that sizes new pages starts at zero).
+    pub(crate) fn exact(mut self) -> Self {
+        self.cur_avg_size = 0.0;
+        self
+    }
+
     fn alloc_page<Storage: ComputeStorage>(
         &mut self,
         storage: &mut Storage,
