@@ -187,17 +187,27 @@ fn unsupported_quant_type_is_named() {
     w.tensor(
         "blk.0.attn_q.weight",
         &[256, 1],
-        GgmlType::Q2_K,
-        vec![0u8; 84],
+        GgmlType(16),
+        vec![0u8; 66],
     );
-    let g = Gguf::parse(w.build()).expect("Q2_K is a known type, so the file parses");
+    let g = Gguf::parse(w.build()).expect("IQ2_XXS is a known type, so the file parses");
     let e = g.tensor_f32(&g.tensors[0]).unwrap_err().to_string();
     assert!(
         e.contains("`blk.0.attn_q.weight`")
-            && e.contains("Q2_K (tag 10)")
+            && e.contains("IQ2_XXS (tag 16)")
             && e.contains("cannot dequantise"),
         "{e}"
     );
+    // The message lists every type draftc decodes.
+    let supported = e.split("supported: ").nth(1).unwrap_or_default();
+    for ty in (0..40).filter_map(GgmlType::from_tag) {
+        assert_eq!(
+            supported.contains(ty.name()),
+            ty.is_supported(),
+            "{} in {e}",
+            ty.name()
+        );
+    }
 
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("q.gguf");
@@ -217,14 +227,14 @@ fn unsupported_quant_type_is_named() {
         }
         w.build()
     };
-    // Q5_1 has 32-weight blocks, so the file parses and conversion reaches the tensor.
-    std::fs::write(&path, retype(GgmlType(7), 24)).unwrap();
+    // IQ4_NL has 32-weight blocks, so the file parses and conversion reaches the tensor.
+    std::fs::write(&path, retype(GgmlType(20), 18)).unwrap();
     let e = convert_gguf(&path, &dir.path().join("out"), &opts)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("`blk.1.ffn_up.weight`")
-            && e.contains("Q5_1 (tag 7)")
+            && e.contains("IQ4_NL (tag 20)")
             && e.contains("cannot dequantise"),
         "{e}"
     );

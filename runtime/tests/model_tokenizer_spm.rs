@@ -140,7 +140,9 @@ fn spm_ids_equal_the_reference() {
         // <bos> first (the GGUF's add_bos_token), then the text's ids.
         let ids = tok.encode(text).unwrap();
         if ids.first() != Some(&bos) || ids[1..] != want[..] {
-            failures.push(format!("{text:?}: ours {ids:?}, reference <bos> + {want:?}"));
+            failures.push(format!(
+                "{text:?}: ours {ids:?}, reference <bos> + {want:?}"
+            ));
             continue;
         }
         let ids = &ids[1..];

@@ -2,8 +2,8 @@
 //!
 //! Every ggml type is known by name and size (so a file holding types draftc
 //! cannot decode still parses, and the error names the type). Decoded: F32,
-//! F16, BF16, Q8_0, Q4_0, Q4_1 here, Q5_0, Q4_K, Q5_K and Q6_K in
-//! [`super::dequant_k`] — the block layouts of ggml-quants.c
+//! F16, BF16, Q8_0, Q4_0, Q4_1 here, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K and
+//! Q6_K in [`super::dequant_k`] — the block layouts of ggml-quants.c
 //! (`dequantize_row_q4_0` etc.): a block of 32 weights stores an f16 scale
 //! `d` (and for Q4_1 an f16 minimum `m`) followed by the quants; for the 4-bit
 //! types byte `j` holds weight `j` in its low nibble and weight `j + 16` in its
@@ -69,8 +69,10 @@ impl GgmlType {
     pub const Q4_0: GgmlType = GgmlType(2);
     pub const Q4_1: GgmlType = GgmlType(3);
     pub const Q5_0: GgmlType = GgmlType(6);
+    pub const Q5_1: GgmlType = GgmlType(7);
     pub const Q8_0: GgmlType = GgmlType(8);
     pub const Q2_K: GgmlType = GgmlType(10);
+    pub const Q3_K: GgmlType = GgmlType(11);
     pub const Q4_K: GgmlType = GgmlType(12);
     pub const Q5_K: GgmlType = GgmlType(13);
     pub const Q6_K: GgmlType = GgmlType(14);
@@ -118,6 +120,9 @@ impl GgmlType {
                 | GgmlType::Q4_0
                 | GgmlType::Q4_1
                 | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q2_K
+                | GgmlType::Q3_K
                 | GgmlType::Q4_K
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
@@ -214,9 +219,18 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], n_elements: u64, tensor: &str) -> 
                 out.extend(qs.iter().map(|&q| f32::from(q >> 4) * d + m));
             }
         }
-        GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+        GgmlType::Q5_0
+        | GgmlType::Q5_1
+        | GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K => {
             let decode = match ty {
                 GgmlType::Q5_0 => dequant_k::q5_0,
+                GgmlType::Q5_1 => dequant_k::q5_1,
+                GgmlType::Q2_K => dequant_k::q2_k,
+                GgmlType::Q3_K => dequant_k::q3_k,
                 GgmlType::Q4_K => dequant_k::q4_k,
                 GgmlType::Q5_K => dequant_k::q5_k,
                 _ => dequant_k::q6_k,

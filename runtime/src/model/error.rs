@@ -42,7 +42,8 @@ pub enum ModelError {
 
     #[error(
         "tensor `{tensor}` has ggml type {ty}, which draftc cannot dequantise \
-         (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)"
+         (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, \
+         Q4_K, Q5_K, Q6_K)"
     )]
     UnsupportedType { tensor: String, ty: String },
 
