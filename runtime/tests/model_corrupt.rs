@@ -443,19 +443,34 @@ fn fixture_copy(name: &str) -> tempfile::TempDir {
     dir
 }
 
-#[test]
-fn config_json_is_read_as_transformers_reads_it() {
-    use draftc_runtime::model::config::LlamaConfig;
-    let dir = fixture_copy("llama-tied");
+/// A config edit, then `LlamaConfig::load` of the result.
+type ConfigEdit<'a> = dyn Fn(&mut serde_json::Map<String, serde_json::Value>) + 'a;
+
+/// The fixture `name` copied (kept alive by the returned directory), and a
+/// loader that applies an edit to its config.json and reads it back.
+#[allow(clippy::type_complexity)]
+fn config_editor(
+    name: &str,
+) -> (
+    tempfile::TempDir,
+    impl Fn(&ConfigEdit<'_>) -> Result<draftc_runtime::model::config::LlamaConfig, String>,
+) {
+    let dir = fixture_copy(name);
     let path = dir.path().join("config.json");
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let load = |edit: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+    let load = move |edit: &ConfigEdit<'_>| {
         let mut v = base.clone();
         edit(v.as_object_mut().unwrap());
         std::fs::write(&path, v.to_string()).unwrap();
-        LlamaConfig::load(&path).map_err(|e| e.to_string())
+        draftc_runtime::model::config::LlamaConfig::load(&path).map_err(|e| e.to_string())
     };
+    (dir, load)
+}
+
+#[test]
+fn config_json_is_read_as_transformers_reads_it() {
+    let (_dir, load) = config_editor("llama-tied");
     // transformers' LlamaConfig defaults for what may be absent.
     let c = load(&|m| {
         for k in [
@@ -532,17 +547,7 @@ fn config_json_is_read_as_transformers_reads_it() {
 
 #[test]
 fn a_gemma3_config_is_read_as_transformers_reads_it() {
-    use draftc_runtime::model::config::LlamaConfig;
-    let dir = fixture_copy("gemma3-tied");
-    let path = dir.path().join("config.json");
-    let base: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    let load = |edit: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
-        let mut v = base.clone();
-        edit(v.as_object_mut().unwrap());
-        std::fs::write(&path, v.to_string()).unwrap();
-        LlamaConfig::load(&path).map_err(|e| e.to_string())
-    };
+    let (_dir, load) = config_editor("gemma3-tied");
     let c = load(&|_| {}).unwrap();
     let g = c.gemma.clone().unwrap();
     assert_eq!(
