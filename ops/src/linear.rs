@@ -718,11 +718,16 @@ pub mod reference {
         GeGlu { up: &'a [f32] },
     }
 
-    /// The tanh GELU as PyTorch writes it (`gelu(approximate="tanh")`), in f32:
-    /// `0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³)))`.
+    /// The tanh GELU (PyTorch's `gelu(approximate="tanh")`):
+    /// `0.5·g·(1 + tanh(u))`, `u = √(2/π)·(g + 0.044715·g³)`, computed in f64
+    /// as `g / (1 + e^(−2u))` (the same identity as the kernel's, so the
+    /// reference is exact where PyTorch's f32 `1 + tanh(u)` cancels: for
+    /// g ≲ −3 PyTorch gives −2.98e-7 at g = −5, the true value is −2.29e-7;
+    /// the difference is below 1e-6 absolute everywhere).
     pub fn gelu_tanh(g: f32) -> f32 {
-        let k = (2.0 / std::f32::consts::PI).sqrt();
-        0.5 * g * (1.0 + (k * (g + 0.044715 * g * g * g)).tanh())
+        let g = f64::from(g);
+        let u = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+        (g / (1.0 + (-2.0 * u).exp())) as f32
     }
 
     /// `x` `[m, k]`, `w` `[n, k]` → `[m, n]`.
