@@ -128,7 +128,7 @@ const NAMES: [&str; 6] = [
 ];
 /// The fixtures with a GGUF beside them (Llama 3's scaling travels in a
 /// GGUF as a `rope_freqs` tensor, which `draftc convert` refuses).
-const GGUF_NAMES: [&str; 3] = ["llama-tied", "llama-untied", "qwen2-tied"];
+const GGUF_NAMES: [&str; 4] = ["llama-tied", "llama-untied", "qwen2-tied", "qwen3-tied"];
 
 #[test]
 fn checkpoints_open_as_transformers_saved_them() {
