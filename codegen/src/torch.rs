@@ -199,6 +199,13 @@ impl<'a> Emitter<'a> {
             )
         );
         let _ = writeln!(self.out, "EPS = {:?}", self.target.eps.get());
+        // `target.norm` scales by FINAL_NORM_OFFSET + w: 1 for a target
+        // whose final norm is Gemma's x̂·(1 + w).
+        let offset = match self.target.final_norm {
+            NormWeight::UnitOffset => 1.0,
+            _ => 0.0,
+        };
+        let _ = writeln!(self.out, "FINAL_NORM_OFFSET = {offset:?}");
         let _ = writeln!(
             self.out,
             "DRAFT_VOCAB = {}",
@@ -571,7 +578,7 @@ impl<'a> Emitter<'a> {
                 s.get()
             ),
             Op::TargetEmbed => format!("F.embedding({}, target.embed)", a(0)),
-            Op::TargetNorm => format!("rms_norm({}, target.final_norm, target.eps)", a(0)),
+            Op::TargetNorm => format!("target.norm({})", a(0)),
             Op::TargetLmHead if self.reduced_vocab().is_some() => format!(
                 "target.head({}, self.get_buffer({}))",
                 a(0),

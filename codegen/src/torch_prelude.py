@@ -13,16 +13,20 @@ from torch import nn
 
 class Target:
     """The target model's tensors a drafter reads (`target.embed`,
-    `target.norm`, `target.lm_head`), frozen."""
+    `target.norm`, `target.lm_head`), frozen. `target.embed` is the table's
+    row as stored (no embedding scale); `target.norm` scales by
+    `norm_offset + w`, the module's FINAL_NORM_OFFSET unless given (1 for
+    a target whose final norm is Gemma's x̂·(1 + w))."""
 
-    def __init__(self, embed, final_norm, lm_head, eps):
+    def __init__(self, embed, final_norm, lm_head, eps, norm_offset=None):
         self.embed = embed
         self.final_norm = final_norm
         self.lm_head = lm_head
         self.eps = eps
+        self.norm_offset = FINAL_NORM_OFFSET if norm_offset is None else norm_offset
 
     @staticmethod
-    def from_tensors(tensors, exports, eps, device=None, dtype=torch.float32):
+    def from_tensors(tensors, exports, eps, device=None, dtype=torch.float32, norm_offset=None):
         def get(key):
             # A drafter binds only the exports it reads; the others stay None.
             name = exports.get(key)
@@ -30,7 +34,11 @@ class Target:
                 return None
             return tensors[name].to(device=device, dtype=dtype)
 
-        return Target(get("embed"), get("final_norm"), get("lm_head"), eps)
+        return Target(get("embed"), get("final_norm"), get("lm_head"), eps, norm_offset)
+
+    def norm(self, x):
+        """`target.norm(x)`: the target's final RMS norm."""
+        return rms_norm(x, self.final_norm, self.eps, self.norm_offset)
 
     def head(self, x, rows=None):
         """`target.lm_head(x)`; over the head's `rows` only for a drafter with
@@ -262,7 +270,7 @@ def default_memory(ctx, name, seed, norm=None):
     pos = ctx.positions
     rows = ctx.tap(seed)
     if norm is not None:
-        rows = rms_norm(rows, norm.final_norm, norm.eps)
+        rows = norm.norm(rows)
     return Memory(rows, pos, ctx.valid, vis=pos[:, None, :] < pos[:, :, None])
 
 
@@ -280,7 +288,7 @@ def memory_prev(ctx, name, seed, norm=None, fuse=None):
         else:
             rows = ctx.tap(seed)
             if norm is not None:
-                rows = rms_norm(rows, norm.final_norm, norm.eps)
+                rows = norm.norm(rows)
         m = Memory(rows, ctx.positions, ctx.valid)
     hit = m.positions[:, None, :] == ctx.positions[:, :, None] - 1
     if m.valid is not None:

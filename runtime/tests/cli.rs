@@ -172,6 +172,56 @@ fn bench_spec_refuses_tuned_with_a_tree_or_cut_before_loading_anything() {
     }
 }
 
+/// A base model (no chat template) is benchmarked on raw-text prompts
+/// (`--raw`, its tokenizer's own special tokens added, as `generate --raw`);
+/// without `--raw` the refusal says so.
+#[test]
+fn bench_spec_runs_raw_prompts_on_a_model_without_a_chat_template() {
+    let gemma = "runtime/tests/fixtures/targets/gemma3-tied";
+    let out_dir = std::env::temp_dir().join(format!("draftc-cli-raw-{}", std::process::id()));
+    let out_dir = out_dir.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "spec",
+            "--model",
+            gemma,
+            "--batch",
+            "1",
+            "--drafter",
+            "prompt-lookup",
+            "--budget",
+            "2",
+            "--speculate",
+            "fixed",
+            "--max-tokens",
+            "4",
+            "--quiet",
+            "--out",
+            out_dir,
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_draftc"))
+            .args(&args)
+            .current_dir(repo())
+            .env("NO_COLOR", "1")
+            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+            .output()
+            .expect("draftc runs")
+    };
+    let out = run(&[]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no chat template") && err.contains("--raw"),
+        "{err}"
+    );
+    let out = run(&["--raw"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report = std::fs::read_to_string(Path::new(out_dir).join("spec.json")).unwrap();
+    assert!(report.contains("\"lossless\": true"), "{report}");
+}
+
 #[test]
 fn bad_lookup_values_are_refused_before_loading_anything() {
     for cmd in [

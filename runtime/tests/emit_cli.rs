@@ -95,3 +95,43 @@ fn emit_bad_input_exits_1_with_a_message() {
     assert!(!text(&out.stderr).contains("panicked"));
     assert!(out.stdout.is_empty());
 }
+
+/// `--target DIR`: a converted checkpoint directory's `config.json` gives
+/// the sizes (as the runtime reads it), and the training module scales a
+/// Gemma target's final norm by `1 + w` (`FINAL_NORM_OFFSET`); the default
+/// target's is `w`.
+#[test]
+fn emit_torch_against_a_checkpoint_directory() {
+    let gemma = "runtime/tests/fixtures/targets/gemma3-tied";
+    let out = draftc(&[
+        "emit",
+        "models/eagle.draft",
+        "--backend",
+        "torch",
+        "--target",
+        gemma,
+    ]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stderr:\n{}", text(&out.stderr));
+    assert!(stdout.contains("FINAL_NORM_OFFSET = 1.0"), "{stdout}");
+    // d = 32 (the fixture's hidden_size): fc maps [e, f] (2d) to d.
+    assert!(
+        stdout.contains("(\"fc.weight\", [32, 64], \"normal\")"),
+        "{stdout}"
+    );
+    let out = draftc(&["emit", "models/eagle.draft", "--backend", "torch"]);
+    assert!(out.status.success(), "stderr:\n{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("FINAL_NORM_OFFSET = 0.0"));
+    // A directory without config.json is not a checkpoint (nor a preset).
+    assert_exit_1(
+        &draftc(&[
+            "emit",
+            "models/eagle.draft",
+            "--backend",
+            "torch",
+            "--target",
+            "runtime/tests/fixtures",
+        ]),
+        "not found",
+    );
+}

@@ -4,7 +4,9 @@
 //! pass over a sequence with random weights and inputs, and
 //! `tools/train/draftc_train/parity.py` runs the emitted module on the same
 //! weights and inputs (written to one safetensors file) and compares every
-//! output to f32 1e-4 relative.
+//! output to f32 1e-4 relative. The same drafters run on a tiny Gemma 3
+//! target too (`models/gemma3.draft`: its final norm is `x̂·(1 + w)`, which
+//! `target.norm` must apply, and `target.embed` is its table's raw rows).
 //!
 //! Needs the training virtualenv (`bash tools/train/bootstrap.sh`, which
 //! installs torch): without `.venv-train/bin/python` (or `DRAFTC_TORCH_PYTHON`)
@@ -57,6 +59,14 @@ fn target() -> TargetConfig {
     t
 }
 
+/// [`target`] in Gemma 3's model file (`cfg.family`, which picks the
+/// target's exports and the kind of its final norm).
+fn gemma_target() -> TargetConfig {
+    let mut t = target();
+    t.family = "gemma3".into();
+    t
+}
+
 /// Runs drafter `name` (compiled against `cfg`, weights from `weights`)
 /// on the executor over one sequence of 11 tokens and writes everything the
 /// Python side needs into `dir/NAME.safetensors`; returns the emitted
@@ -84,8 +94,9 @@ fn dump_case_with(
     weights: impl FnOnce(&[WeightSpec]) -> HostWeights,
 ) -> PathBuf {
     let client = wgpu_client();
-    let llama = tiny::compile("llama", cfg);
-    let tw = TargetWeights::new(cfg, &llama.meta.exports);
+    // The target's own model file: its exports and how its final norm scales.
+    let family = tiny::compile(&cfg.family, cfg);
+    let tw = TargetWeights::new(cfg, &family.meta.exports).with_final_norm_of(&family);
     let g = tiny::compile_with(name, cfg, overrides);
     let mut specs = weight_specs(&g, &tw).unwrap();
     let head = format!("{}.weight", tw.exports["lm_head"]);
@@ -234,7 +245,7 @@ fn dump_case_with(
     for name in names {
         let (shape, data) = weights.get(&name).unwrap();
         let shape: Vec<u64> = shape.iter().map(|&x| x as u64).collect();
-        let key = if llama.params().iter().any(|p| p.name == name) {
+        let key = if family.params().iter().any(|p| p.name == name) {
             "target"
         } else {
             "param"
@@ -284,11 +295,30 @@ fn emitted_torch_matches_executor_on_random_weights() {
         let module = std::fs::read_to_string(path).unwrap();
         assert!(module.contains("DRAFT_VOCAB = 23"), "{case}");
     }
+    // On a Gemma 3 target: every drafter reading `target.norm` (Beagle,
+    // Medusa, SPIRe) or its embedding and memory rows (EAGLE).
+    let gemma = ["beagle_gemma", "medusa_gemma", "spire_gemma", "eagle_gemma"];
+    for (i, case) in gemma.iter().enumerate() {
+        let name = case.trim_end_matches("_gemma");
+        let seed = 41 + i as u64;
+        let path = dump_case_with(
+            case,
+            name,
+            &[],
+            dir.path(),
+            seed,
+            &gemma_target(),
+            random(seed),
+        );
+        let module = std::fs::read_to_string(path).unwrap();
+        assert!(module.contains("FINAL_NORM_OFFSET = 1.0"), "{case}");
+    }
     let cases: Vec<&str> = LEARNED
         .iter()
         .chain(UNSHIPPED)
         .copied()
         .chain(reduced)
+        .chain(gemma)
         .collect();
     let (ok, text) = parity(&py, dir.path(), &cases);
     println!("{text}");
@@ -307,6 +337,29 @@ fn parity_checker_catches_a_wrong_module() {
     std::fs::write(&path, broken).unwrap();
     let (ok, _) = parity(&py, dir.path(), &["medusa"]);
     assert!(!ok, "a broken module passed parity");
+}
+
+/// Mutation: a module that scales a Gemma target's final norm by `w`
+/// instead of `1 + w` fails.
+#[test]
+fn parity_checker_catches_a_plain_norm_on_a_gemma_target() {
+    let Some(py) = tiny::python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dump_case_with(
+        "beagle_gemma",
+        "beagle",
+        &[],
+        dir.path(),
+        5,
+        &gemma_target(),
+        random(5),
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let broken = text.replacen("FINAL_NORM_OFFSET = 1.0", "FINAL_NORM_OFFSET = 0.0", 1);
+    assert_ne!(text, broken, "mutation did not apply");
+    std::fs::write(&path, broken).unwrap();
+    let (ok, _) = parity(&py, dir.path(), &["beagle_gemma"]);
+    assert!(!ok, "a plain final norm passed parity on a Gemma target");
 }
 
 /// The slow tier: every drafter whose trained weights ship

@@ -21,9 +21,9 @@ use draftc_codegen::bind::DRAFT_VOCAB_HEAD;
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{
-    generate_speculative, model_drafter, Committed, Request, Sampling, SeqView,
+    generate_speculative, model_drafter, Committed, Request, Sampling, SeqView, TargetModel,
 };
-use draftc_runtime::exec::Outputs;
+use draftc_runtime::exec::{HostWeights, Outputs};
 use draftc_runtime::speculation::{DraftTree, TreeShape};
 use tiny::*;
 
@@ -63,7 +63,18 @@ impl Watch for FirstDraft {
 /// writes the case for the Python side into `dir/NAME.{py,safetensors}`;
 /// `skew` is added to the depth-3 log-probability written (a mutation).
 fn dump(name: &str, prompt: &[u32], dir: &Path, skew: f32) {
-    let (mut t, tw) = target_layers(1, 4);
+    dump_on(name, name, target_layers(1, 4), prompt, dir, skew);
+}
+
+/// [`dump`] over the target `(t, tw)`, written as `case`.
+fn dump_on(
+    case: &str,
+    name: &str,
+    (mut t, tw): (TargetModel<Wgpu>, HostWeights),
+    prompt: &[u32],
+    dir: &Path,
+    skew: f32,
+) {
     let g = compile(name, &t.target_config);
     let w = drafter_weights(&t, &tw, &g, None);
     let inner = model_drafter(
@@ -162,9 +173,9 @@ fn dump(name: &str, prompt: &[u32], dir: &Path, skew: f32) {
         }
         dump.push((key, shape.iter().map(|&x| x as u64).collect(), data.clone()));
     }
-    write(&dir.join(format!("{name}.safetensors")), &dump);
+    write(&dir.join(format!("{case}.safetensors")), &dump);
     let module = draftc_codegen::torch::torch_module(&g, &t.weights).unwrap();
-    std::fs::write(dir.join(format!("{name}.py")), module).unwrap();
+    std::fs::write(dir.join(format!("{case}.py")), module).unwrap();
 }
 
 /// `python -m draftc_train ttt-parity DIR NAMES`: (passed, its output).
@@ -190,6 +201,33 @@ fn training_time_test_steps_are_the_engines_draft() {
     let (ok, text) = check(&py, dir.path(), &["eagle", "eagle3"]);
     println!("{text}");
     assert!(ok, "training-time test parity failed:\n{text}");
+}
+
+/// The same on a tiny Gemma 3 target (`models/gemma3.draft`): EAGLE's
+/// features are the target's states through its final norm `x̂·(1 + w)`
+/// (the module's `FINAL_NORM_OFFSET`), its inputs the embedding table's
+/// rows as stored (the target scales its own by √d, the drafter does not).
+#[test]
+fn training_time_test_matches_the_engine_on_a_gemma_target() {
+    let Some(py) = python() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let case = "eagle_gemma";
+    dump_on(
+        case,
+        "eagle",
+        gemma_target_layers(1, 4),
+        PROMPT,
+        dir.path(),
+        0.0,
+    );
+    let module = std::fs::read_to_string(dir.path().join(format!("{case}.py"))).unwrap();
+    assert!(module.contains("FINAL_NORM_OFFSET = 1.0"), "{case}");
+    let (ok, text) = check(&py, dir.path(), &[case]);
+    println!("{text}");
+    assert!(
+        ok,
+        "training-time test parity failed on a Gemma target:\n{text}"
+    );
 }
 
 /// Mutation: a depth-3 log-probability off by 1e-3 fails the check.

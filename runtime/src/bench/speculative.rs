@@ -49,6 +49,9 @@ pub struct SpecConfig {
     /// Prompts (each a conversation ending with the user's turn); a batch
     /// of `b` takes the first `b` (`--prompts`).
     pub prompts: Vec<super::prompts::Conversation>,
+    /// Encode each prompt as raw text (the tokenizer's own special tokens
+    /// added) instead of through the chat template (`--raw`: a base model).
+    pub raw: bool,
     /// Prompts per measurement (at least `b`), run in groups of `b`.
     pub prompt_count: Option<usize>,
     /// Run each budget fixed, and one run planned up to the largest budget
@@ -417,6 +420,8 @@ impl<R: Runtime> Measured<R> {
     }
 }
 
+const RAW_TURNS: &str = "--raw: every prompt must be a single user turn (raw text has no roles)";
+
 /// Runs every configuration of `cfg`.
 pub fn run_spec<R: Runtime>(
     client: &ComputeClient<R>,
@@ -429,13 +434,22 @@ pub fn run_spec<R: Runtime>(
     let max_b = *cfg.batches.iter().max().unwrap_or(&1);
     let count = |b: usize| cfg.prompt_count.unwrap_or(b).max(b).div_ceil(b) * b;
     let n_prompts = cfg.batches.iter().map(|&b| count(b)).max().unwrap_or(1);
+    if !cfg.raw && model.tokenizer.chat_template().is_none() {
+        return Err(format!(
+            "{} has no chat template (tokenizer_config.json's chat_template): pass --raw to give \
+             the prompts as plain text (a base model)",
+            model.dir.display()
+        ));
+    }
     let mut prompts = Vec::with_capacity(n_prompts);
     for i in 0..n_prompts {
         let conv = &cfg.prompts[i % cfg.prompts.len().max(1)];
-        let ids = model
-            .tokenizer
-            .encode_chat(conv)
-            .map_err(|e| e.to_string())?;
+        let ids = match (cfg.raw, conv.as_slice()) {
+            (false, _) => model.tokenizer.encode_chat(conv),
+            (true, [m]) if m.role == "user" => model.tokenizer.encode(&m.content),
+            (true, _) => return Err(RAW_TURNS.into()),
+        }
+        .map_err(|e| e.to_string())?;
         prompts.push(ids);
     }
     let capacity = prompts.iter().map(Vec::len).max().unwrap_or(0) + cfg.max_tokens + 2;

@@ -146,6 +146,12 @@ pub struct SpecArgs {
     /// `--batch 16` measures τ over 16 questions.
     #[arg(long, default_value = "builtin")]
     pub prompts: String,
+    /// Give each prompt to the model as raw text, with the tokens its
+    /// tokenizer adds around a text (Gemma's `<bos>`), as `draftc generate
+    /// --raw` does, instead of through its chat template: a base model
+    /// has none. Each prompt must be a single user turn.
+    #[arg(long)]
+    pub raw: bool,
     /// Prompts per measurement: a batch of `b` runs the first N prompts in
     /// consecutive groups of `b` (default: `b`, one group), so `--batch 1
     /// --prompt-count 16` measures τ and speedup at batch 1 over 16
@@ -458,6 +464,7 @@ fn spec(
         max_tokens: args.max_tokens,
         dtype,
         prompts,
+        raw: args.raw,
         prompt_count: args.prompt_count,
         repeat: args.repeat,
         fixed: args.speculate.iter().any(|s| s == "fixed"),

@@ -29,7 +29,9 @@ pub struct PlanArgs {
 /// The configuration to plan for, shared by `draftc plan` and `draftc emit`.
 #[derive(Args)]
 pub struct PlanOptions {
-    /// Target preset: a name looked up next to the file or a path.
+    /// Target preset: a name looked up next to the file or a path, or a
+    /// converted checkpoint directory (its `config.json`, as the runtime
+    /// reads it).
     #[arg(long, default_value = "smollm2-135m")]
     pub target: String,
     /// Tokens per sequence in this pass (`t`).
@@ -118,24 +120,27 @@ pub fn compile_graph(
             return Err(Reported);
         }
     };
-    let exports = if graph.meta.exports.is_empty() {
-        family_exports(file, &target)
+    // What `target.embed` / `target.norm` / `target.lm_head` bind to, and
+    // how the target's final norm scales (Gemma's `x̂·(1 + w)`), from the
+    // target's own graph: the file itself when it is a model file.
+    let weights = if graph.meta.exports.is_empty() {
+        match family_graph(file, &target) {
+            Some(family) => {
+                TargetWeights::new(&target, &family.meta.exports).with_final_norm_of(&family)
+            }
+            None => TargetWeights::new(&target, &BTreeMap::new()),
+        }
     } else {
-        graph.meta.exports.clone()
+        TargetWeights::new(&target, &graph.meta.exports).with_final_norm_of(&graph)
     };
-    let weights = TargetWeights::new(&target, &exports);
     Ok((graph, weights))
 }
 
-/// The target family model's weight exports (`embed`, `final_norm`,
-/// `lm_head`); empty when the family file is not found or does not compile
-/// (planning then reports the export it needs).
-fn family_exports(file: &Path, target: &TargetConfig) -> BTreeMap<String, String> {
+/// The target family's model graph (its weight exports: `embed`,
+/// `final_norm`, `lm_head`); none when the family file is not found or
+/// does not compile (planning then reports the export it needs).
+fn family_graph(file: &Path, target: &TargetConfig) -> Option<Graph> {
     let resolver = DirResolver::near(Some(file));
-    let Some((_, src)) = resolver.resolve(&target.family) else {
-        return BTreeMap::new();
-    };
-    draftc_ir::compile(&src, target, &BTreeMap::new(), &resolver)
-        .map(|g| g.meta.exports)
-        .unwrap_or_default()
+    let (_, src) = resolver.resolve(&target.family)?;
+    draftc_ir::compile(&src, target, &BTreeMap::new(), &resolver).ok()
 }

@@ -75,9 +75,22 @@ pub fn read(path: &Path) -> Result<String, Reported> {
     }
 }
 
-/// Resolve `--target` (a path to a preset file, or a preset name).
+/// Resolve `--target` (a path to a preset file, a preset name, or a
+/// converted checkpoint directory: its `config.json` read as the runtime
+/// reads it when it loads the checkpoint, so a drafter compiled here has
+/// the sizes it will run with).
 pub fn load_target(target: &str, near: Option<&Path>) -> Result<(TargetConfig, PathBuf), Reported> {
     let as_path = PathBuf::from(target);
+    let config = as_path.join("config.json");
+    if as_path.is_dir() && config.is_file() {
+        return match crate::model::config::LlamaConfig::load(&config) {
+            Ok(c) => Ok((crate::engine::target_config(&c), config)),
+            Err(e) => {
+                eprintln!("error: --target {target}: {e}");
+                Err(Reported)
+            }
+        };
+    }
     let path = if as_path.is_file() {
         as_path
     } else {

@@ -159,6 +159,16 @@ pub fn target_layers(slots: usize, n: i64) -> (TargetModel<Wgpu>, HostWeights) {
     target_from(cfg, slots, PlanDType::F32, 7, 96)
 }
 
+/// The tiny target's sizes in Gemma 3's model file (`models/gemma3.draft`:
+/// scaled embeddings, `x̂·(1 + w)` norms, sliding layers), `n` layers.
+#[allow(dead_code)]
+pub fn gemma_target_layers(slots: usize, n: i64) -> (TargetModel<Wgpu>, HostWeights) {
+    let mut cfg = tiny_config();
+    cfg.ints.insert("n".into(), n);
+    cfg.family = "gemma3".into();
+    target_from(cfg, slots, PlanDType::F32, 7, 96)
+}
+
 fn target_from(
     cfg: TargetConfig,
     slots: usize,
@@ -166,7 +176,7 @@ fn target_from(
     seed: u64,
     capacity: usize,
 ) -> (TargetModel<Wgpu>, HostWeights) {
-    let g = compile("llama", &cfg);
+    let g = compile(&cfg.family.clone(), &cfg);
     let tw = TargetWeights::new(&cfg, &g.meta.exports);
     let w = weights_seeded(&weight_specs(&g, &tw).unwrap(), seed);
     let t =

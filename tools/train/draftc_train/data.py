@@ -11,6 +11,15 @@ with the ChatML template exactly as the Rust runtime does
 encodes it with ``tokenizers`` (plain encode, no special tokens added), and
 decodes greedily until the EOS id (``<|im_end|>``) or ``--max-new-tokens``.
 
+Another target: ``--model DIR|NAME`` (a converted checkpoint, or a model
+``draftc fetch`` knows: ``gemma-3-270m``) with ``--out DIR``. What follows
+from it is in draftc_train/targets.py: its transformers class (Gemma 3 needs
+transformers >= 4.50, the overlay ``PYTHONPATH=.venv-hf-recent``), its
+tokenizer, its prompt format (ChatML, or raw text with the tokenizer's own
+``<bos>`` for a base model without a chat template, as ``draftc generate
+--raw``), its eos ids and its head (tied or its own ``lm_head``). Ids of a
+vocabulary past 65,536 are stored as uint32.
+
 Output: ``data/train/shards/`` (format in draftc_train.shards) and
 ``data/train/MANIFEST.json``. The manifest is rewritten after every shard; a
 restart with the same settings skips the shards it lists (checked by sha256),
@@ -46,6 +55,7 @@ import time
 from pathlib import Path
 
 from . import prompts as P
+from . import targets as T
 from .progress import Progress
 from .shards import read_shard, sha256_file, shard_paths, write_shard
 
@@ -69,44 +79,10 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-# --- chat template (mirrors runtime/src/model/tokenizer.rs) ----------------
-
-
-def default_system_prompt(tokenizer_config: dict) -> str | None:
-    """The default system text of a ChatML template, extracted like the Rust
-    side: the text between ``'<|im_start|>system\\n`` and the next ``<|im_end|>``,
-    present only when the template inserts it for a non-system first message."""
-    t = tokenizer_config.get("chat_template")
-    if not isinstance(t, str):
-        raise ValueError("tokenizer_config.json has no chat_template")
-    chatml = ("'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'" in t
-              and "'<|im_start|>assistant\n'" in t)
-    if not chatml:
-        raise ValueError("unsupported chat template (only ChatML)")
-    if "messages[0]['role'] != 'system'" not in t:
-        return None
-    tag = "'<|im_start|>system\n"
-    start = t.find(tag)
-    if start < 0:
-        raise ValueError("chat template: default system turn not found")
-    start += len(tag)
-    end = t.find("<|im_end|>", start)
-    if end < 0:
-        raise ValueError("chat template: default system turn is not closed")
-    return t[start:end]
-
-
-def render_chat(prompt: str, default_system: str | None, history: list[tuple[str, str]] = ()) -> str:
-    """The ChatML text of a conversation: the default system turn, the
-    earlier `(role, text)` turns of `history` (role `user` or `assistant`),
-    then `prompt` and the assistant's opening."""
-    out = ""
-    if default_system is not None:
-        out += f"<|im_start|>system\n{default_system}<|im_end|>\n"
-    for role, text in history:
-        out += f"<|im_start|>{role}\n{text}<|im_end|>\n"
-    out += f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-    return out
+# The chat template (ChatML, or raw text for a target without one) lives in
+# draftc_train.targets, with the rest of what follows from the target.
+default_system_prompt = T.default_system_prompt
+render_chat = T.render_chat
 
 
 ROLES = {"human": "user", "gpt": "assistant"}
@@ -141,50 +117,49 @@ class Conversations:
 
 
 class Target:
-    """The target model, tokenizer and template, loaded from a draftc model dir."""
+    """The target model, tokenizer and prompt format, loaded from a draftc
+    model dir (`targets.TargetSpec`: SmolLM2 by default)."""
 
-    def __init__(self, model_dir: Path, dtype: str = "bf16", threads: int = 2, device: str = "cpu"):
+    def __init__(self, model_dir: Path | T.TargetSpec, dtype: str = "bf16", threads: int = 2, device: str = "cpu"):
         import torch
-        from safetensors.torch import load_file
-        from tokenizers import Tokenizer
-        from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.set_num_threads(threads)
         self.torch = torch
-        self.dir = Path(model_dir)
+        self.spec = model_dir if isinstance(model_dir, T.TargetSpec) else T.TargetSpec(model_dir)
+        self.dir = self.spec.dir
         self.dtype = dtype
-        cfg = json.loads((self.dir / "config.json").read_text())
+        cfg = self.spec.config
         self.config_json = cfg
-        if cfg.get("model_type") != "llama":
-            raise ValueError(f"{self.dir}/config.json: model_type {cfg.get('model_type')!r}, expected llama")
-        # Build the config from the known fields only (draftc writes HF names).
-        known = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                 "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps",
-                 "tie_word_embeddings", "max_position_embeddings", "bos_token_id",
-                 "eos_token_id", "hidden_act", "head_dim")
-        self.config = LlamaConfig(**{k: cfg[k] for k in known if k in cfg},
-                                  attention_bias=False, mlp_bias=False, pretraining_tp=1,
-                                  rope_scaling=None, attn_implementation="sdpa")
-        state = load_file(str(self.dir / "model.safetensors"))
-        model = LlamaForCausalLM(self.config)
-        if "lm_head.weight" in state:
-            if not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
-                raise ValueError("lm_head.weight differs from embed_tokens: weights are not tied")
-            del state["lm_head.weight"]
-        if not self.config.tie_word_embeddings:
-            raise ValueError("config.json: tie_word_embeddings is false; SmolLM2 ties lm_head to embed_tokens")
+        state = _load_state(self.dir)
+        if self.spec.family == "llama":
+            model = self._llama(cfg)
+        else:
+            model = self._auto(cfg)
+        if self.spec.tied:
+            if "lm_head.weight" in state:
+                if not torch.equal(state["lm_head.weight"], state["model.embed_tokens.weight"]):
+                    raise ValueError("lm_head.weight differs from embed_tokens: weights are not tied")
+                del state["lm_head.weight"]
+        elif "lm_head.weight" not in state:
+            raise ValueError(f"{self.dir}: tie_word_embeddings is false but there is no lm_head.weight")
         missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [m for m in missing if m != "lm_head.weight"]
+        missing = [m for m in missing if not (m == "lm_head.weight" and self.spec.tied)]
         if missing or unexpected:
             raise ValueError(f"state dict mismatch: missing {missing[:5]} unexpected {unexpected[:5]}")
-        model.tie_weights()
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "not tied"
-        self.head_f32 = model.model.embed_tokens.weight.detach().float().clone()
+        if self.spec.tied:
+            model.tie_weights()
+            assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "not tied"
+        # The head in f32: the embedding table (tied; Gemma's raw rows, its
+        # √d scale is the embedding layer's) or the checkpoint's own lm_head.
+        self.head_f32 = model.lm_head.weight.detach().float().clone()
         if dtype in ("bf16", "bf16-all"):
-            # Keep RoPE's inv_freq in f32 (.to() would round the buffer to bf16).
-            inv_freq = model.model.rotary_emb.inv_freq.clone()
+            # Keep RoPE's inv_freq in f32 (.to() would round the buffer to
+            # bf16); Gemma 3 has one per RoPE base.
+            inv_freq = {n: b.clone() for n, b in model.named_buffers() if n.endswith("inv_freq")}
             model = model.to(torch.bfloat16)
-            model.model.rotary_emb.inv_freq = inv_freq
+            for n, b in inv_freq.items():
+                owner, _, leaf = n.rpartition(".")
+                setattr(model.get_submodule(owner), leaf, b)
         elif dtype != "f32":
             raise ValueError(f"dtype {dtype!r}: expected bf16, bf16-all or f32")
         model.eval()
@@ -192,16 +167,50 @@ class Target:
         self.model = model.to(self.device)
         self.head_f32 = self.head_f32.to(self.device)
 
-        self.tokenizer = Tokenizer.from_file(str(self.dir / "tokenizer.json"))
-        self.tokenizer_config = json.loads((self.dir / "tokenizer_config.json").read_text())
-        self.default_system = default_system_prompt(self.tokenizer_config)
-        im_end = self.tokenizer.token_to_id("<|im_end|>")
-        self.eos_ids = sorted({int(cfg["eos_token_id"]), im_end} - {None})
-        self.pad_id = int(cfg.get("bos_token_id", 0))
+        self.tokenizer = self.spec.tokenizer
+        self.tokenizer_config = self.spec.tokenizer_config
+        self.default_system = self.spec.default_system
+        self.eos_ids = self.spec.eos_ids
+        pad = cfg.get("pad_token_id")
+        self.pad_id = int(pad if pad is not None else cfg.get("bos_token_id", 0))
+
+    def _llama(self, cfg):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        # Build the config from the known fields only (draftc writes HF names).
+        known = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "vocab_size", "rope_theta", "rms_norm_eps",
+                 "tie_word_embeddings", "max_position_embeddings", "bos_token_id",
+                 "eos_token_id", "hidden_act", "head_dim")
+        if cfg.get("rope_scaling") is not None:
+            raise ValueError(f"{self.dir}/config.json: rope_scaling is not supported by the training tools")
+        self.config = LlamaConfig(**{k: cfg[k] for k in known if k in cfg},
+                                  attention_bias=False, mlp_bias=False, pretraining_tp=1,
+                                  rope_scaling=None, attn_implementation="sdpa")
+        return LlamaForCausalLM(self.config)
+
+    def _auto(self, cfg):
+        """Other families through transformers' own class for the
+        checkpoint's model_type (Gemma 3 needs transformers >= 4.50: the
+        overlay `PYTHONPATH=.venv-hf-recent`, tools/fixtures/hf_recent.sh)."""
+        import transformers
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        try:
+            self.config = AutoConfig.for_model(**cfg)
+        except (KeyError, ValueError) as e:
+            raise SystemExit(f"transformers {transformers.__version__} does not know model_type "
+                             f"{cfg.get('model_type')!r} ({e}); for Gemma 3 run with the newer transformers "
+                             "overlay: `bash tools/fixtures/hf_recent.sh --install-only`, then "
+                             "`PYTHONPATH=.venv-hf-recent .venv-train/bin/python -m draftc_train ...`")
+        for soft in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if getattr(self.config, soft, None) is not None:
+                raise ValueError(f"{self.dir}/config.json: {soft} (draftc refuses soft-capping)")
+        self.config._attn_implementation = "sdpa"
+        return AutoModelForCausalLM.from_config(self.config, attn_implementation="sdpa")
 
     def encode_prompt(self, prompt: str, history: list[tuple[str, str]] = ()) -> list[int]:
-        return self.tokenizer.encode(render_chat(prompt, self.default_system, history),
-                                     add_special_tokens=False).ids
+        return self.spec.encode_prompt(prompt, history)
 
     def _logits(self, h):
         if self.dtype == "bf16-all":
@@ -270,6 +279,20 @@ class Target:
         return out
 
 
+def _load_state(d: Path) -> dict:
+    """The checkpoint's tensors: model.safetensors, or the shards its
+    index lists."""
+    from safetensors.torch import load_file
+
+    index = d / "model.safetensors.index.json"
+    if (d / "model.safetensors").is_file() or not index.is_file():
+        return load_file(str(d / "model.safetensors"))
+    state = {}
+    for f in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        state.update(load_file(str(d / f)))
+    return state
+
+
 # --- generation run --------------------------------------------------------
 
 
@@ -296,11 +319,16 @@ def generate(args) -> int:
     import transformers
 
     t_start = time.time()
-    mdir = Path(args.model_dir or default_model_dir())
-    if not (mdir / "model.safetensors").is_file():
+    spec = T.TargetSpec(args.model_dir)
+    mdir = spec.dir
+    if not (mdir / "model.safetensors").is_file() and not (mdir / "model.safetensors.index.json").is_file():
         log(f"data: {mdir}/model.safetensors missing: run `draftc fetch` first")
         return 1
-    target = Target(mdir, args.dtype, args.threads, args.device)
+    if not spec.is_default and args.out is None:
+        # data/train and data/train-later hold the default target's answers.
+        log(f"data: --model {spec.name} is not the default target: write its set elsewhere with --out DIR")
+        return 1
+    target = Target(spec, args.dtype, args.threads, args.device)
     prompts, stats = P.training_prompts(target.tokenizer, args.source)
     source = P.source_info(args.source)
     n = min(args.prompts, len(prompts))
@@ -331,16 +359,20 @@ def generate(args) -> int:
         def encode(prompt):
             return target.encode_prompt(prompt["prompt"])
 
-    gen = {"model_dir": str(mdir), "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)",
+    gen = {"model_dir": str(mdir),
+           "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)" if spec.is_default
+           else f"{spec.name} (model_type {spec.model_type})",
            "model_safetensors_sha256": sha256_file(mdir / "model.safetensors"),
            "config_json_sha256": sha256_file(mdir / "config.json"),
            "tokenizer_json_sha256": sha256_file(mdir / "tokenizer.json"),
            "dtype": args.dtype, "max_new_tokens": args.max_new_tokens, "greedy": args.temperature == 0,
            "eos_ids": target.eos_ids, "default_system": target.default_system,
-           "chat_template": "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt",
+           "chat_template": spec.prompt_format,
            "torch": torch.__version__, "transformers": transformers.__version__,
            "threads": args.threads,
            "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device}
+    if not spec.is_default:
+        gen["target"] = spec.describe()
     if args.context:
         gen.update(context_tokens=args.context,
                    context="the ShareGPT turns before the prompt (human as user, gpt as assistant, ShareGPT's "
@@ -400,7 +432,9 @@ def generate(args) -> int:
         f"max_new_tokens {args.max_new_tokens}, {args.threads} threads)")
 
     source_flag = "" if args.source == "first-turns" else f"--source {args.source} "
-    if base or args.temperature or args.context:
+    if not spec.is_default:
+        source_flag = f"--model {spec.name} " + source_flag
+    if base or args.temperature or args.context or not spec.is_default:
         source_flag += (f"--start {base} " if base else "") + f"--out {os.path.relpath(out.resolve(), REPO_ROOT)} "
 
     def manifest(status: str, wall: float) -> dict:
@@ -476,7 +510,7 @@ def generate(args) -> int:
         for k in ks:
             recs = have[k] + [(items[j][2], responses[j], items[j][1]) for j in range(len(items))
                               if items[j][0] == k]
-            files.update(write_shard(sdir, k, recs))
+            files.update(write_shard(sdir, k, recs, wide=spec.vocab > 0x10000))
             done_shards.add(k)
         _write_json_atomic(mpath, manifest("partial", wall_before + time.time() - t_start))
     prog.close()
@@ -496,16 +530,13 @@ def generate(args) -> int:
 
 def bench(args) -> int:
     """Tokens/s per dtype and batch, and greedy divergence of bf16 from f32."""
-    mdir = Path(args.model_dir or default_model_dir())
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(mdir / "tokenizer.json"))
-    prompts, _ = P.training_prompts(tok)
+    spec = T.TargetSpec(args.model_dir)
+    prompts, _ = P.training_prompts(spec.tokenizer)
     sample = [p["prompt"] for p in prompts[: args.bench_prompts]]
     results = {}
     ref = None
     for dtype in args.bench_dtypes.split(","):
-        t = Target(mdir, dtype, args.threads)
+        t = Target(spec, dtype, args.threads)
         enc = [t.encode_prompt(s) for s in sample]
         # unbatched greedy (the reference form) for divergence
         t0 = time.time()
@@ -550,7 +581,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="torch device of the target (cuda on a lent GPU)")
     ap.add_argument("--start", type=int, default=0,
                     help="first prompt of this shard set (the prompts before it are another set's; needs --out)")
-    ap.add_argument("--model-dir", type=Path, default=None, help="default: $DRAFTC_CACHE/" + str(MODEL_SUBDIR))
+    ap.add_argument("--model", "--model-dir", dest="model_dir", default=None, metavar="DIR|NAME",
+                    help="the target: a converted checkpoint directory or a model `draftc fetch` knows "
+                         f"({', '.join(T.FETCHED)}); default $DRAFTC_CACHE/{MODEL_SUBDIR} (another target's "
+                         "set needs --out)")
     ap.add_argument("--source", choices=P.SOURCES, default="first-turns",
                     help="which human turns of ShareGPT are the prompts (later turns: when the first are used up)")
     ap.add_argument("--out", type=Path, default=None,

@@ -3,8 +3,13 @@
 `load(path)` runs `draftc emit PATH --backend torch`, keeps the text under
 target/train/emitted/ and imports it: the .draft file is the only definition
 of an architecture, and parameter names are the binder's names.
-`TargetModel` is the target itself (models/llama.draft through the same
-emitter) with the converted weights, for the hidden states drafters read.
+`TargetModel` is the target itself (its family's model file, models/llama.draft
+for SmolLM2, through the same emitter) with the converted weights, for the
+hidden states drafters read.
+
+The target is SmolLM2-135M-Instruct unless `use_target` names another
+(`train --model`): modules are then compiled against that checkpoint's
+`config.json` (`draftc emit --target DIR`), as the runtime compiles them.
 """
 
 import hashlib
@@ -18,9 +23,37 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from .data import default_model_dir
+from . import targets as T
 
 REPO = Path(__file__).resolve().parents[3]
+# The target of this process (`use_target`); None: the default one.
+_TARGET = None
+
+
+def use_target(spec):
+    """Make `spec` (a `targets.TargetSpec`) the target every module is
+    emitted for and whose tensors and hidden states are read."""
+    global _TARGET
+    _TARGET = spec
+
+
+def target_spec():
+    global _TARGET
+    if _TARGET is None:
+        _TARGET = T.TargetSpec()
+    return _TARGET
+
+
+def target_tag():
+    """A cache-key part naming the target: empty for the default target (its
+    caches keep their names), else a digest of the checkpoint's config.json
+    and tokenizer.json."""
+    spec = target_spec()
+    if spec.is_default:
+        return ""
+    h = hashlib.sha256((spec.dir / "config.json").read_bytes())
+    h.update((spec.dir / "tokenizer.json").read_bytes())
+    return f"{spec.model_type}-{h.hexdigest()[:10]}-"
 
 
 def draftc_bin():
@@ -34,7 +67,7 @@ def draftc_bin():
 
 
 def emit(draft, sets=None):
-    cmd = [draftc_bin(), "emit", str(draft), "--backend", "torch"]
+    cmd = [draftc_bin(), "emit", str(draft), "--backend", "torch", *target_spec().emit_args()]
     for k, v in (sets or {}).items():
         cmd += ["--set", f"{k}={v}"]
     # The repository's target presets also serve a description kept
@@ -70,23 +103,31 @@ def load(draft, sets=None):
 
 
 def model_dir():
-    d = default_model_dir()
-    if not (d / "model.safetensors").is_file():
+    d = target_spec().dir
+    if not (d / "model.safetensors").is_file() and not (d / "model.safetensors.index.json").is_file():
         raise SystemExit(f"{d}/model.safetensors not found: run `draftc fetch` first")
     return d
 
 
 def load_target_tensors():
     """The converted target's tensors (f32), by name."""
-    return load_file(str(model_dir() / "model.safetensors"))
+    d = model_dir()
+    index = d / "model.safetensors.index.json"
+    if (d / "model.safetensors").is_file() or not index.is_file():
+        return load_file(str(d / "model.safetensors"))
+    out = {}
+    for f in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        out.update(load_file(str(d / f)))
+    return out
 
 
 class TargetModel:
-    """The target through the module emitted from models/llama.draft."""
+    """The target through the module emitted from its family's model file
+    (models/llama.draft for SmolLM2, models/gemma3.draft for Gemma 3)."""
 
     def __init__(self, tensors=None):
         self.dir = model_dir()
-        self.mod = load(REPO / "models/llama.draft")
+        self.mod = load(target_spec().family_file)
         self.tensors = tensors if tensors is not None else load_target_tensors()
         self.net = self.mod.Model()
         missing, unexpected = self.net.load_state_dict(

@@ -5,7 +5,10 @@ is not the evaluation set: MT-Bench is never tuned on.
 The split is the one `train.py` holds out: the last `max(8, n // 20)` of the
 sequences `load_sequences(--max-len)` keeps. Each prompt is the user turn
 decoded from the record's prompt ids (the chat template stripped), written
-as JSON lines with a `prompt` field.
+as JSON lines with a `prompt` field. For a target without a chat template
+(`--model`, a base model such as Gemma 3 270M, with its own `--data`) the
+prompt is the selected ShareGPT text itself, which `draftc bench spec
+--raw` encodes as the data did.
 
 `--context N` writes long prompts instead, for measuring at long contexts:
 per held-out conversation with a later human turn, its last one with the
@@ -34,20 +37,37 @@ def main(argv):
     ap.add_argument("--count", type=int, default=64, help="the first COUNT prompts of the split")
     ap.add_argument("--max-len", type=int, default=320, help="as `train --max-len` (it decides the split)")
     ap.add_argument("--out", type=Path, default=None, help="output file (default: standard output)")
+    ap.add_argument("--model", default=None, metavar="DIR|NAME",
+                    help="the target, as `train --model` (default SmolLM2-135M-Instruct)")
+    ap.add_argument("--data", type=Path, default=None, metavar="DIR",
+                    help="the shard set, as `train --data` (default data/train)")
     ap.add_argument("--context", type=int, default=0, metavar="TOKENS",
                     help="conversations of about TOKENS tokens (at least half) instead of first turns")
     args = ap.parse_args(argv)
-    from tokenizers import Tokenizer
+    from . import prompts as P
+    from . import targets, train
 
-    from . import train
-
-    seqs, index = train.load_sequences(args.max_len, with_index=True)
+    spec = targets.TargetSpec(args.model)
+    train.check_data_target(args.data or train.DEFAULT_DATA, spec)
+    seqs, index = train.load_sequences(args.max_len, directory=args.data, with_index=True)
     n_val = max(8, len(seqs) // 20)
-    tok = Tokenizer.from_file(str(train.emitted.model_dir() / "tokenizer.json"))
+    tok = spec.tokenizer
     if args.context:
+        if spec.chat != "chatml":
+            raise SystemExit("heldout-prompts --context: conversations need a chat template")
         lines = long_prompts(tok, index[len(seqs) - n_val :], args.context, args.count)
-    else:
+    elif spec.chat == "chatml":
         lines = [first_turn(tok, ids, n_prompt) for ids, n_prompt in seqs[len(seqs) - n_val :][: args.count]]
+    else:
+        # Raw prompts: the selection's text (the record's ids are its
+        # encoding, checked here).
+        first, _ = P.training_prompts(tok, "first-turns")
+        lines = []
+        for (ids, n_prompt), pi in list(zip(seqs, index))[len(seqs) - n_val :][: args.count]:
+            text = first[pi]["prompt"]
+            if spec.encode_prompt(text) != ids[:n_prompt].tolist():
+                raise SystemExit(f"held-out record {pi}: its prompt ids are not the encoding of prompt {pi}")
+            lines.append(json.dumps({"prompt": text}, ensure_ascii=False))
     out = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(out)

@@ -21,7 +21,7 @@ def make_target(mod, tgt_tensors):
         def head(self, x, rows=None):
             return x
 
-    return Deferred(base.embed, base.final_norm, base.lm_head, base.eps), base.lm_head
+    return Deferred(base.embed, base.final_norm, base.lm_head, base.eps, base.norm_offset), base.lm_head
 
 
 class Head:
@@ -122,7 +122,7 @@ def target_probs(mod, target, head, top):
     (through its final norm and the head's rows), renormalised on the draft
     vocabulary: what the distilling losses match."""
     with torch.no_grad():
-        tl = F.linear(mod.rms_norm(top.float(), target.final_norm, target.eps), head.w.float())
+        tl = F.linear(target.norm(top.float()), head.w.float())
         return tl.softmax(-1)
 
 
@@ -148,7 +148,7 @@ def stream_seeds(mod, target, hidden, names):
     target.norm(target.hidden[i])`: a teacher-forced pass norms the tap
     itself, but rows the losses build or regress onto are given here)."""
     normed = set(getattr(mod, "MEMORIES_NORMED", []))
-    return {n: mod.rms_norm(hidden[mod.MEMORIES[n]], target.final_norm, target.eps) if n in normed
+    return {n: target.norm(hidden[mod.MEMORIES[n]]) if n in normed
             else hidden[mod.MEMORIES[n]] for n in names}
 
 

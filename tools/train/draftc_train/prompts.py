@@ -27,7 +27,8 @@ Training prompt selection (``SELECTION_RULES``; changing them changes
 5. Drop prompts overlapping MT-Bench (equal after normalisation, or containing
    a normalised MT-Bench first turn).
 6. Keep prompts whose content is 1..256 tokens (plain encode of the stripped
-   text with SmolLM2's tokenizer.json, no special tokens). Longer prompts are
+   text with the target's tokenizer.json, SmolLM2's by default, no special
+   tokens; the selection is cached per tokenizer vocabulary). Longer prompts are
    dropped, not truncated: a truncated prompt is not a question a user asks.
 7. Keep prompts that are mostly ASCII (at least 90% of characters), since the
    target (SmolLM2) and the evaluation set (MT-Bench) are English; this drops
@@ -454,8 +455,9 @@ def source_info(source: str = "first-turns") -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m draftc_train prompts",
                                  description="Write data/eval (MT-Bench) and select the ShareGPT training prompts.")
-    ap.add_argument("--model-dir", type=Path, default=None,
-                    help="converted model dir with tokenizer.json (default: the draftc cache)")
+    ap.add_argument("--model", "--model-dir", dest="model_dir", default=None, metavar="DIR|NAME",
+                    help="the target whose tokenizer counts prompt tokens: a converted model dir or a model "
+                         "`draftc fetch` knows (default: SmolLM2-135M-Instruct in the draftc cache)")
     ap.add_argument("--show", type=int, default=3, help="print the first N selected training prompts")
     ap.add_argument("--source", choices=SOURCES, default="first-turns",
                     help="first human turns (the training set) or later ones (the extra set)")
@@ -467,9 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     log(f"prompts: wrote {EVAL_FILE} ({info['count']} MT-Bench first turns)")
     from tokenizers import Tokenizer  # noqa: PLC0415
 
-    from .data import default_model_dir  # noqa: PLC0415
-    mdir = args.model_dir or default_model_dir()
-    tok = Tokenizer.from_file(str(mdir / "tokenizer.json"))
+    from .targets import model_dir  # noqa: PLC0415
+    tok = Tokenizer.from_file(str(model_dir(args.model_dir) / "tokenizer.json"))
     prompts, stats = training_prompts(tok, args.source)
     if args.contexts:
         log(f"prompts: wrote {write_contexts(tok, args.contexts)}")

@@ -4,7 +4,10 @@ Copies what `draftc bench spec` measured for each shipped drafter (τ,
 acceptance by depth, k, tokens/s, speedup, lossless, batch, budget) from its
 JSON report into `models/weights/<drafter>.json` under `held_out_tau`,
 with the command that produced it, so a manifest's τ always names its
-measurement. Only reports run on held-out prompts (`--prompts mt-bench`
+measurement. `--weights-dir DIR` records into the manifests in DIR instead
+(weights trained for another target, `train --model ... --export-dir DIR`,
+measured with `bench spec --model ... --drafter-weights DIR/NAME.safetensors`).
+Only reports run on held-out prompts (`--prompts mt-bench`
 or a file outside the training data) belong here; the command is recorded
 so that a reader can check.
 """
@@ -51,20 +54,27 @@ def main(argv):
     ap = argparse.ArgumentParser(prog="python -m draftc_train record-tau")
     ap.add_argument("report", type=Path, help="spec.json written by `draftc bench spec`")
     ap.add_argument("--command", required=True, help="the draftc command that wrote the report")
+    ap.add_argument("--weights-dir", type=Path, default=REPO / "models/weights", metavar="DIR",
+                    help="the weights manifests to record into (default models/weights)")
     args = ap.parse_args(argv)
+    wdir = args.weights_dir.resolve()
     if "--prompts" not in args.command:
         raise SystemExit("the command has no --prompts: τ on the built-in prompts is not a held-out result")
     report = json.loads(args.report.read_text())
     done = 0
-    for path in sorted((REPO / "models/weights").glob("*.json")):
+    for path in sorted(wdir.glob("*.json")):
         manifest = json.loads(path.read_text())
-        own = (REPO / "models/weights" / manifest["weights"]).resolve()
+        if "weights" not in manifest or "drafter" not in manifest:
+            continue
+        own = (wdir / manifest["weights"]).resolve()
         points = [
             p for p in report["points"]
             if Path(drafter_path(p)).stem == manifest["drafter"] and p["weights"] != "target"
             # A report comparing other weights files of the same drafter
             # (e.g. the weights this run replaced) records only the shipped one.
             and (not p["weights"].endswith(".safetensors") or (REPO / p["weights"]).resolve() == own)
+            # Another directory's manifests record their own file only.
+            and (wdir == (REPO / "models/weights").resolve() or p["weights"].endswith(".safetensors"))
         ]
         if not points:
             continue
@@ -72,9 +82,10 @@ def main(argv):
             command=args.command,
             device=report.get("device"),
             max_tokens=report.get("max_tokens"),
+            **({"model": report.get("model")} if wdir != (REPO / "models/weights").resolve() else {}),
             points=[
                 dict(
-                    {k: p.get(k) for k in ("batch", "prompts", "budget", "tree", "confidence", "tau", "k", "kappa", "tokens_per_s",
+                    {k: p.get(k) for k in ("batch", "prompts", "budget", "speculate", "tree", "confidence", "tau", "k", "kappa", "tokens_per_s",
                                        "autoregressive_tokens_per_s", "speedup", "acceptance_by_depth", "lossless")},
                     **({"lookup": lookup_of(p), "lookup_rounds": p.get("lookup_rounds"), "seq_rounds": p.get("seq_rounds")}
                        if lookup_of(p) is not None else {}),

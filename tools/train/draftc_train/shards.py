@@ -4,7 +4,9 @@ Format (directory ``data/train/shards/``), one pair of ``.npy`` files per shard
 ``k`` (5-digit, zero-padded), both plain NumPy ``.npy`` (deterministic bytes):
 
 ``shard-{k:05d}.tokens.npy``
-    ``uint16``, 1-D: every record's ids concatenated (vocab 49,152 < 65,536).
+    ``uint16``, 1-D: every record's ids concatenated (SmolLM2's vocab 49,152
+    < 65,536); ``uint32`` for a target whose vocabulary is larger (Gemma 3's
+    262,144).
 ``shard-{k:05d}.index.npy``
     ``uint32``, shape ``(n, 4)``, one row per record:
     ``[offset, prompt_len, response_len, prompt_index]``.
@@ -48,9 +50,10 @@ def _save_atomic(path: Path, arr: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def write_shard(directory: Path, k: int, records: list[tuple[list[int], list[int], int]]) -> dict:
-    """Writes shard ``k`` from ``[(prompt_ids, response_ids, prompt_index)]``;
-    returns ``{file name: sha256}`` for both files."""
+def write_shard(directory: Path, k: int, records: list[tuple[list[int], list[int], int]], wide: bool = False) -> dict:
+    """Writes shard ``k`` from ``[(prompt_ids, response_ids, prompt_index)]``
+    (``wide``: ids as ``uint32``, for a vocabulary past 65,536); returns
+    ``{file name: sha256}`` for both files."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     toks: list[int] = []
@@ -60,10 +63,11 @@ def write_shard(directory: Path, k: int, records: list[tuple[list[int], list[int
         toks.extend(p)
         toks.extend(r)
     arr = np.asarray(toks, dtype=np.int64)
-    if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
-        raise ValueError("token id out of uint16 range")
+    dtype = np.uint32 if wide else np.uint16
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(dtype).max):
+        raise ValueError(f"token id out of {np.dtype(dtype).name} range")
     tpath, ipath = shard_paths(directory, k)
-    _save_atomic(tpath, arr.astype(np.uint16))
+    _save_atomic(tpath, arr.astype(dtype))
     _save_atomic(ipath, index)
     return {tpath.name: sha256_file(tpath), ipath.name: sha256_file(ipath)}
 
@@ -84,11 +88,11 @@ def shard_ids(directory: Path) -> list[int]:
 
 
 def read_shard(directory: Path, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tokens uint16 1-D, index uint32 (n, 4)) of shard ``k``."""
+    """(tokens uint16 or uint32 1-D, index uint32 (n, 4)) of shard ``k``."""
     tpath, ipath = shard_paths(directory, k)
     tokens = np.load(tpath, allow_pickle=False)
     index = np.load(ipath, allow_pickle=False)
-    if tokens.dtype != np.uint16 or index.dtype != np.uint32 or index.ndim != 2 or index.shape[1] != 4:
+    if tokens.dtype not in (np.uint16, np.uint32) or index.dtype != np.uint32 or index.ndim != 2 or index.shape[1] != 4:
         raise ValueError(f"shard {k}: unexpected dtype/shape")
     if index.shape[0]:
         end = int(index[-1, 0]) + int(index[-1, 1]) + int(index[-1, 2])

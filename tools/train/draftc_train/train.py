@@ -20,11 +20,17 @@ a manifest. Each drafter's recipe follows its paper (docs/training.md):
   feedback-memory streams (§3.3); MixedLoss(0.5) against the target's
   distribution (§3.4).
 
+The target is SmolLM2-135M-Instruct unless `--model DIR|NAME` names another
+converted checkpoint (draftc_train/targets.py): its shard set (`--data`,
+made by `data --model ... --out`) and an export directory other than
+models/weights (whose weights are SmolLM2's) go with it.
+
 Labels: parallel drafters' row j at position p predicts the token at
 p + 2 + j (docs/speculative.md); autoregressive drafters at position q
 predict q + 1. Only response tokens (the target's greedy answers) are
 labels. Target hidden states are computed once with the target's own
-emitted module (models/llama.draft) and cached under target/train/.
+emitted module (its family's model file: models/llama.draft, models/gemma3.draft)
+and cached under target/train/.
 
 AdamW, linear warm-up then cosine decay, global gradient clipping, bf16
 autocast (on the CPU, or on CUDA with `--device cuda`), checkpoints every --ckpt-every steps (resume with
@@ -44,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from . import emitted, shards
+from . import emitted, shards, targets
 from .losses import Head, autoregressive_loss, make_target, parallel_loss, ttt_loss
 from .schedule import Pacer, lr_at
 from .progress import Progress
@@ -143,10 +149,13 @@ def recipe_of(name, mod):
     return r
 
 
+DEFAULT_DATA = REPO / "data/train"
+
+
 def load_sequences(max_len, limit=None, directory=None, with_index=False):
     """`(ids, prompt_len)` per usable record of a shard set (default
     data/train); `with_index` also returns each one's prompt index."""
-    recs = list(shards.iter_records(shards.shards_dir(directory or REPO / "data/train"), with_index=True))
+    recs = list(shards.iter_records(shards.shards_dir(directory or DEFAULT_DATA), with_index=True))
     seqs, index = [], []
     for p, r, pi in recs[: limit or len(recs)]:
         ids = np.concatenate([p, r]).astype(np.int64)[:max_len]
@@ -155,6 +164,31 @@ def load_sequences(max_len, limit=None, directory=None, with_index=False):
         seqs.append((torch.from_numpy(ids), len(p)))
         index.append(pi)
     return (seqs, index) if with_index else seqs
+
+
+def data_name(directory):
+    """A shard set's directory as manifests name it: relative to the
+    repository when inside it."""
+    d = Path(directory).resolve()
+    return os.path.relpath(d, REPO) if d.is_relative_to(REPO) else str(d)
+
+
+def check_data_target(directory, spec):
+    """Refuses a shard set made by another target than `spec` (its
+    manifest's tokenizer): its labels are another model's answers. Sets
+    without a manifest, and the default target's own sets, are taken as
+    they are."""
+    m = Path(directory) / "MANIFEST.json"
+    if not m.is_file():
+        return
+    gen = json.loads(m.read_text()).get("generator", {})
+    if spec.is_default and "target" not in gen:
+        return
+    want = gen.get("tokenizer_json_sha256")
+    if want and want != shards.sha256_file(spec.dir / "tokenizer.json"):
+        made = gen.get("target", {}).get("model") or gen.get("model")
+        raise SystemExit(f"{directory}: made with another target ({made}) than --model {spec.name}: pass the "
+                         "target the set was made with (`--model`), or the set of this one (`--data`)")
 
 
 def conversation(record_id):
@@ -200,7 +234,7 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     for x, plen in seqs:
         h.update(x.numpy().tobytes())
         h.update(plen.to_bytes(4, "little"))
-    key = f"n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}-{h.hexdigest()[:12]}"
+    key = f"{emitted.target_tag()}n{len(seqs)}-len{max_len}-taps{'_'.join(map(str, sorted(taps)))}-{h.hexdigest()[:12]}"
     path = REPO / "target/train/features" / f"{key}.pt"
     # On a GPU the states are recomputed in seconds and stay in its memory,
     # up to `features_home`'s budget; past it in host memory, copied to the
@@ -209,7 +243,8 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     if on_disk and path.exists():
         return torch.load(path)
     # A cache of the same sequences with more taps serves too.
-    others = sorted(path.parent.glob(f"n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")) if on_disk else []
+    others = sorted(path.parent.glob(f"{emitted.target_tag()}n{len(seqs)}-len{max_len}-taps*-{h.hexdigest()[:12]}.pt")
+                    ) if on_disk else []
     for other in others:
         have = {int(t) for t in other.name.split("-taps")[1].split("-")[0].split("_")}
         if set(taps) <= have:
@@ -220,6 +255,11 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
     order = sorted(range(len(seqs)), key=lambda i: len(seqs[i][0]))
     prog = Progress(len(seqs), "target hidden states", unit="seq")
     bs = 8 if DEV == "cpu" else 128
+    # f16, unless a state passes its range: Gemma's first position (its
+    # <bos> attention sink) reaches ~1e5, and an inf there makes every loss
+    # NaN. Then the whole cache is bf16 (the states are computed under bf16
+    # autocast: its range, their precision).
+    store = torch.float16
     for s in range(0, len(order), bs):
         idx = order[s : s + bs]
         T = max(len(seqs[i][0]) for i in idx)
@@ -234,10 +274,15 @@ def feature_cache(seqs, taps, max_len, tgt_tensors):
         if home is None:
             width = next(iter(hs.values())).shape[-1]
             home = features_home(sum(len(x) for x, _ in seqs) * len(taps) * width * 2)
+        peak = max(float(v.abs().max()) for v in hs.values())
+        if store == torch.float16 and peak > torch.finfo(torch.float16).max:
+            print(f"target states reach {peak:.3g}, past f16's range: cached in bf16", flush=True)
+            store = torch.bfloat16
+            out = [{t: f[t].to(store) for t in f} for f in out]
         for b, i in enumerate(idx):
             n = len(seqs[i][0])
             # A copy, not a view that would keep the whole batch alive.
-            out[i] = {t: hs[t][b, :n].to(home, torch.float16, copy=True) for t in taps}
+            out[i] = {t: hs[t][b, :n].to(home, store, copy=True) for t in taps}
         prog.update(len(idx))
     prog.close()
     if on_disk:
@@ -308,10 +353,12 @@ def head_argmax(seqs, feats, tap, target, spans, kind, what):
     for x, plen in seqs:
         h.update(x.numpy().tobytes())
         h.update(plen.to_bytes(4, "little"))
-    path = REPO / "target/train/features" / f"{kind}-n{len(seqs)}-tap{tap}-{h.hexdigest()[:12]}.pt"
+    path = REPO / "target/train/features" / f"{emitted.target_tag()}{kind}-n{len(seqs)}-tap{tap}-{h.hexdigest()[:12]}.pt"
     if path.exists():
         return torch.load(path)
-    w = target.final_norm.float()
+    # The target's final norm as `target.norm` applies it (x̂·w, or Gemma's
+    # x̂·(1 + w)), in f32.
+    w = target.final_norm.float() + target.norm_offset
     head = target.lm_head.float()
     out = [torch.full((len(x) - 1,), -1, dtype=torch.long) for x, _ in seqs]
     spans = [sp for sp in spans if sp[2] > sp[1]]
@@ -473,6 +520,13 @@ def main(argv):
                     help="for a description file: train with this preset's recipe instead of its kind's "
                          f"({', '.join(f'{k}: {v}' for k, v in KIND_PRESETS.items())}; autoregressive with "
                          "train_steps: eagle)")
+    ap.add_argument("--model", default=None, metavar="DIR|NAME",
+                    help="the target: a converted checkpoint directory or a model `draftc fetch` knows "
+                         "(gemma-3-270m); default SmolLM2-135M-Instruct. Another target trains on its own --data "
+                         "and exports elsewhere than models/weights (--export-dir, or --no-export)")
+    ap.add_argument("--data", type=Path, default=None, metavar="DIR",
+                    help="the shard set (its records' last 5%% are the held-out split); default data/train "
+                         "(SmolLM2's answers)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--max-len", type=int, default=320)
     ap.add_argument("--records", type=int, default=None, help="use the first N records")
@@ -554,6 +608,10 @@ def main(argv):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
+    spec = targets.TargetSpec(args.model)
+    emitted.use_target(spec)
+    args.data = Path(args.data) if args.data else DEFAULT_DATA
+    check_data_target(args.data, spec)
     args.drafter, draft, preset = resolve_drafter(args.drafter, args.description)
     if preset is not None and args.preset is not None:
         raise SystemExit("--preset is for a description file; a preset trains with its own recipe")
@@ -571,6 +629,16 @@ def main(argv):
         args.export_dir = args.export_dir or Path(draft).resolve().parent / "weights"
         print(f"{draft}: {mod.KIND} drafter, trained with the {preset!r} preset", flush=True)
     args.preset = preset
+    weights_dir = (REPO / "models/weights").resolve()
+    if not spec.is_default and not args.no_export and (
+            args.export_dir is None or Path(args.export_dir).resolve() == weights_dir):
+        # models/weights holds the default target's weights (`--drafter-weights
+        # shipped`): another target's go elsewhere.
+        raise SystemExit(f"--model {spec.name}: models/weights holds SmolLM2's drafters; export with "
+                         "--export-dir DIR (or --no-export)")
+    if not spec.is_default:
+        print(f"target {spec.name}: {spec.model_type}, {spec.family_file.name}, vocabulary {spec.vocab}, "
+              f"{'tied' if spec.tied else 'untied'} head, {spec.chat} prompts; data {args.data}", flush=True)
     r = recipe_of(preset, mod)
     if args.lr is not None:
         r["lr"] = args.lr
@@ -603,7 +671,9 @@ def main(argv):
     work = args.work = args.work or REPO / "target/train" / args.drafter
     work.mkdir(parents=True, exist_ok=True)
 
-    seqs, first_index = load_sequences(args.max_len, args.records, with_index=True)
+    seqs, first_index = load_sequences(args.max_len, args.records, args.data, with_index=True)
+    if not seqs:
+        raise SystemExit(f"{args.data}: no usable records (run `python -m draftc_train data` first)")
     n_val = max(8, len(seqs) // 20)
     train_idx = list(range(len(seqs) - n_val))
     val_idx = list(range(len(seqs) - n_val, len(seqs)))
@@ -655,7 +725,7 @@ def main(argv):
         ids, _ = draft_vocab(seqs, vocab_idx, n_draft, vocab)
         head = Head(lm_head, ids)
         vocab_info = dict(size=len(ids), chosen_by="most frequent response tokens of the training split"
-                          + (" of data/train (not the extra data)" if extra else ""),
+                          + (f" of {data_name(args.data)} (not the extra data)" if extra else ""),
                           train_coverage=round(coverage(seqs, train_idx, ids, vocab), 4),
                           **({"data_train_coverage": round(coverage(seqs, vocab_idx, ids, vocab), 4)} if extra else {}),
                           held_out_split_coverage=round(coverage(seqs, val_idx, ids, vocab), 4))
@@ -983,8 +1053,8 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
         dtype="float16",
         parameters=sum(v.numel() for v in tensors.values() if v.is_floating_point()),
         draft_vocab=vocab_info,
-        data=dict(shards="data/train/shards (see data/train/MANIFEST.json)",
-                  manifest_sha256=shards.sha256_file(REPO / "data/train/MANIFEST.json"),
+        data=dict(shards=f"{data_name(args.data)}/shards (see {data_name(args.data)}/MANIFEST.json)",
+                  manifest_sha256=shards.sha256_file(Path(args.data) / "MANIFEST.json"),
                   records_used=f"the first {args.records}" if args.records else "all",
                   sequences=n_seqs, train_sequences=n_train,
                   max_len=args.max_len, target_taps=taps,
@@ -1001,6 +1071,9 @@ def export(args, r, mod, net, log, n_seqs, n_train, taps, head, vocab_info, held
         held_out_tau=None,
         held_out_tau_note="not measured yet: `draftc bench spec --prompts mt-bench`, then `python -m draftc_train record-tau`",
     )
+    spec = emitted.target_spec()
+    if not spec.is_default:
+        manifest["target"] = spec.describe()
     if args.init_from:
         # The weights this run continued: their own manifest (read before
         # it is overwritten) says how they were made.
