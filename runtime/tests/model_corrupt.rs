@@ -688,3 +688,52 @@ fn a_broken_shard_index_is_named_before_anything_runs() {
     let e = open_with(&|v| *v = serde_json::json!({"metadata": {}}));
     assert!(e.contains("no `weight_map`"), "{e}");
 }
+
+/// Llama 3.1's RoPE scaling as a GGUF keeps it (llama.cpp's per-frequency
+/// factors) gives back parameters that compute the same factors; factors
+/// of another kind are refused.
+#[test]
+fn llama3_scaling_is_recovered_from_rope_factors() {
+    use draftc_runtime::model::config::{
+        llama3_from_rope_factors, llama3_rope_factors, Llama3Rope, Llama3Tag,
+    };
+    let llama31 = Llama3Rope {
+        rope_type: Llama3Tag,
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position_embeddings: 8192,
+    };
+    for (hd, theta) in [
+        (128, 500_000.0),
+        (64, 500_000.0),
+        (8, 10_000.0),
+        (16, 10_000.0),
+    ] {
+        let factors: Vec<f32> = llama3_rope_factors(hd, theta, &llama31)
+            .iter()
+            .map(|&x| x as f32)
+            .collect();
+        let got = llama3_from_rope_factors(&factors, hd, theta)
+            .unwrap_or_else(|| panic!("head_dim {hd}: no parameters for {factors:?}"));
+        let again = llama3_rope_factors(hd, theta, &got);
+        for (a, b) in again.iter().zip(&factors) {
+            assert!(
+                (a - f64::from(*b)).abs() <= 1e-5 * a,
+                "head_dim {hd}: {got:?}"
+            );
+        }
+        if hd == 128 {
+            // Enough blended frequencies to fix the parameters themselves.
+            assert_eq!(got, llama31);
+        }
+    }
+    // Not Llama 3's: a factor below one, a ramp that is not its blend.
+    let ramp: Vec<f32> = (0..64).map(|i| 1.0 + i as f32 * 0.1).collect();
+    assert!(llama3_from_rope_factors(&ramp, 128, 500_000.0).is_none());
+    assert!(llama3_from_rope_factors(&[0.5; 64], 128, 500_000.0).is_none());
+    assert!(
+        llama3_from_rope_factors(&[1.0; 3], 128, 500_000.0).is_none(),
+        "wrong length"
+    );
+}

@@ -126,9 +126,16 @@ const NAMES: [&str; 6] = [
     "qwen3-tied",
     "gemma3-tied",
 ];
-/// The fixtures with a GGUF beside them (Llama 3's scaling travels in a
-/// GGUF as a `rope_freqs` tensor, which `draftc convert` refuses).
-const GGUF_NAMES: [&str; 4] = ["llama-tied", "llama-untied", "qwen2-tied", "qwen3-tied"];
+/// The fixtures with a GGUF beside them (`llama3-scaled`'s keeps its RoPE
+/// scaling as llama.cpp does, only as per-frequency factors,
+/// `rope_freqs.weight`, which `draftc convert` turns back into parameters).
+const GGUF_NAMES: [&str; 5] = [
+    "llama-tied",
+    "llama-untied",
+    "qwen2-tied",
+    "qwen3-tied",
+    "llama3-scaled",
+];
 
 #[test]
 fn checkpoints_open_as_transformers_saved_them() {

@@ -587,3 +587,121 @@ impl LlamaConfig {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 }
+
+/// The factors llama.cpp's converter stores as `rope_freqs.weight` for
+/// Llama 3's RoPE scaling (`convert_hf_to_gguf.py`, `LlamaModel`): per
+/// frequency `i < head_dim / 2`, the divisor of `inv_freq[i]` (1 for high
+/// frequencies, `factor` for low ones, blended between), in f64 as Python
+/// computes them.
+pub fn llama3_rope_factors(head_dim: usize, theta: f64, s: &Llama3Rope) -> Vec<f64> {
+    let original = s.original_max_position_embeddings as f64;
+    let (low_wavelen, high_wavelen) = (original / s.low_freq_factor, original / s.high_freq_factor);
+    (0..head_dim / 2)
+        .map(|i| {
+            let f = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                s.factor
+            } else {
+                let smooth = (original / wavelen - s.low_freq_factor)
+                    / (s.high_freq_factor - s.low_freq_factor);
+                1.0 / ((1.0 - smooth) / s.factor + smooth)
+            }
+        })
+        .collect()
+}
+
+/// Llama 3 scaling parameters that reproduce a GGUF's `rope_freqs` factors
+/// for this head size, or `None` when no such parameters exist (another
+/// kind of per-frequency factors). A GGUF keeps only the factors, and for a
+/// given head size several parameter sets give the same ones; any of them
+/// computes the same frequencies, so the first consistent one is returned:
+/// `low_freq_factor` 1, and `high_freq_factor` and the original context
+/// from the blended frequencies (two or more of them fix both; with one or
+/// none, `high_freq_factor` 4, Llama 3.1's). Each candidate is checked by
+/// recomputing every factor (relative 1e-5: the file stores f32).
+pub fn llama3_from_rope_factors(
+    factors: &[f32],
+    head_dim: usize,
+    theta: f64,
+) -> Option<Llama3Rope> {
+    if factors.len() != head_dim / 2 || factors.iter().any(|r| !(r.is_finite() && *r >= 1.0)) {
+        return None;
+    }
+    let factor = f64::from(factors.iter().copied().fold(1.0f32, f32::max));
+    let inv = |i: usize| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
+    let two_pi = 2.0 * std::f64::consts::PI;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs().max(1.0);
+    // The blended frequencies: smooth s = (1/r − 1/factor) / (1 − 1/factor),
+    // linear in inv_freq: s = a·f + b with a = original / (2π(high − low)),
+    // b = −low / (high − low).
+    let blended: Vec<(f64, f64)> = factors
+        .iter()
+        .enumerate()
+        .filter(|(_, &r)| !close(f64::from(r), 1.0) && !close(f64::from(r), factor))
+        .map(|(i, &r)| {
+            (
+                inv(i),
+                (1.0 / f64::from(r) - 1.0 / factor) / (1.0 - 1.0 / factor),
+            )
+        })
+        .collect();
+    let low = 1.0;
+    let (high, original) = match blended[..] {
+        [(f0, s0), .., (f1, s1)] => {
+            let a = (s1 - s0) / (f1 - f0);
+            let b = s0 - a * f0;
+            if a <= 0.0 || b >= 0.0 {
+                return None;
+            }
+            let high = low - low / b;
+            (high, a * two_pi * (high - low))
+        }
+        // One blended frequency: an integer original context, and the
+        // high factor that blends it by s.
+        [(f, s)] => {
+            let original = ((s * 3.0 + low) * two_pi / f).round().max(1.0);
+            (low + (original * f / two_pi - low) / s, original)
+        }
+        [] => {
+            // Only unscaled and fully scaled frequencies: an original
+            // context just below the shortest fully scaled wavelength.
+            let shortest = factors
+                .iter()
+                .enumerate()
+                .filter(|(_, &r)| close(f64::from(r), factor))
+                .map(|(i, _)| two_pi / inv(i))
+                .fold(f64::INFINITY, f64::min);
+            (
+                4.0,
+                if shortest.is_finite() {
+                    shortest * 0.999
+                } else {
+                    1.0
+                },
+            )
+        }
+    };
+    if !(high > low && original.is_finite() && original >= 1.0) {
+        return None;
+    }
+    // The fitted high factor carries the file's f32 rounding: the value
+    // rounded to 4 decimals first (Llama 3.1's 4.0), as fitted otherwise.
+    [(high * 1e4).round() / 1e4, high]
+        .into_iter()
+        .map(|high| Llama3Rope {
+            rope_type: Llama3Tag,
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: original.round() as usize,
+        })
+        .find(|s| {
+            llama3_rope_factors(head_dim, theta, s)
+                .iter()
+                .zip(factors)
+                .all(|(x, &r)| close(*x, f64::from(r)))
+        })
+}

@@ -87,7 +87,31 @@ pub fn convert_gguf(
 
     let gguf = Gguf::open(gguf_path)?;
     let tied = gguf.tensors.iter().all(|t| t.name != "output.weight");
-    let config = LlamaConfig::from_gguf(&gguf, tied, opts.dtype.torch_name())?;
+    let mut config = LlamaConfig::from_gguf(&gguf, tied, opts.dtype.torch_name())?;
+    // Llama 3.1 and later: llama.cpp keeps the RoPE scaling only as its
+    // per-frequency factors (`rope_freqs.weight`); the parameters that give
+    // those factors become the config's `rope_scaling`.
+    let rope_freqs = gguf.tensors.iter().find(|t| t.name == "rope_freqs.weight");
+    if let Some(t) = rope_freqs {
+        let factors = gguf.tensor_f32(t)?;
+        let scaling = (config.model_type == "llama")
+            .then(|| {
+                super::config::llama3_from_rope_factors(
+                    &factors,
+                    config.head_dim,
+                    config.rope_theta,
+                )
+            })
+            .flatten()
+            .ok_or_else(|| ModelError::Config {
+                detail: format!(
+                    "GGUF tensor `rope_freqs.weight` holds per-frequency RoPE factors that are not \
+                     Llama 3's scaling for a `{}` model (not supported; issue 54)",
+                    config.model_type
+                ),
+            })?;
+        config.rope_scaling = Some(scaling);
+    }
     let tokenizer = build_tokenizer(&gguf)?;
     if tokenizer.vocab_size != config.vocab_size {
         return Err(ModelError::Config {
@@ -100,7 +124,11 @@ pub fn convert_gguf(
 
     // Map every GGUF tensor to its HF name; refuse unknown tensors.
     let mut by_hf = BTreeMap::new();
-    for t in &gguf.tensors {
+    for t in gguf
+        .tensors
+        .iter()
+        .filter(|t| t.name != "rope_freqs.weight")
+    {
         let (hf, fixup) = names::hf_name(&t.name, &config).ok_or_else(|| ModelError::Config {
             detail: format!(
                 "GGUF tensor `{}` has no Hugging Face counterpart in a `{}` checkpoint",
