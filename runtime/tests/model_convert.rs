@@ -348,7 +348,7 @@ fn unknown_or_missing_tensors_are_named() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = tiny_llama();
     w.tensor(
-        "rope_freqs.weight",
+        "blk.0.ssm_conv1d.weight",
         &[8],
         GgmlType::F32,
         f32_bytes(&[1.0; 8]),
@@ -361,7 +361,22 @@ fn unknown_or_missing_tensors_are_named() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("rope_freqs.weight") && e.contains("no Hugging Face counterpart"),
+        e.contains("blk.0.ssm_conv1d.weight") && e.contains("no Hugging Face counterpart"),
+        "{e}"
+    );
+    // Per-frequency RoPE factors that are not Llama 3's scaling.
+    let mut w = tiny_llama();
+    let ramp: Vec<f32> = (0..8).map(|i| 1.0 + i as f32).collect();
+    w.tensor("rope_freqs.weight", &[8], GgmlType::F32, f32_bytes(&ramp));
+    let e = convert_gguf(
+        &write_tiny(dir.path(), &w),
+        &dir.path().join("r"),
+        &opts(WeightDtype::F32),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("rope_freqs.weight") && e.contains("not Llama 3's scaling"),
         "{e}"
     );
 

@@ -94,6 +94,8 @@ pub fn convert_gguf(
     let rope_freqs = gguf.tensors.iter().find(|t| t.name == "rope_freqs.weight");
     if let Some(t) = rope_freqs {
         let factors = gguf.tensor_f32(t)?;
+        // All ones: no scaling at all.
+        let unscaled = factors.iter().all(|&r| r == 1.0);
         let scaling = (config.model_type == "llama")
             .then(|| {
                 super::config::llama3_from_rope_factors(
@@ -110,7 +112,7 @@ pub fn convert_gguf(
                     config.model_type
                 ),
             })?;
-        config.rope_scaling = Some(scaling);
+        config.rope_scaling = (!unscaled).then_some(scaling);
     }
     let tokenizer = build_tokenizer(&gguf)?;
     if tokenizer.vocab_size != config.vocab_size {
