@@ -67,7 +67,10 @@ pub(crate) const EPI_NONE: u32 = 0;
 pub(crate) const EPI_BIAS: u32 = 1;
 pub(crate) const EPI_RESIDUAL: u32 = 2;
 pub(crate) const EPI_SWIGLU: u32 = 3;
-/// 5, not 4: `source::LinearEpilogue::RopeQkv` uses 4 as its placeholder code.
+/// The stacked q/k/v projection with RoPE: the kernels of
+/// `crate::linear_rope`, which `source::LinearEpilogue::RopeQkv` names; no
+/// arm of `linear_kernel` takes it.
+pub(crate) const EPI_ROPE_QKV: u32 = 4;
 pub(crate) const EPI_GEGLU: u32 = 5;
 
 /// Whether an epilogue code multiplies by an up projection (the launch

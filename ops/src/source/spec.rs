@@ -25,13 +25,12 @@ impl LinearEpilogue {
     /// The kernel's comptime code (`EPI_*` in `linear.rs`).
     pub(super) fn code(self) -> u32 {
         match self {
-            LinearEpilogue::None => 0,
-            LinearEpilogue::Bias => 1,
-            LinearEpilogue::Residual => 2,
-            LinearEpilogue::SwiGlu => 3,
-            // A kernel of its own, with no epilogue code.
-            LinearEpilogue::RopeQkv => 4,
-            LinearEpilogue::GeGlu => 5,
+            LinearEpilogue::None => linear::EPI_NONE,
+            LinearEpilogue::Bias => linear::EPI_BIAS,
+            LinearEpilogue::Residual => linear::EPI_RESIDUAL,
+            LinearEpilogue::SwiGlu => linear::EPI_SWIGLU,
+            LinearEpilogue::RopeQkv => linear::EPI_ROPE_QKV,
+            LinearEpilogue::GeGlu => linear::EPI_GEGLU,
         }
     }
 
@@ -64,11 +63,11 @@ impl ElementwiseKind {
     /// The kernel's comptime code (`OP_*` in `elementwise.rs`).
     pub(super) fn code(self) -> u32 {
         match self {
-            ElementwiseKind::Add => 0,
-            ElementwiseKind::Mul => 1,
-            ElementwiseKind::SwiGlu => 2,
-            ElementwiseKind::Silu => 3,
-            ElementwiseKind::GeGlu => 4,
+            ElementwiseKind::Add => elementwise::OP_ADD,
+            ElementwiseKind::Mul => elementwise::OP_MUL,
+            ElementwiseKind::SwiGlu => elementwise::OP_SWIGLU,
+            ElementwiseKind::Silu => elementwise::OP_SILU,
+            ElementwiseKind::GeGlu => elementwise::OP_GEGLU,
         }
     }
 
