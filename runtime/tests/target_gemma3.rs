@@ -13,7 +13,6 @@ use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::{
     generate, generate_speculative, PromptLookupDrafter, Request, Sampling, Stops, TargetModel,
 };
-use draftc_runtime::exec::{SeqStep, Step};
 use draftc_runtime::model::ConvertedModel;
 use draftc_runtime::speculation::PromptLookup;
 
@@ -126,29 +125,6 @@ fn gemma3_270m_first_step_logits_match_transformers() {
         .unwrap();
     let mut t = TargetModel::load(&client, &model, 1, longest + 8, PlanDType::F32).unwrap();
     for r in runs {
-        let prompt = ids(&r["prompt_ids"]);
-        t.caches.reset(0);
-        let (last, _) = t.prefill(&[(0, prompt.clone())], |_, _, _| Ok(())).unwrap();
-        let step0 = last.download_f32(&client).unwrap();
-        let first = r["generated_ids"][0].as_u64().unwrap() as u32;
-        let step = Step {
-            seqs: vec![SeqStep::chain(0, prompt.len() as u32, 1)],
-            ..Step::default()
-        };
-        let o = t.forward(&step, &[first]).unwrap();
-        let step1 = o.get("logits").unwrap().download_f32(&client).unwrap();
-        for (k, got) in [(0, &step0), (1, &step1)] {
-            let fs = &r["first_steps"][k];
-            for e in fs["top20"].as_array().unwrap() {
-                let id = e["id"].as_u64().unwrap() as usize;
-                let want = e["logit"].as_f64().unwrap() as f32;
-                let g = got[id];
-                assert!(
-                    (g - want).abs() <= 1e-3 * want.abs().max(1.0),
-                    "{} prompt ids, step {k}, id {id}: {g} vs transformers {want}",
-                    prompt.len()
-                );
-            }
-        }
+        tiny::assert_first_steps_match(&mut t, &client, r);
     }
 }

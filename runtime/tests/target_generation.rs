@@ -180,34 +180,6 @@ fn smollm2_first_step_logits_match_transformers() {
     let client = wgpu_client();
     let mut t = TargetModel::load(&client, &model, 1, 128, PlanDType::F32).unwrap();
     for r in fx["runs"].as_array().unwrap().iter().take(3) {
-        let prompt: Vec<u32> = r["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
-        t.caches.reset(0);
-        let (last, _) = t.prefill(&[(0, prompt.clone())], |_, _, _| Ok(())).unwrap();
-        let step0 = last.download_f32(&client).unwrap();
-        let first = r["generated_ids"][0].as_u64().unwrap() as u32;
-        let step = Step {
-            seqs: vec![SeqStep::chain(0, prompt.len() as u32, 1)],
-            ..Step::default()
-        };
-        let o = t.forward(&step, &[first]).unwrap();
-        let step1 = o.get("logits").unwrap().download_f32(&client).unwrap();
-        for (k, got) in [(0, &step0), (1, &step1)] {
-            let fs = &r["first_steps"][k];
-            assert_eq!(fs["step"].as_u64(), Some(k as u64));
-            for e in fs["top20"].as_array().unwrap() {
-                let id = e["id"].as_u64().unwrap() as usize;
-                let want = e["logit"].as_f64().unwrap() as f32;
-                let g = got[id];
-                assert!(
-                    (g - want).abs() <= 1e-3 * want.abs().max(1.0),
-                    "step {k} id {id}: {g} vs transformers {want}"
-                );
-            }
-        }
+        tiny::assert_first_steps_match(&mut t, &client, r);
     }
 }

@@ -350,3 +350,45 @@ impl<W: Watch> Drafter<Wgpu> for Watched<W> {
         self.inner.reset(slot)
     }
 }
+
+/// Checks a real model's first two steps against a transformers fixture
+/// run `r` (`prompt_ids`, `generated_ids`, `first_steps[k].top20`): the
+/// logits after prefilling the prompt and after feeding the first
+/// generated id, each of the top 20 within 1e-3 (relative above 1).
+pub fn assert_first_steps_match(
+    t: &mut TargetModel<Wgpu>,
+    client: &cubecl::prelude::ComputeClient<Wgpu>,
+    r: &serde_json::Value,
+) {
+    use draftc_runtime::exec::{SeqStep, Step};
+    let prompt: Vec<u32> = r["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    t.caches.reset(0);
+    let (last, _) = t.prefill(&[(0, prompt.clone())], |_, _, _| Ok(())).unwrap();
+    let step0 = last.download_f32(client).unwrap();
+    let first = r["generated_ids"][0].as_u64().unwrap() as u32;
+    let step = Step {
+        seqs: vec![SeqStep::chain(0, prompt.len() as u32, 1)],
+        ..Step::default()
+    };
+    let o = t.forward(&step, &[first]).unwrap();
+    let step1 = o.get("logits").unwrap().download_f32(client).unwrap();
+    for (k, got) in [(0, &step0), (1, &step1)] {
+        let fs = &r["first_steps"][k];
+        assert_eq!(fs["step"].as_u64(), Some(k as u64));
+        for e in fs["top20"].as_array().unwrap() {
+            let id = e["id"].as_u64().unwrap() as usize;
+            let want = e["logit"].as_f64().unwrap() as f32;
+            let g = got[id];
+            assert!(
+                (g - want).abs() <= 1e-3 * want.abs().max(1.0),
+                "{} prompt ids, step {k}, id {id}: {g} vs transformers {want}",
+                prompt.len()
+            );
+        }
+    }
+}
