@@ -239,6 +239,24 @@ impl<'a> Emitter<'a> {
             train.push(format!("\"regression\": {x}"));
         }
         let _ = writeln!(self.out, "TRAIN = {{{}}}", train.join(", "));
+        // What `prev(stream)` is at position 0 (`prev_start`), and whether
+        // the logits come from a head of the drafter's own (EAGLE-3's
+        // `lm_head`) rather than `target.lm_head`: the module then returns
+        // logits over the draft vocabulary, not features for the target's head.
+        let _ = writeln!(
+            self.out,
+            "PREV_START = {}",
+            py_str(g.meta.prev_start.name())
+        );
+        let own_head = g
+            .outputs
+            .iter()
+            .any(|&o| !matches!(g.node(o).op, Op::TargetLmHead));
+        let _ = writeln!(
+            self.out,
+            "OWN_HEAD = {}",
+            if own_head { "True" } else { "False" }
+        );
         let mut inputs = Vec::new();
         for &id in &g.inputs {
             let n = g.node(id);

@@ -114,6 +114,31 @@ pub struct Meta {
     /// How the drafter is trained (`train_*` settings, carried to the
     /// training tools as the emitted module's `TRAIN` table).
     pub train: TrainSchedule,
+    /// `prev_start zero|skip`: what a `prev(stream)` read is at position 0,
+    /// where the stream has no row before it.
+    pub prev_start: PrevStart,
+}
+
+/// What a drafter's `prev(stream)` read sees at position 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum PrevStart {
+    /// A zero row: position 0 runs like any other (draftc's EAGLE, whose
+    /// shipped weights were trained so).
+    #[default]
+    Zero,
+    /// Position 0 has no row: the drafter's first row is token 1 with the
+    /// stream's row at position 0, as the EAGLE papers' code and vLLM and
+    /// SGLang run EAGLE-3 heads (`input_ids[1:]` beside `hidden[:-1]`).
+    Skip,
+}
+
+impl PrevStart {
+    pub fn name(self) -> &'static str {
+        match self {
+            PrevStart::Zero => "zero",
+            PrevStart::Skip => "skip",
+        }
+    }
 }
 
 /// A drafter's training schedule, as its file declares it (`None`: the

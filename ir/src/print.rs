@@ -52,6 +52,9 @@ fn header(g: &Graph) -> String {
     if let Some(x) = t.regression {
         let _ = writeln!(out, "train_regression {x}");
     }
+    if m.prev_start != Default::default() {
+        let _ = writeln!(out, "prev_start {}", m.prev_start.name());
+    }
     if let Some(b) = &m.base {
         let _ = writeln!(out, "base {b}");
     }

@@ -83,6 +83,8 @@ pub(crate) struct Lowerer<'a> {
     /// False when the parser reported errors: then a missing output is
     /// probably a consequence, not worth its own diagnostic.
     syntax_ok: bool,
+    /// Where `prev_start` is set (it needs a `prev` read).
+    pub(crate) prev_start_at: Option<Span>,
 }
 
 impl Lowerer<'_> {
@@ -236,6 +238,7 @@ impl<'a> Lowerer<'a> {
             overrides: Overrides::default(),
             too_big: false,
             syntax_ok: true,
+            prev_start_at: None,
         }
     }
 
@@ -250,6 +253,20 @@ impl<'a> Lowerer<'a> {
                     Diagnostic::error(header, format!("`{}` has no output", self.graph.name))
                         .with_label("nothing is computed")
                         .with_note("add a line such as `output logits = target.lm_head(x)`"),
+                );
+            } else if let (Some(at), false) = (
+                self.prev_start_at,
+                self.graph.nodes.iter().any(|n| {
+                    matches!(
+                        n.op,
+                        crate::op::Op::Input(crate::op::InputSource::MemoryPrev(_))
+                    )
+                }),
+            ) {
+                self.error(
+                    Diagnostic::error(at, "`prev_start` without a `prev(…)` read")
+                        .with_label("nothing reads a stream's previous row")
+                        .with_note("it says what `prev(stream)` is at position 0"),
                 );
             } else if let Err(msg) = crate::verify::verify(&self.graph) {
                 self.error(Diagnostic::error(

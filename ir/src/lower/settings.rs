@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::ast::{ExprKind, File, ItemKind, Setting};
 use crate::config::TargetConfig;
 use crate::diagnostic::Diagnostic;
-use crate::graph::{DrafterKind, Graph, TrainLoss, TreeSpec};
+use crate::graph::{DrafterKind, Graph, PrevStart, TrainLoss, TreeSpec};
 use crate::op::F64;
 
 use super::{Lowerer, Overrides, Resolver};
@@ -246,6 +246,15 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
                 };
                 *slot = Some(F64::new(w));
             }
+            ("prev_start", SettingVal::Path(p), true) if p == "zero" || p == "skip" => {
+                lw.prev_start_at = Some(s.key.span);
+                lw.graph.meta.prev_start = if p == "skip" {
+                    PrevStart::Skip
+                } else {
+                    PrevStart::Zero
+                };
+            }
+            ("prev_start", _, true) => diags.push(bad(s, "`zero` or `skip`")),
             ("base", SettingVal::Path(p), true) => lw.graph.meta.base = Some(p),
             ("mask", _, true) => {
                 if let Some(m) = lw.mask(&s.value) {
@@ -260,7 +269,8 @@ pub(super) fn lower_settings(lw: &mut Lowerer, file: &File, overrides: &BTreeMap
             }
             (
                 "kind" | "l" | "tree" | "base" | "mask" | "draft_vocab" | "train_steps"
-                | "train_decay" | "train_loss" | "train_token_weight" | "train_regression",
+                | "train_decay" | "train_loss" | "train_token_weight" | "train_regression"
+                | "prev_start",
                 _,
                 false,
             ) => diags.push(

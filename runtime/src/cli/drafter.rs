@@ -146,9 +146,9 @@ pub fn make_drafter<R: Runtime>(
     let graph = compile_drafter(choice, target)?;
     let mut specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
     // A reduced draft vocabulary: its ids come with the drafter's weights,
-    // its head rows from the target's head.
+    // its head rows from the target's head unless it has its own.
     let reduced = graph.meta.reduced_vocab(target.vocab as i64);
-    file_specs(&mut specs);
+    let gathers = file_specs(&mut specs, reduced);
     // Tensors the drafter shares with the target always come from the target.
     let (shared, own): (Vec<_>, Vec<_>) = specs
         .iter()
@@ -157,7 +157,7 @@ pub fn make_drafter<R: Runtime>(
     let source = resolve_weights(&choice.weights, Path::new(&choice.name), own.is_empty())?;
     let mut weights = drafter_weights(&source, &specs, &own, model)?;
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
-    if reduced.is_some() {
+    if gathers {
         let vocab = DraftVocab::of(&graph, &weights, target.vocab)
             .map_err(|e| format!("drafter weights {source}: {e}"))?
             .ok_or("a reduced draft vocabulary without ids")?;

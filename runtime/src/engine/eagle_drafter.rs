@@ -8,6 +8,9 @@
 //! `p − 1` is committed, the drafter's own appended row (`append feats = x`)
 //! at its parent where `p − 1` was drafted. Its attention attends over its
 //! own cache of earlier steps' keys.
+//! At position 0 `prev` reads a zero row, or (`prev_start skip`, EAGLE-3
+//! as its reference runs it) position 0 has no row at all: the first row is
+//! token 1 with the stream's row at position 0.
 //!
 //! Per round, for every sequence:
 //! 1. **Committed rows first.** The cache is truncated to the rows computed
@@ -62,7 +65,7 @@ struct Stream<R: Runtime> {
     normed: bool,
     /// The learned fusion `[width, taps · d]` (EAGLE-3's `fc`).
     fuse: Option<DeviceTensor<R>>,
-    /// One zero row: the predecessor of position 0.
+    /// One zero row: the predecessor of position 0 (`prev_start zero`).
     zero: DeviceTensor<R>,
 }
 
@@ -80,8 +83,13 @@ pub struct EagleDrafter<R: Runtime> {
     prevs: Vec<(String, usize)>,
     vocab: Option<DraftVocab>,
     final_norm: Option<(DeviceTensor<R>, f32)>,
-    /// Per slot: committed positions whose keys are in the cache.
+    /// Per slot: committed positions whose keys are in the cache (or, with
+    /// `prev_start skip`, that need none: position 0).
     in_cache: Vec<usize>,
+    /// Per slot: the cache rows of those positions.
+    in_rows: Vec<usize>,
+    /// `prev_start skip`: position 0 has no row.
+    skip_first: bool,
     /// Per slot and stream: seed rows of committed positions not yet read
     /// by a first pass (and the last one read), by position.
     seeds: Vec<Vec<BTreeMap<u32, Row<R>>>>,
@@ -184,6 +192,8 @@ impl<R: Runtime> EagleDrafter<R> {
             shape,
             l: graph.meta.draft_len.unwrap_or(4).max(1) as usize,
             in_cache: vec![0; slots],
+            in_rows: vec![0; slots],
+            skip_first: graph.meta.prev_start == draftc_ir::graph::PrevStart::Skip,
             seeds: (0..slots)
                 .map(|_| (0..streams.len()).map(|_| BTreeMap::new()).collect())
                 .collect(),
@@ -293,8 +303,13 @@ impl<R: Runtime> EagleDrafter<R> {
             let mut positions = Vec::new();
             let mut committed_rows = 0;
             if st.first_level {
-                // Committed positions not in the cache, then the root.
-                let from = self.in_cache[s.slot].min(s.committed);
+                // Committed positions not in the cache, then the root;
+                // with `prev_start skip` position 0 only as a root (a
+                // sequence of one token: its `prev` reads zeros).
+                let mut from = self.in_cache[s.slot].min(s.committed);
+                if self.skip_first && s.committed > 0 {
+                    from = from.max(1);
+                }
                 for p in from..=s.committed {
                     ids.push(*s.tokens.get(p).unwrap_or(&0));
                     positions.push(p as u32);
@@ -499,7 +514,7 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
         let client = target.client().clone();
         let dtype = self.exec.dtype();
         for s in seqs {
-            self.caches.truncate(s.slot, self.in_cache[s.slot]);
+            self.caches.truncate(s.slot, self.in_rows[s.slot]);
         }
         let mut st = EagleLevels {
             builders: seqs
@@ -537,6 +552,11 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
                 for &i in &active {
                     let s = &seqs[i];
                     self.in_cache[s.slot] = s.committed + 1;
+                    self.in_rows[s.slot] = self
+                        .caches
+                        .caches()
+                        .first()
+                        .map_or(0, |c| self.caches.len(c, s.slot));
                     // Every seed so far is read for good: the next first
                     // pass starts at the position after the root.
                     let keep = s.committed as u32;
@@ -565,6 +585,9 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
     fn reset(&mut self, slot: usize) {
         self.caches.reset(slot);
         if let Some(c) = self.in_cache.get_mut(slot) {
+            *c = 0;
+        }
+        if let Some(c) = self.in_rows.get_mut(slot) {
             *c = 0;
         }
         if let Some(s) = self.seeds.get_mut(slot) {

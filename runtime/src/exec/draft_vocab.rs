@@ -92,6 +92,18 @@ impl DraftVocab {
         }
     }
 
+    /// Puts the ids into `weights` as `draft_vocab.ids` (f32, exact below
+    /// 2^24): all a drafter with a head of its own needs.
+    pub fn put_ids(&self, weights: &mut HostWeights) {
+        weights.tensors.insert(
+            DRAFT_VOCAB_IDS.to_string(),
+            (
+                vec![self.ids.len()],
+                self.ids.iter().map(|&i| i as f32).collect(),
+            ),
+        );
+    }
+
     /// Puts the subset into `weights`: `draft_vocab.ids` (as f32, exact
     /// below 2^24) and `draft_vocab.lm_head`, the rows of `head` (the
     /// target's LM head, `[v, d]`) in draft-id order.
@@ -122,13 +134,7 @@ impl DraftVocab {
             }
             rows.extend_from_slice(&data[id * d..(id + 1) * d]);
         }
-        weights.tensors.insert(
-            DRAFT_VOCAB_IDS.to_string(),
-            (
-                vec![self.ids.len()],
-                self.ids.iter().map(|&i| i as f32).collect(),
-            ),
-        );
+        self.put_ids(weights);
         weights.tensors.insert(
             DRAFT_VOCAB_HEAD.to_string(),
             (vec![self.ids.len(), *d], rows),
@@ -137,14 +143,28 @@ impl DraftVocab {
     }
 }
 
-/// The tensors a weights file holds for `specs` (a plan's weight table):
-/// a reduced vocabulary's derived head rows (`draft_vocab.lm_head`, `[N, d]`)
-/// become its ids (`draft_vocab.ids`, `[N]`).
-pub fn file_specs(specs: &mut [WeightSpec]) {
+/// The tensors a weights file holds for `specs` (a plan's weight table)
+/// of a drafter with a reduced vocabulary of `reduced` tokens: its ids
+/// (`draft_vocab.ids`, `[N]`) always, in place of the derived head rows
+/// (`draft_vocab.lm_head`, `[N, d]`) where it reads the target's head.
+/// Returns whether the head rows are to be gathered from the target's
+/// head ([`DraftVocab::bind`]); a drafter with a head of its own (EAGLE-3's
+/// `lm_head`) reads none.
+pub fn file_specs(specs: &mut Vec<WeightSpec>, reduced: Option<i64>) -> bool {
+    let mut gathers = false;
     for s in specs.iter_mut().filter(|s| s.name == DRAFT_VOCAB_HEAD) {
         s.name = DRAFT_VOCAB_IDS.into();
         s.shape.truncate(1);
+        gathers = true;
     }
+    if let (Some(n), false) = (reduced, gathers) {
+        specs.push(WeightSpec {
+            name: DRAFT_VOCAB_IDS.into(),
+            shape: vec![n],
+            dtype: draftc_codegen::PlanDType::F32,
+        });
+    }
+    gathers
 }
 
 #[cfg(test)]

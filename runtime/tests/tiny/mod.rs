@@ -42,8 +42,8 @@ pub fn compile_with(name: &str, cfg: &TargetConfig, overrides: &[(&str, i64)]) -
 
 /// A drafter's deterministic random weights (seed 99) with the target's
 /// values for the tensors it shares with the target (`tw`), and with a
-/// reduced draft vocabulary `ids` bound (head rows from the target's head)
-/// when the graph has one.
+/// reduced draft vocabulary `ids` bound (head rows from the target's head,
+/// unless the drafter has its own) when the graph has one.
 pub fn drafter_weights(
     t: &TargetModel<Wgpu>,
     tw: &HostWeights,
@@ -59,10 +59,16 @@ pub fn drafter_weights(
     }
     if let Some(ids) = ids {
         let head = format!("{}.weight", t.weights.exports["lm_head"]);
-        draftc_runtime::exec::DraftVocab::new(ids.to_vec(), t.vocab)
-            .unwrap()
-            .bind(&mut w, tw.get(&head).unwrap())
-            .unwrap();
+        let vocab = draftc_runtime::exec::DraftVocab::new(ids.to_vec(), t.vocab).unwrap();
+        // A head of its own (EAGLE-3) needs only the ids.
+        if specs
+            .iter()
+            .any(|s| s.name == draftc_codegen::bind::DRAFT_VOCAB_HEAD)
+        {
+            vocab.bind(&mut w, tw.get(&head).unwrap()).unwrap();
+        } else {
+            vocab.put_ids(&mut w);
+        }
     }
     w
 }

@@ -28,11 +28,15 @@ class Head:
     """The LM head a drafter predicts through: the target's rows, or the
     rows of its reduced draft vocabulary `ids` (`draft_vocab N`). Labels
     outside the subset are never drafted: they carry no loss and count as
-    misses in the accuracy."""
+    misses in the accuracy. `own`: the drafter has a head of its own (the
+    module's `OWN_HEAD`, EAGLE-3's `lm_head`): its outputs are logits over
+    the draft vocabulary already, and the target's rows `w` serve only the
+    teacher's distribution."""
 
-    def __init__(self, lm_head, ids=None):
+    def __init__(self, lm_head, ids=None, own=False):
         ids = None if ids is None else ids.to(lm_head.device)
         self.ids = ids
+        self.own = own
         self.w = lm_head if ids is None else lm_head[ids]
         self.t2d = None
         if ids is not None:
@@ -40,10 +44,18 @@ class Head:
             self.t2d[ids] = torch.arange(len(ids))
 
 
+def logits_of(feats, head):
+    """The draft logits of output rows `feats`: through the target's rows,
+    or as they are where the drafter has a head of its own."""
+    if head.own:
+        return feats.float()
+    return F.linear(feats, head.w.to(feats.dtype)).float()
+
+
 def ce_rows(feats, head, labels):
     """Cross-entropy of rows `feats` against `labels` (target ids), and per
     row whether the greedy draft equals the label (its mean is accuracy)."""
-    logits = F.linear(feats, head.w.to(feats.dtype)).float()
+    logits = logits_of(feats, head)
     if head.t2d is None:
         loss = F.cross_entropy(logits, labels)
         return loss, logits.argmax(-1) == labels
@@ -133,7 +145,7 @@ def mixed_rows(feats, head, labels, p_target, omega):
     vocabulary (the target's renormalised on it: the rest is never drafted).
     Hits (per row; their mean is accuracy) are against the hard labels (the
     target's greedy tokens)."""
-    logits = F.linear(feats, head.w.to(feats.dtype)).float()
+    logits = logits_of(feats, head)
     logq = logits.log_softmax(-1)
     distill = -(p_target * logq).sum(-1).mean()
     alpha = torch.minimum(p_target, logq.exp()).sum(-1).mean()
@@ -320,9 +332,13 @@ def ttt_steps(mod, net, target, ids, valid, hidden, k):
     qp = torch.arange(T)[:, None]
     kp = torch.arange(T)[None, :]
     caches, prev = {}, None
+    # `prev_start skip`: position 0 has no row, so no query past it sees its
+    # key (query 0 sees only itself: a row no round reads or scores, kept
+    # so that its softmax has a key).
+    first = (kp >= 1) | (qp == 0) if getattr(mod, "PREV_START", "zero") == "skip" else True
     for i in range(1, k + 1):
         # Keys: step 1's rows, then step 2's, ... then this step's own.
-        blocks = [kp <= qp - i + 1] + [kp == qp - i + j for j in range(2, i + 1)]
+        blocks = [(kp <= qp - i + 1) & first] + [kp == qp - i + j for j in range(2, i + 1)]
         memory = {} if prev is None else {n: mod.Memory(prev[n], pos, valid) for n in mod.MEMORIES}
         ctx = mod.Ctx(pos, valid=valid, hidden=hidden, memory=memory, caches=caches,
                       key_vis={"*": torch.cat(blocks, 1)[None]})

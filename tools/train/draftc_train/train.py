@@ -717,13 +717,14 @@ def main(argv):
     feats = [f for a, b in parts for f in feature_cache(seqs[a:b], taps, args.max_len, tgt_tensors)]
     target, lm_head = make_target(mod, tgt_tensors)
     vocab = lm_head.shape[0]
+    own = getattr(mod, "OWN_HEAD", False)
     n_draft = getattr(mod, "DRAFT_VOCAB", None) or args.draft_vocab
     if getattr(mod, "DRAFT_VOCAB", None) and args.draft_vocab and args.draft_vocab != mod.DRAFT_VOCAB:
         raise SystemExit(f"--draft-vocab {args.draft_vocab}: the description sets draft_vocab {mod.DRAFT_VOCAB}")
     vocab_info = None
     if n_draft and n_draft < vocab:
         ids, _ = draft_vocab(seqs, vocab_idx, n_draft, vocab)
-        head = Head(lm_head, ids)
+        head = Head(lm_head, ids, own=own)
         vocab_info = dict(size=len(ids), chosen_by="most frequent response tokens of the training split"
                           + (f" of {data_name(args.data)} (not the extra data)" if extra else ""),
                           train_coverage=round(coverage(seqs, train_idx, ids, vocab), 4),
@@ -731,7 +732,7 @@ def main(argv):
                           held_out_split_coverage=round(coverage(seqs, val_idx, ids, vocab), 4))
         print(f"draft vocabulary: {vocab_info}", flush=True)
     else:
-        head = Head(lm_head)
+        head = Head(lm_head, own=own)
 
     net = mod.Model()
     init_held = None
@@ -744,7 +745,7 @@ def main(argv):
         load_state(net, sd, args.eval_only)
         # The head it was trained with: its draft vocabulary, or the
         # target's whole one (weights from before `draft_vocab`).
-        head = Head(lm_head, sd["draft_vocab.ids"].long()) if "draft_vocab.ids" in sd else Head(lm_head)
+        head = Head(lm_head, sd["draft_vocab.ids"].long(), own=own) if "draft_vocab.ids" in sd else Head(lm_head, own=own)
         loss_fn = make_loss_fn(mod, net, target, head, seqs, feats, taps, r)
         res = dict(checkpoint=str(args.eval_only), step=step, **held_out_eval(net, loss_fn, val_idx, r["batch"]))
         res["chain"] = chain_tau(mod, net, target, head, seqs, feats, taps, r, val_idx[:256], r["batch"])
@@ -769,7 +770,7 @@ def main(argv):
             # Weights trained on other records (another --records, or before
             # more data) chose another subset: they go on with their own, the
             # rows their head was trained to rank.
-            head = Head(lm_head, sd["draft_vocab.ids"].long())
+            head = Head(lm_head, sd["draft_vocab.ids"].long(), own=own)
             if getattr(mod, "DRAFT_VOCAB", None):
                 net.get_buffer("draft_vocab.ids").copy_(head.ids)
             vocab_info = dict(vocab_info or {}, size=len(head.ids), chosen_by=f"kept from the --init-from weights "
