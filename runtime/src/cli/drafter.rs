@@ -143,7 +143,16 @@ pub fn make_drafter<R: Runtime>(
             choice.name
         ));
     }
-    let graph = compile_drafter(choice, target)?;
+    // A head trained elsewhere (SpecForge, EAGLE's traineagle3) fixes the
+    // description's draft vocabulary.
+    let head = match crate::model::eagle3_head::head_files(Path::new(&choice.weights)) {
+        Some(_) => Some(crate::model::eagle3_head::Eagle3Head::open(Path::new(
+            &choice.weights,
+        ))?),
+        None => None,
+    };
+    let overrides = head.as_ref().map(|h| h.overrides()).unwrap_or_default();
+    let graph = compile_drafter(choice, target, &overrides)?;
     let mut specs = weight_specs(&graph, &target.weights).map_err(|e| e.to_string())?;
     // A reduced draft vocabulary: its ids come with the drafter's weights,
     // its head rows from the target's head unless it has its own.
@@ -155,7 +164,10 @@ pub fn make_drafter<R: Runtime>(
         .cloned()
         .partition(|s| model.weights.shape(&s.name).is_ok());
     let source = resolve_weights(&choice.weights, Path::new(&choice.name), own.is_empty())?;
-    let mut weights = drafter_weights(&source, &specs, &own, model)?;
+    let mut weights = match &head {
+        Some(h) => head_weights(h, &graph, &own, model, target)?,
+        None => drafter_weights(&source, &specs, &own, model)?,
+    };
     weights.extend(HostWeights::from_model(model, &shared).map_err(|e| e.to_string())?);
     if gathers {
         let vocab = DraftVocab::of(&graph, &weights, target.vocab)
@@ -205,6 +217,7 @@ pub fn make_drafter<R: Runtime>(
 fn compile_drafter<R: Runtime>(
     choice: &DrafterChoice,
     target: &TargetModel<R>,
+    overrides: &std::collections::BTreeMap<String, i64>,
 ) -> Result<draftc_ir::Graph, String> {
     let path = Path::new(&choice.name);
     let src = std::fs::read_to_string(path).map_err(|e| {
@@ -214,12 +227,42 @@ fn compile_drafter<R: Runtime>(
         )
     })?;
     let resolver = super::source::DirResolver::near(Some(path));
-    draftc_ir::compile(&src, &target.target_config, &Default::default(), &resolver).map_err(
-        |diags| {
-            super::source::report(&choice.name, &src, &diags);
-            format!("{} does not compile", path.display())
-        },
-    )
+    draftc_ir::compile(&src, &target.target_config, overrides, &resolver).map_err(|diags| {
+        super::source::report(&choice.name, &src, &diags);
+        format!("{} does not compile", path.display())
+    })
+}
+
+/// The drafter's own weights from an EAGLE-3 head trained elsewhere,
+/// checked against the target (its config, its taps, its embedding).
+fn head_weights<R: Runtime>(
+    head: &crate::model::eagle3_head::Eagle3Head,
+    graph: &draftc_ir::Graph,
+    own: &[WeightSpec],
+    model: &ConvertedModel,
+    target: &TargetModel<R>,
+) -> Result<HostWeights, String> {
+    let taps: Vec<i64> = graph.memories.iter().flat_map(|m| m.taps()).collect();
+    head.check(&target.target_config, &taps)?;
+    let embed = WeightSpec {
+        name: format!(
+            "{}.weight",
+            target
+                .weights
+                .exports
+                .get("embed")
+                .cloned()
+                .unwrap_or_default()
+        ),
+        shape: vec![
+            target.vocab as i64,
+            target.target_config.int("d").unwrap_or(0),
+        ],
+        dtype: PlanDType::F32,
+    };
+    let rows =
+        HostWeights::from_model(model, std::slice::from_ref(&embed)).map_err(|e| e.to_string())?;
+    head.weights(own, target.vocab, rows.get(&embed.name))
 }
 
 /// Whether `name` drafts from token ids alone (`prompt-lookup`,

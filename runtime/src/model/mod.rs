@@ -13,6 +13,7 @@ pub mod config;
 pub mod convert;
 pub mod dequant;
 mod dequant_k;
+pub mod eagle3_head;
 pub mod error;
 pub mod fetch;
 pub mod gguf;
@@ -24,6 +25,7 @@ pub mod shards;
 pub mod tokenizer;
 pub mod tokenizer_build;
 mod tokenizer_spm;
+pub mod torch_pickle;
 
 pub use error::{ModelError, Result};
 pub use load::ConvertedModel;

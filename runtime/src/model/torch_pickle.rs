@@ -30,6 +30,14 @@ use std::io::Read;
 use std::path::Path;
 
 use half::{bf16, f16};
+use zip::ZipArchive;
+
+/// `return Err(format!(...))`.
+macro_rules! bail {
+    ($($arg:tt)*) => {
+        return Err(format!($($arg)*))
+    };
+}
 
 /// Element type of a tensor, from its storage class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,22 +97,13 @@ fn arr<const N: usize>(bytes: &[u8]) -> [u8; N] {
 }
 
 impl TorchTensor {
-    /// Number of elements (1 for a 0-d tensor).
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-
     /// The data split into elements, after checking its length.
     fn elements(&self) -> Result<std::slice::ChunksExact<'_, u8>, String> {
         let numel = checked_numel(&self.shape)?;
         let size = self.dtype.size();
         if numel.checked_mul(size) != Some(self.data.len()) {
-            return Err(format!(
-                "tensor of shape {:?} and dtype {:?} has {} bytes of data",
-                self.shape,
-                self.dtype,
-                self.data.len()
-            ));
+            let (shape, dtype, n) = (&self.shape, self.dtype, self.data.len());
+            bail!("{dtype:?} tensor of shape {shape:?} has {n} bytes");
         }
         Ok(self.data.chunks_exact(size))
     }
@@ -132,8 +131,17 @@ impl TorchTensor {
             TorchDtype::I8 => e.map(|c| c[0] as i8 as i64).collect(),
             TorchDtype::U8 => e.map(|c| c[0] as i64).collect(),
             TorchDtype::Bool => e.map(|c| (c[0] != 0) as i64).collect(),
-            float => return Err(format!("tensor is {float:?}, not an integer or bool tensor")),
+            float => bail!("tensor is {float:?}, not an integer or bool tensor"),
         })
+    }
+}
+
+/// Bytes of the length (or value) prefix of a sized opcode.
+fn prefix(op: u8) -> usize {
+    match op {
+        b'C' | 0x8a | 0x8c => 1,
+        b'B' | b'X' | 0x8b => 4,
+        _ => 8,
     }
 }
 
@@ -149,109 +157,85 @@ pub fn read_state_dict(path: &Path) -> Result<BTreeMap<String, TorchTensor>, Str
     read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// The pickled magic number that starts a legacy (torch < 1.6) checkpoint.
-const LEGACY_MAGIC: [u8; 14] = [
-    0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20, 0x6a, 0xa8, 0x50, 0x19,
-];
-
 fn read(path: &Path) -> Result<BTreeMap<String, TorchTensor>, String> {
-    let mut file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
-    let file_len = file.metadata().map_err(|e| e.to_string())?.len();
-    let mut head = [0u8; 14];
-    let got = read_up_to(&mut file, &mut head)?;
-    if !head[..got].starts_with(b"PK") || got < 4 {
-        return Err(if head.starts_with(&LEGACY_MAGIC) || head[..got].starts_with(&[0x80]) {
-            "legacy (pre-1.6, non-zip) PyTorch checkpoint; re-save it with torch >= 1.6 \
+    let file = File::open(path).map_err(|e| format!("cannot open: {e}"))?;
+    let file_len = file.metadata().map(|m| m.len()).unwrap_or(0); // a reservation cap only
+    let mut head = Vec::new();
+    let reader = &mut (&file).take(2);
+    reader
+        .read_to_end(&mut head)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    if !head.starts_with(b"PK") {
+        return Err(if head.starts_with(&[0x80]) {
+            "legacy (torch < 1.6, non-zip) checkpoint: re-save it with a newer torch \
              (`torch.save(torch.load(f), f)`) or convert it to safetensors"
-                .to_string()
         } else {
-            "not a PyTorch zip checkpoint (no zip signature)".to_string()
-        });
+            "not a PyTorch zip checkpoint (no zip signature)"
+        }
+        .to_string());
     }
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| format!("bad zip archive: {e}"))?;
+    let mut zip = ZipArchive::new(file).map_err(|e| format!("bad zip archive: {e}"))?;
     let prefix = find_prefix(&zip)?;
-    if zip.index_for_name(&format!("{prefix}/byteorder")).is_some() {
-        let order = read_entry(&mut zip, &format!("{prefix}/byteorder"), file_len)?;
-        match order.trim_ascii() {
+    let byteorder = format!("{prefix}/byteorder");
+    if zip.index_for_name(&byteorder).is_some() {
+        match read_entry(&mut zip, &byteorder, file_len)?.trim_ascii() {
             b"little" => {}
             b"big" => return Err("big-endian checkpoint (byteorder `big`) is not supported".into()),
-            other => {
-                let shown = String::from_utf8_lossy(other);
-                return Err(format!("unknown byteorder `{shown}`"));
-            }
+            other => bail!("unknown byteorder `{}`", String::from_utf8_lossy(other)),
         }
     }
     let pickle = read_entry(&mut zip, &format!("{prefix}/data.pkl"), file_len)?;
-    let mut vm = Vm { data: &pickle, pos: 0, objs: Vec::new(), stack: Vec::new(), marks: Vec::new(), memo: HashMap::new() };
-    let top = vm.run()?;
+    let mut vm = Vm::default();
+    let top = vm.run(&pickle)?;
     let Obj::Dict(items) = &vm.objs[top] else {
-        return Err(format!("top-level object is {}, not a dict of tensors", vm.objs[top].kind()));
+        let kind = vm.objs[top].kind();
+        bail!("top-level object is {kind}, not a dict of tensors");
     };
-    let mut views: BTreeMap<String, &View> = BTreeMap::new();
+    let mut views: BTreeMap<&str, &View> = BTreeMap::new(); // a repeated name: the last wins
     for &(k, v) in items {
-        let name = match &vm.objs[k] {
-            Obj::Str(s) => Some(s),
-            _ => None,
-        };
-        match (name, &vm.objs[v]) {
-            (Some(name), Obj::Tensor(view)) => {
-                views.insert(name.clone(), view);
+        match (&vm.objs[k], &vm.objs[v]) {
+            (Obj::Str(name), Obj::Tensor(view)) => {
+                views.insert(name, view);
             }
             _ if !vm.holds_tensor(v) => {}
-            (None, _) => return Err(format!("a tensor is stored under {}, not a string key", vm.objs[k].kind())),
-            (Some(name), value) => {
-                return Err(format!(
-                    "value for `{name}` is {} holding tensors, not a tensor (nested state dicts are not supported)",
-                    value.kind()
-                ))
+            (Obj::Str(name), value) => {
+                let kind = value.kind();
+                bail!("`{name}` is {kind} holding tensors, not a tensor");
             }
+            (key, _) => bail!("a tensor is keyed by {}", key.kind()),
         }
     }
-    // One storage in memory at a time; a tensor that is a whole storage on
-    // its own takes the bytes without a copy.
-    let mut by_storage: BTreeMap<&str, Vec<(&String, &View)>> = BTreeMap::new();
-    for (name, view) in &views {
-        by_storage.entry(view.key.as_str()).or_default().push((name, view));
+    // Grouped by storage, so one storage at a time is in memory.
+    let mut by_storage: BTreeMap<&str, Vec<(&str, &View)>> = BTreeMap::new();
+    for (name, view) in views {
+        by_storage.entry(&view.key).or_default().push((name, view));
     }
     let mut out = BTreeMap::new();
     for (key, users) in by_storage {
         let mut bytes = read_entry(&mut zip, &format!("{prefix}/data/{key}"), file_len)?;
         let single = users.len() == 1;
         for (name, view) in users {
-            let expect = view.storage_numel.checked_mul(view.dtype.size());
-            if expect != Some(bytes.len()) {
-                return Err(format!(
-                    "storage `{key}` of `{name}` has {} bytes, expected {} {:?} elements",
-                    bytes.len(),
-                    view.storage_numel,
-                    view.dtype
-                ));
+            if view.storage_numel.checked_mul(view.dtype.size()) != Some(bytes.len()) {
+                let (n, dtype, len) = (view.storage_numel, view.dtype, bytes.len());
+                bail!("storage `{key}` has {len} bytes, not {n} {dtype:?} elements");
             }
-            let data = if single && view.is_whole_storage() {
+            // A tensor that is a whole storage on its own takes it uncopied.
+            let whole = view.offset == 0 && checked_numel(&view.shape) == Ok(view.storage_numel);
+            let whole = whole && view.is_contiguous();
+            let data = if single && whole {
                 std::mem::take(&mut bytes)
             } else {
-                view.gather(&bytes).map_err(|e| format!("tensor `{name}`: {e}"))?
+                view.gather(name, &bytes)?
             };
-            out.insert(name.clone(), TorchTensor { shape: view.shape.clone(), dtype: view.dtype, data });
+            let (shape, dtype) = (view.shape.clone(), view.dtype);
+            out.insert(name.to_string(), TorchTensor { shape, dtype, data });
         }
     }
     Ok(out)
 }
 
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> Result<usize, String> {
-    let mut got = 0;
-    while got < buf.len() {
-        match file.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) => return Err(format!("cannot read: {e}")),
-        }
-    }
-    Ok(got)
-}
-
 /// The one top-level folder holding `data.pkl`.
-fn find_prefix(zip: &zip::ZipArchive<File>) -> Result<String, String> {
+fn find_prefix(zip: &ZipArchive<File>) -> Result<String, String> {
     let mut found: Vec<&str> = zip
         .file_names()
         .filter_map(|n| n.strip_suffix("/data.pkl"))
@@ -262,16 +246,19 @@ fn find_prefix(zip: &zip::ZipArchive<File>) -> Result<String, String> {
     match found.as_slice() {
         [one] => Ok(one.to_string()),
         [] => Err("no `<folder>/data.pkl` in the zip archive: not a torch.save checkpoint".into()),
-        many => Err(format!("several `data.pkl` in the zip archive (folders {many:?})")),
+        many => Err(format!("several `data.pkl` (folders {many:?})")),
     }
 }
 
-fn read_entry(zip: &mut zip::ZipArchive<File>, name: &str, file_len: u64) -> Result<Vec<u8>, String> {
-    let mut entry = zip.by_name(name).map_err(|e| format!("zip entry `{name}`: {e}"))?;
+/// A whole zip entry; the reservation is capped by the file's length so a
+/// corrupt size field cannot ask for absurd memory up front.
+fn read_entry(zip: &mut ZipArchive<File>, name: &str, file_len: u64) -> Result<Vec<u8>, String> {
+    let err = |e: &dyn std::fmt::Display| format!("zip entry `{name}`: {e}");
+    let mut entry = zip.by_name(name).map_err(|e| err(&e))?;
     let mut buf = Vec::new();
-    let hint = entry.size().min(file_len).min(usize::MAX as u64) as usize;
-    buf.try_reserve_exact(hint).map_err(|e| format!("zip entry `{name}`: {e}"))?;
-    entry.read_to_end(&mut buf).map_err(|e| format!("zip entry `{name}`: {e}"))?;
+    let hint = usize::try_from(entry.size().min(file_len)).unwrap_or(0);
+    buf.try_reserve_exact(hint).map_err(|e| err(&e))?;
+    entry.read_to_end(&mut buf).map_err(|e| err(&e))?;
     Ok(buf)
 }
 
@@ -298,13 +285,12 @@ fn resolve_global(module: &str, name: &str) -> Result<Global, String> {
         }
         ("torch.serialization", "_get_layout") => Global::GetLayout,
         ("torch", "strided") => Global::Strided,
-        _ => return Err(format!(
-            "refusing pickle global `{module}.{name}`: only tensors, storages and OrderedDict are allowed"
-        )),
+        _ => bail!("refusing pickle global `{module}.{name}` (not a tensor constructor)"),
     })
 }
 
-/// A tensor before materialisation: a strided view of one storage.
+/// A tensor before materialisation: a strided view of one storage, checked
+/// to lie inside it.
 #[derive(Debug, Clone, PartialEq)]
 struct View {
     key: String,
@@ -327,58 +313,34 @@ impl View {
         true
     }
 
-    fn is_whole_storage(&self) -> bool {
-        self.offset == 0 && self.is_contiguous() && self.shape.iter().product::<usize>() == self.storage_numel
-    }
-
-    /// Copies the view out of `bytes` (already checked to hold the storage,
-    /// and the view to lie inside it) in row-major order.
-    fn gather(&self, bytes: &[u8]) -> Result<Vec<u8>, String> {
-        let es = self.dtype.size();
-        let numel = checked_numel(&self.shape)?;
-        let total = numel.checked_mul(es).ok_or("tensor too large")?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(total).map_err(|e| format!("cannot allocate {total} bytes: {e}"))?;
+    /// Copies the view out of its storage's `bytes` in row-major order.
+    fn gather(&self, name: &str, bytes: &[u8]) -> Result<Vec<u8>, String> {
+        let (es, numel) = (self.dtype.size(), checked_numel(&self.shape)?);
+        let slice = |first: usize, count: usize| bytes.get(first * es..(first + count) * es);
+        let outside = || format!("tensor `{name}` lies outside its storage");
         if numel == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
+        } else if self.is_contiguous() {
+            return Ok(slice(self.offset, numel).ok_or_else(outside)?.to_vec());
         }
-        let nd = self.shape.len();
-        let (inner, inner_stride) = match nd {
-            0 => (1, 0),
-            _ => (self.shape[nd - 1], self.stride[nd - 1]),
-        };
-        let outer = &self.shape[..nd.saturating_sub(1)];
-        let mut idx = vec![0usize; outer.len()];
-        let slice = |first: usize, count: usize| {
-            bytes.get(first * es..(first + count) * es).ok_or_else(|| "view outside its storage".to_string())
-        };
-        loop {
-            let base = self.offset + idx.iter().zip(&self.stride).map(|(i, s)| i * s).sum::<usize>();
-            if inner_stride == 1 {
-                out.extend_from_slice(slice(base, inner)?);
-            } else {
-                for j in 0..inner {
-                    out.extend_from_slice(slice(base + j * inner_stride, 1)?);
-                }
+        let mut out = Vec::new();
+        let total = numel.saturating_mul(es);
+        let alloc = out.try_reserve_exact(total);
+        alloc.map_err(|e| format!("tensor `{name}`: cannot allocate {total} bytes: {e}"))?;
+        for i in 0..numel {
+            let (mut rest, mut src) = (i, self.offset);
+            for (&size, &stride) in self.shape.iter().zip(&self.stride).rev() {
+                src += rest % size * stride;
+                rest /= size;
             }
-            let mut d = outer.len();
-            loop {
-                if d == 0 {
-                    return Ok(out);
-                }
-                d -= 1;
-                idx[d] += 1;
-                if idx[d] < outer[d] {
-                    break;
-                }
-                idx[d] = 0;
-            }
+            out.extend_from_slice(slice(src, 1).ok_or_else(outside)?);
         }
+        Ok(out)
     }
 }
 
-/// A pickled object; containers refer to others by index in `Vm::objs`, so
-/// a memoised dict or list mutated later is shared as in Python.
+/// A pickled object. Containers refer to others by index in `Vm::objs`, so
+/// a memoised dict or list that is filled later is shared as in Python.
 #[derive(Debug, Clone, PartialEq)]
 enum Obj {
     None,
@@ -391,8 +353,8 @@ enum Obj {
     List(Vec<usize>),
     Dict(Vec<(usize, usize)>),
     Global(Global),
-    Layout,
-    Storage { dtype: TorchDtype, key: String, numel: usize },
+    /// dtype, key in `data/`, number of elements
+    Storage(TorchDtype, String, usize),
     Tensor(View),
 }
 
@@ -409,13 +371,15 @@ impl Obj {
             Obj::List(_) => "a list",
             Obj::Dict(_) => "a dict",
             Obj::Global(_) => "a global",
-            Obj::Layout => "a layout",
-            Obj::Storage { .. } => "a storage",
+            Obj::Storage(..) => "a storage",
             Obj::Tensor(_) => "a tensor",
         }
     }
 }
 
+/// The pickle machine: an object arena, the stack and marks of indices into
+/// it, and the memo.
+#[derive(Default)]
 struct Vm<'a> {
     data: &'a [u8],
     pos: usize,
@@ -425,30 +389,39 @@ struct Vm<'a> {
     memo: HashMap<u64, usize>,
 }
 
-impl Vm<'_> {
-    /// Runs to STOP and returns the result's index.
-    fn run(&mut self) -> Result<usize, String> {
+impl<'a> Vm<'a> {
+    /// Runs `data` to STOP and returns the result's index.
+    fn run(&mut self, data: &'a [u8]) -> Result<usize, String> {
+        self.data = data;
         loop {
             let at = self.pos;
-            let op = self.take(1).map_err(|_| "pickle ends before STOP (truncated data.pkl)".to_string())?[0];
-            match self.step(op) {
-                Ok(true) => return self.pop().map_err(|e| format!("data.pkl at STOP: {e}")),
-                Ok(false) => {}
-                Err(e) => return Err(format!("data.pkl byte {at} (opcode {op:#04x}): {e}")),
+            let Some(&op) = self.data.get(at) else {
+                return Err("data.pkl ends before STOP (truncated)".into());
+            };
+            self.pos += 1;
+            if op == b'.' {
+                return self.pop().map_err(|e| format!("data.pkl at STOP: {e}"));
             }
+            self.step(op)
+                .map_err(|e| format!("data.pkl byte {at} (opcode {op:#04x}): {e}"))?;
         }
     }
 
     fn take(&mut self, n: usize) -> Result<&[u8], String> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.data.len());
-        let end = end.ok_or_else(|| format!("needs {n} bytes, truncated data.pkl"))?;
+        let end = end.ok_or_else(|| format!("needs {n} more bytes: data.pkl is truncated"))?;
         let out = &self.data[self.pos..end];
         self.pos = end;
         Ok(out)
     }
 
+    /// A little-endian unsigned integer of `n` <= 8 bytes.
     fn uint(&mut self, n: usize) -> Result<u64, String> {
-        Ok(self.take(n)?.iter().rev().fold(0u64, |acc, &b| (acc << 8) | b as u64))
+        let bytes = self.take(n)?;
+        Ok(bytes
+            .iter()
+            .rev()
+            .fold(0, |acc, &b| (acc << 8) | u64::from(b)))
     }
 
     fn len(&mut self, n: usize) -> Result<usize, String> {
@@ -457,16 +430,11 @@ impl Vm<'_> {
 
     fn line(&mut self) -> Result<String, String> {
         let rest = &self.data[self.pos..];
-        let end = rest.iter().position(|&b| b == b'\n').ok_or("unterminated GLOBAL line")?;
-        let text = std::str::from_utf8(&rest[..end]).map_err(|_| "GLOBAL name is not UTF-8")?.to_string();
+        let end = rest.iter().position(|&b| b == b'\n');
+        let end = end.ok_or("unterminated GLOBAL line")?;
+        let text = std::str::from_utf8(&rest[..end]).map_err(|_| "GLOBAL name is not UTF-8")?;
         self.pos += end + 1;
-        Ok(text)
-    }
-
-    fn string(&mut self, n: usize) -> Result<Obj, String> {
-        let bytes = self.take(n)?;
-        let text = std::str::from_utf8(bytes).map_err(|_| "string is not valid UTF-8")?;
-        Ok(Obj::Str(text.to_string()))
+        Ok(text.to_string())
     }
 
     fn push(&mut self, obj: Obj) {
@@ -482,7 +450,7 @@ impl Vm<'_> {
     }
 
     fn pop_n(&mut self, n: usize) -> Result<Vec<usize>, String> {
-        let mut items: Vec<usize> = (0..n).map(|_| self.pop()).collect::<Result<_, _>>()?;
+        let mut items = (0..n).map(|_| self.pop()).collect::<Result<Vec<_>, _>>()?;
         items.reverse();
         Ok(items)
     }
@@ -496,7 +464,8 @@ impl Vm<'_> {
     }
 
     fn top(&self) -> Result<usize, String> {
-        self.stack.last().copied().ok_or_else(|| "empty stack".into())
+        let top = self.stack.last().copied();
+        top.ok_or_else(|| "empty stack".into())
     }
 
     fn str_of(&self, id: usize) -> Result<&str, String> {
@@ -515,51 +484,39 @@ impl Vm<'_> {
 
     fn usizes_of(&self, id: usize, what: &str) -> Result<Vec<usize>, String> {
         match &self.objs[id] {
-            Obj::Tuple(items) | Obj::List(items) => items.iter().map(|&i| self.usize_of(i, what)).collect(),
+            Obj::Tuple(items) => items.iter().map(|&i| self.usize_of(i, what)).collect(),
             other => Err(format!("{what} is {}, not a tuple", other.kind())),
         }
     }
 
-    fn set_items(&mut self, dict: usize, items: Vec<usize>) -> Result<(), String> {
-        if items.len() % 2 != 0 {
-            return Err("odd number of items for a dict".into());
-        }
-        let Obj::Dict(pairs) = &mut self.objs[dict] else {
-            return Err(format!("SETITEM(S) on {}", self.objs[dict].kind()));
-        };
-        pairs.extend(items.chunks_exact(2).map(|kv| (kv[0], kv[1])));
-        Ok(())
-    }
-
-    fn append(&mut self, list: usize, items: Vec<usize>) -> Result<(), String> {
-        let Obj::List(existing) = &mut self.objs[list] else {
-            return Err(format!("APPEND(S) on {}", self.objs[list].kind()));
-        };
-        existing.extend(items);
-        Ok(())
-    }
-
-    fn memo_put(&mut self, index: u64) -> Result<bool, String> {
+    /// SETITEM(S) or APPEND(S) into the container on top of the stack.
+    fn extend_top(&mut self, items: Vec<usize>) -> Result<(), String> {
         let top = self.top()?;
-        self.memo.insert(index, top);
-        Ok(false)
+        match &mut self.objs[top] {
+            Obj::Dict(pairs) if items.chunks_exact(2).remainder().is_empty() => {
+                pairs.extend(items.chunks_exact(2).map(|kv| (kv[0], kv[1])))
+            }
+            Obj::List(list) => list.extend(items),
+            other => bail!("cannot add {} items to {}", items.len(), other.kind()),
+        }
+        Ok(())
     }
 
-    fn memo_get(&mut self, index: u64) -> Result<bool, String> {
-        let id = *self.memo.get(&index).ok_or_else(|| format!("memo entry {index} is missing"))?;
-        self.stack.push(id);
-        Ok(false)
+    fn memo_get(&mut self, index: u64) -> Result<(), String> {
+        let id = self.memo.get(&index).copied();
+        self.stack
+            .push(id.ok_or_else(|| format!("memo entry {index} is missing"))?);
+        Ok(())
     }
 
-    /// One opcode; true at STOP.
-    fn step(&mut self, op: u8) -> Result<bool, String> {
+    /// One opcode other than STOP.
+    fn step(&mut self, op: u8) -> Result<(), String> {
         let obj = match op {
-            b'.' => return Ok(true),
             0x80 => match self.uint(1)? {
-                2..=5 => return Ok(false),
-                p => return Err(format!("unsupported pickle protocol {p}")),
+                2..=5 => return Ok(()),
+                p => bail!("unsupported pickle protocol {p}"),
             },
-            0x95 => return self.take(8).map(|_| false),
+            0x95 => return self.take(8).map(|_| ()), // FRAME
             b'c' => {
                 let (module, name) = (self.line()?, self.line()?);
                 Obj::Global(resolve_global(&module, &name)?)
@@ -571,64 +528,52 @@ impl Vm<'_> {
             }
             b'(' => {
                 self.marks.push(self.stack.len());
-                return Ok(false);
+                return Ok(());
             }
-            b'0' => return self.pop().map(|_| false),
-            b'1' => return self.pop_mark().map(|_| false),
+            b'0' => return self.pop().map(|_| ()),
+            b'1' => return self.pop_mark().map(|_| ()),
             b'2' => {
                 let top = self.top()?;
                 self.stack.push(top);
-                return Ok(false);
+                return Ok(());
             }
             b'}' => Obj::Dict(Vec::new()),
             b']' => Obj::List(Vec::new()),
             b')' => Obj::Tuple(Vec::new()),
-            b'd' => {
+            b'd' | b'l' => {
                 let items = self.pop_mark()?;
-                self.push(Obj::Dict(Vec::new()));
-                let dict = self.top()?;
-                self.set_items(dict, items)?;
-                return Ok(false);
+                self.push(if op == b'd' {
+                    Obj::Dict(Vec::new())
+                } else {
+                    Obj::List(Vec::new())
+                });
+                return self.extend_top(items);
             }
-            b'l' => Obj::List(self.pop_mark()?),
             b't' => Obj::Tuple(self.pop_mark()?),
-            0x85..=0x87 => Obj::Tuple(self.pop_n((op - 0x84) as usize)?),
-            b'J' => Obj::Int(self.uint(4)? as u32 as i32 as i64),
+            0x85..=0x87 => Obj::Tuple(self.pop_n(usize::from(op - 0x84))?),
+            b'J' => Obj::Int(i64::from(self.uint(4)? as u32 as i32)),
             b'K' => Obj::Int(self.uint(1)? as i64),
             b'M' => Obj::Int(self.uint(2)? as i64),
             0x8a | 0x8b => {
-                let n = if op == 0x8a { self.len(1)? } else { self.len(4)? };
+                let n = self.len(prefix(op))?;
                 if n > 8 {
-                    return Err(format!("{n}-byte integer does not fit in 64 bits"));
+                    bail!("{n}-byte integer does not fit in 64 bits");
                 }
-                let raw = self.uint(n)?;
-                let shift = 64 - 8 * n as u32;
-                Obj::Int(if n == 0 { 0 } else { ((raw << shift) as i64) >> shift })
+                let shift = (64 - 8 * n as u32) % 64; // sign-extends n bytes
+                Obj::Int(((self.uint(n)? << shift) as i64) >> shift)
             }
-            b'X' => {
-                let n = self.len(4)?;
-                self.string(n)?
-            }
-            0x8c => {
-                let n = self.len(1)?;
-                self.string(n)?
-            }
-            0x8d => {
-                let n = self.len(8)?;
-                self.string(n)?
+            b'X' | 0x8c | 0x8d => {
+                let n = self.len(prefix(op))?;
+                let text = std::str::from_utf8(self.take(n)?).map_err(|_| "string is not UTF-8")?;
+                Obj::Str(text.to_string())
             }
             b'B' | b'C' | 0x8e => {
-                let n = match op {
-                    b'B' => self.len(4)?,
-                    b'C' => self.len(1)?,
-                    _ => self.len(8)?,
-                };
+                let n = self.len(prefix(op))?;
                 self.take(n)?;
                 Obj::Bytes
             }
             b'N' => Obj::None,
-            0x88 => Obj::Bool(true),
-            0x89 => Obj::Bool(false),
+            0x88 | 0x89 => Obj::Bool(op == 0x88),
             b'G' => Obj::Float(f64::from_be_bytes(arr(self.take(8)?))),
             b'Q' => {
                 let pid = self.pop()?;
@@ -637,129 +582,125 @@ impl Vm<'_> {
             b'R' => {
                 let args = self.pop()?;
                 let func = self.pop()?;
-                return self.reduce(func, args).map(|_| false);
+                return self.reduce(func, args);
             }
             b'b' => {
-                self.pop()?;
+                self.pop()?; // the state of an OrderedDict or tensor: unused
                 return match self.objs[self.top()?] {
-                    Obj::Dict(_) | Obj::Tensor(_) => Ok(false),
+                    Obj::Dict(_) | Obj::Tensor(_) => Ok(()),
                     ref other => Err(format!("BUILD on {}", other.kind())),
                 };
             }
-            b's' => {
-                let kv = self.pop_n(2)?;
-                let dict = self.top()?;
-                return self.set_items(dict, kv).map(|_| false);
+            b's' | b'a' => {
+                let items = self.pop_n(if op == b's' { 2 } else { 1 })?;
+                return self.extend_top(items);
             }
-            b'u' => {
+            b'u' | b'e' => {
                 let items = self.pop_mark()?;
-                let dict = self.top()?;
-                return self.set_items(dict, items).map(|_| false);
+                return self.extend_top(items);
             }
-            b'a' => {
-                let item = self.pop()?;
-                let list = self.top()?;
-                return self.append(list, vec![item]).map(|_| false);
+            b'q' | b'r' | 0x94 => {
+                let index = match op {
+                    b'q' => self.uint(1)?,
+                    b'r' => self.uint(4)?,
+                    _ => self.memo.len() as u64,
+                };
+                let top = self.top()?;
+                self.memo.insert(index, top);
+                return Ok(());
             }
-            b'e' => {
-                let items = self.pop_mark()?;
-                let list = self.top()?;
-                return self.append(list, items).map(|_| false);
-            }
-            b'q' => {
-                let i = self.uint(1)?;
-                return self.memo_put(i);
-            }
-            b'r' => {
-                let i = self.uint(4)?;
-                return self.memo_put(i);
-            }
-            0x94 => return self.memo_put(self.memo.len() as u64),
-            b'h' => {
-                let i = self.uint(1)?;
-                return self.memo_get(i);
-            }
-            b'j' => {
-                let i = self.uint(4)?;
-                return self.memo_get(i);
-            }
-            _ => return Err(format!("unsupported pickle opcode {op:#04x}")),
+            b'h' => return self.uint(1).and_then(|i| self.memo_get(i)),
+            b'j' => return self.uint(4).and_then(|i| self.memo_get(i)),
+            _ => bail!("unsupported pickle opcode {op:#04x}"),
         };
         self.push(obj);
-        Ok(false)
+        Ok(())
     }
 
     /// `('storage', storage_class, key, location, numel)`.
     fn persistent_load(&self, pid: usize) -> Result<Obj, String> {
         let Obj::Tuple(items) = &self.objs[pid] else {
-            return Err(format!("persistent id is {}, not a tuple", self.objs[pid].kind()));
+            bail!("persistent id is {}, not a tuple", self.objs[pid].kind());
         };
-        let [tag, class, key, _location, numel] = items.as_slice() else {
-            return Err(format!("persistent id has {} fields, expected 5", items.len()));
+        let &[tag, class, key, _location, numel] = items.as_slice() else {
+            bail!("persistent id has {} fields, expected 5", items.len());
         };
-        if self.str_of(*tag)? != "storage" {
+        if self.str_of(tag)? != "storage" {
             return Err("persistent id is not a storage".into());
         }
-        let Obj::Global(Global::Storage(dtype)) = self.objs[*class] else {
-            return Err(format!("storage class is {}", self.objs[*class].kind()));
+        let Obj::Global(Global::Storage(dtype)) = self.objs[class] else {
+            bail!("storage class is {}", self.objs[class].kind());
         };
-        let key = self.str_of(*key)?.to_string();
-        Ok(Obj::Storage { dtype, key, numel: self.usize_of(*numel, "storage size")? })
+        let key = self.str_of(key)?.to_string();
+        let numel = self.usize_of(numel, "storage size")?;
+        Ok(Obj::Storage(dtype, key, numel))
     }
 
     fn reduce(&mut self, func: usize, args: usize) -> Result<(), String> {
         let Obj::Global(global) = self.objs[func] else {
-            return Err(format!("REDUCE calls {}, not a global", self.objs[func].kind()));
+            bail!("REDUCE calls {}, not a global", self.objs[func].kind());
         };
         let Obj::Tuple(args) = self.objs[args].clone() else {
-            return Err(format!("REDUCE arguments are {}", self.objs[args].kind()));
+            bail!("REDUCE arguments are {}", self.objs[args].kind());
         };
-        let obj = match global {
-            Global::OrderedDict if args.is_empty() => Obj::Dict(Vec::new()),
-            Global::RebuildTensor if (6..=7).contains(&args.len()) => self.rebuild_tensor(&args)?,
-            Global::RebuildParameter if (3..=4).contains(&args.len()) => match self.objs[args[0]] {
+        let obj = match (global, args.len()) {
+            (Global::OrderedDict, 0) => Obj::Dict(Vec::new()),
+            (Global::RebuildTensor, 6 | 7) => self.rebuild_tensor(&args)?,
+            // The parameter is its tensor; requires_grad, hooks and state are dropped.
+            (Global::RebuildParameter, 3 | 4) => match self.objs[args[0]] {
                 Obj::Tensor(_) => {
                     self.stack.push(args[0]);
                     return Ok(());
                 }
-                ref other => return Err(format!("parameter wraps {}, not a tensor", other.kind())),
+                ref other => bail!("parameter wraps {}", other.kind()),
             },
-            Global::GetLayout => Obj::Layout,
-            other => return Err(format!("cannot call {other:?} with {} arguments", args.len())),
+            (Global::GetLayout, 1) => Obj::Global(Global::Strided), // the only layout read
+            (other, n) => bail!("cannot call {other:?} with {n} arguments"),
         };
         self.push(obj);
         Ok(())
     }
 
     /// `_rebuild_tensor_v2(storage, offset, size, stride, requires_grad,
-    /// backward_hooks[, metadata])`, checked to lie inside the storage.
+    /// backward_hooks[, metadata])`; only the first four matter.
     fn rebuild_tensor(&self, args: &[usize]) -> Result<Obj, String> {
-        let Obj::Storage { dtype, key, numel } = &self.objs[args[0]] else {
-            return Err(format!("tensor storage is {}", self.objs[args[0]].kind()));
+        let Obj::Storage(dtype, key, numel) = &self.objs[args[0]] else {
+            bail!("tensor storage is {}", self.objs[args[0]].kind());
         };
         let offset = self.usize_of(args[1], "storage offset")?;
         let shape = self.usizes_of(args[2], "tensor size")?;
         let stride = self.usizes_of(args[3], "tensor stride")?;
         if shape.len() != stride.len() {
-            return Err(format!("size {shape:?} and stride {stride:?} differ in rank"));
+            bail!("size {shape:?} and stride {stride:?} differ in rank");
         }
-        let elements = checked_numel(&shape)?;
-        elements.checked_mul(dtype.size()).ok_or("tensor too large")?;
-        if elements > 0 {
-            let last = shape.iter().zip(&stride).try_fold(offset, |acc, (&n, &s)| {
-                (n - 1).checked_mul(s).and_then(|d| acc.checked_add(d))
-            });
-            if last.is_none_or(|last| last >= *numel) {
-                return Err(format!(
-                    "view (offset {offset}, size {shape:?}, stride {stride:?}) lies outside storage `{key}` of {numel} elements"
-                ));
-            }
+        let bytes = checked_numel(&shape)?.checked_mul(dtype.size());
+        bytes.ok_or("tensor too large")?;
+        // The last element it reaches must lie inside the storage.
+        let reach = |acc: usize, (&n, &s): (&usize, &usize)| match n.checked_sub(1) {
+            Some(n) => n.checked_mul(s)?.checked_add(acc),
+            None => Some(acc),
+        };
+        let last = shape.iter().zip(&stride).try_fold(offset, reach);
+        if !shape.contains(&0) && last.is_none_or(|last| last >= *numel) {
+            bail!(
+                "view (offset {offset}, size {shape:?}, stride {stride:?}) lies outside \
+                 storage `{key}` of {numel} elements"
+            );
         }
-        let view = View { key: key.clone(), dtype: *dtype, storage_numel: *numel, offset, shape, stride };
+        let (key, dtype, storage_numel) = (key.clone(), *dtype, *numel);
+        let view = View {
+            key,
+            dtype,
+            storage_numel,
+            offset,
+            shape,
+            stride,
+        };
         Ok(Obj::Tensor(view))
     }
 
-    /// Whether the object or anything it contains is a tensor or storage.
+    /// Whether the object or anything it contains is a tensor or storage
+    /// (iterative, and safe on self-referencing containers).
     fn holds_tensor(&self, id: usize) -> bool {
         let mut seen = vec![false; self.objs.len()];
         let mut todo = vec![id];
@@ -768,7 +709,7 @@ impl Vm<'_> {
                 continue;
             }
             match &self.objs[id] {
-                Obj::Tensor(_) | Obj::Storage { .. } => return true,
+                Obj::Tensor(_) | Obj::Storage(..) => return true,
                 Obj::Tuple(items) | Obj::List(items) => todo.extend(items),
                 Obj::Dict(pairs) => todo.extend(pairs.iter().flat_map(|&(k, v)| [k, v])),
                 _ => {}
