@@ -96,8 +96,9 @@ pub struct SpecArgs {
     #[arg(long = "drafter")]
     pub drafters: Vec<String>,
     /// Weights of model drafters: `shipped` (the trained weights beside each
-    /// description), `random:SEED`, `pruned[:SEED]` or a safetensors file
-    /// (self-speculation always uses the target's).
+    /// description), `random:SEED`, `pruned[:SEED]`, a safetensors file or
+    /// an EAGLE-3 head trained elsewhere (a directory with config.json;
+    /// docs/targets.md) (self-speculation always uses the target's).
     #[arg(long, default_value = "shipped")]
     pub drafter_weights: String,
     /// Tree of autoregressive drafters (overrides the files' `tree`).

@@ -38,7 +38,8 @@ use draftc_codegen::bind::WeightSpec;
 pub struct DrafterChoice {
     /// `prompt-lookup` or a `.draft` file.
     pub name: String,
-    /// `random:SEED`, `pruned[:SEED]` or a safetensors file.
+    /// `random:SEED`, `pruned[:SEED]`, a safetensors file or an EAGLE-3
+    /// head directory (SpecForge / EAGLE layout).
     pub weights: String,
     /// Draft tokens per sequence per round at most.
     pub budget: usize,
@@ -393,7 +394,7 @@ fn drafter_weights(
     let path = Path::new(spec);
     let f = crate::model::safetensors_io::SafetensorsFile::open(path).map_err(|e| {
         format!(
-            "--drafter-weights {spec}: {e} (expected shipped, random:SEED, pruned or a .safetensors file)"
+            "--drafter-weights {spec}: {e} (expected shipped, random:SEED, pruned, a .safetensors file or an EAGLE-3 head directory)"
         )
     })?;
     let mut w = HostWeights::default();

@@ -64,7 +64,9 @@ pub struct GenerateArgs {
     /// Weights of a model drafter: `shipped` (the trained weights beside the
     /// description, `models/weights/<name>.safetensors`), `random:SEED`,
     /// `pruned[:SEED]` (the target's tensors where names and shapes match,
-    /// its last layers for the drafter's `layers.{i}`) or a safetensors file.
+    /// its last layers for the drafter's `layers.{i}`), a safetensors file,
+    /// or an EAGLE-3 head trained elsewhere (a directory with config.json
+    /// and model.safetensors or pytorch_model.bin; docs/targets.md).
     #[arg(long, default_value = "shipped")]
     pub drafter_weights: String,
     /// Draft tree of an autoregressive drafter (overrides the file's `tree`):
