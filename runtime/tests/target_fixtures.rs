@@ -424,3 +424,27 @@ fn llama3_rope_scaling_is_read_and_changes_the_logits() {
         "unscaled RoPE matched transformers' scaled logits"
     );
 }
+
+#[test]
+fn generation_config_eos_ids_are_stop_ids_too() {
+    // transformers' `generate` stops on generation_config.json's eos ids
+    // (instruction models list their end-of-turn token there): they join
+    // config.json's, in that order; a malformed file is an error naming it.
+    use draftc_runtime::model::config::LlamaConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.json");
+    std::fs::copy(self::dir("llama-tied").join("config.json"), &config).unwrap();
+    assert_eq!(LlamaConfig::load(&config).unwrap().eos_token_id, vec![2]);
+    let generation = dir.path().join("generation_config.json");
+    std::fs::write(&generation, r#"{"eos_token_id": [7, 2, 9]}"#).unwrap();
+    assert_eq!(
+        LlamaConfig::load(&config).unwrap().eos_token_id,
+        vec![2, 7, 9]
+    );
+    std::fs::write(&generation, r#"{"eos_token_id": 300}"#).unwrap();
+    let err = LlamaConfig::load(&config).unwrap_err().to_string();
+    assert!(err.contains("eos"), "{err}");
+    std::fs::write(&generation, r#"{"eos_token_id": "x"}"#).unwrap();
+    let err = LlamaConfig::load(&config).unwrap_err().to_string();
+    assert!(err.contains("generation_config.json"), "{err}");
+}

@@ -520,6 +520,29 @@ impl LlamaConfig {
         Ok(config)
     }
 
+    /// The eos ids of a `generation_config.json` beside the config (what
+    /// transformers' `generate` stops on: Llama 3.1's and Gemma 3's
+    /// instruction models list their end-of-turn token there), added after
+    /// the config's own. An absent file or field adds nothing.
+    fn add_generation_eos(&mut self, path: &Path) -> Result<()> {
+        #[derive(Deserialize)]
+        struct Generation {
+            eos_token_id: Option<Ids>,
+        }
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return Ok(());
+        };
+        let g: Generation = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            detail: format!("{}: {e}", path.display()),
+        })?;
+        for id in g.eos_token_id.map(Ids::into_vec).unwrap_or_default() {
+            if !self.eos_token_id.contains(&id) {
+                self.eos_token_id.push(id);
+            }
+        }
+        Ok(())
+    }
+
     /// Checks the relations the runtime relies on.
     pub fn validate(&self) -> Result<()> {
         let fail = |detail: String| Err(ModelError::Config { detail });
@@ -578,6 +601,8 @@ impl LlamaConfig {
             },
             e => e,
         })?;
+        let mut config = config;
+        config.add_generation_eos(&path.with_file_name("generation_config.json"))?;
         config.validate()?;
         Ok(config)
     }

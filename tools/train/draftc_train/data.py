@@ -15,10 +15,11 @@ Another target: ``--model DIR|NAME`` (a converted checkpoint, or a model
 ``draftc fetch`` knows: ``gemma-3-270m``) with ``--out DIR``. What follows
 from it is in draftc_train/targets.py: its transformers class (Gemma 3 needs
 transformers >= 4.50, the overlay ``PYTHONPATH=.venv-hf-recent``), its
-tokenizer, its prompt format (ChatML, or raw text with the tokenizer's own
-``<bos>`` for a base model without a chat template, as ``draftc generate
---raw``), its eos ids and its head (tied or its own ``lm_head``). Ids of a
-vocabulary past 65,536 are stored as uint32.
+tokenizer, its prompt format (ChatML; any other chat template, rendered as
+the runtime renders it; or raw text with the tokenizer's own ``<bos>`` for a
+base model without a chat template, as ``draftc generate --raw``), its eos
+ids and its head (tied or its own ``lm_head``). Ids of a vocabulary past
+65,536 are stored as uint32.
 
 Output: ``data/train/shards/`` (format in draftc_train.shards) and
 ``data/train/MANIFEST.json``. The manifest is rewritten after every shard; a
@@ -107,7 +108,15 @@ class Conversations:
         conv = self.turns[rid][: int(turn)]
         history = [(ROLES[t.get("from")], (t.get("value") or "").strip()) for t in conv if t.get("from") in ROLES]
         while True:
-            ids = target.encode_prompt(prompt["prompt"], history)
+            try:
+                ids = target.encode_prompt(prompt["prompt"], history)
+            except T.ChatRefused:
+                # A template that wants alternating roles (Gemma's, Mistral's)
+                # refuses some ShareGPT histories: cut them as a long one.
+                if not history:
+                    raise SystemExit(f"data: prompt {prompt['id']}: {sys.exc_info()[1]}") from None
+                history = history[1:]
+                continue
             if len(ids) <= self.tokens or not history:
                 return ids
             history = history[1:]
@@ -301,6 +310,10 @@ def _run_key(gen: dict, source: dict) -> dict:
     sampled = {"temperature": gen["temperature"], "seed": gen["seed"]} if gen.get("temperature") else {}
     if gen.get("context_tokens"):
         sampled["context_tokens"] = gen["context_tokens"]
+    if gen.get("target", {}).get("prompt_format") == "template":
+        # Another chat template than ChatML: its text (hashed in
+        # chat_template) decides the prompt ids.
+        sampled["chat_template"] = gen["chat_template"]
     return {**sampled, "source_wheel_sha256": source["wheel_sha256"], "selection_rules": source["selection_rules"],
             "model_safetensors_sha256": gen["model_safetensors_sha256"],
             "tokenizer_json_sha256": gen["tokenizer_json_sha256"], "dtype": gen["dtype"],
@@ -357,7 +370,15 @@ def generate(args) -> int:
     else:
 
         def encode(prompt):
-            return target.encode_prompt(prompt["prompt"])
+            try:
+                return target.encode_prompt(prompt["prompt"])
+            except T.ChatRefused as e:
+                raise SystemExit(f"data: prompt {prompt['id']}: {e}") from None
+    if spec.chat == "template":
+        extra = sorted(set(target.eos_ids) - set(spec.runtime_eos_ids))
+        log(f"data: {spec.name}'s chat template: answers end on {target.eos_ids}"
+            + (f"; the runtime stops only on its eos ids (config.json's and generation_config.json's) {spec.runtime_eos_ids}, not on the "
+               f"template's end-of-turn {extra}" if extra else ""))
 
     gen = {"model_dir": str(mdir),
            "model": "SmolLM2-135M-Instruct (draftc fetch: Q4_1 GGUF -> float32)" if spec.is_default

@@ -8,7 +8,10 @@ decoded from the record's prompt ids (the chat template stripped), written
 as JSON lines with a `prompt` field. For a target without a chat template
 (`--model`, a base model such as Gemma 3 270M, with its own `--data`) the
 prompt is the selected ShareGPT text itself, which `draftc bench spec
---raw` encodes as the data did.
+--raw` encodes as the data did; for a target with another chat template
+than ChatML (Llama 3's, Gemma's, ...) it is the selected text too, checked
+to render and encode to the record's prompt ids (`bench spec` renders it
+with the template, as the data did).
 
 `--context N` writes long prompts instead, for measuring at long contexts:
 per held-out conversation with a later human turn, its last one with the
@@ -53,14 +56,14 @@ def main(argv):
     n_val = max(8, len(seqs) // 20)
     tok = spec.tokenizer
     if args.context:
-        if spec.chat != "chatml":
+        if spec.chat == "raw":
             raise SystemExit("heldout-prompts --context: conversations need a chat template")
-        lines = long_prompts(tok, index[len(seqs) - n_val :], args.context, args.count)
+        lines = long_prompts(tok, index[len(seqs) - n_val :], args.context, args.count, spec)
     elif spec.chat == "chatml":
         lines = [first_turn(tok, ids, n_prompt) for ids, n_prompt in seqs[len(seqs) - n_val :][: args.count]]
     else:
-        # Raw prompts: the selection's text (the record's ids are its
-        # encoding, checked here).
+        # Raw prompts, or another chat template's than ChatML: the
+        # selection's text (the record's ids are its encoding, checked here).
         first, _ = P.training_prompts(tok, "first-turns")
         lines = []
         for (ids, n_prompt), pi in list(zip(seqs, index))[len(seqs) - n_val :][: args.count]:
@@ -87,16 +90,29 @@ def first_turn(tok, ids, n_prompt):
     return json.dumps({"prompt": user}, ensure_ascii=False)
 
 
-def long_prompts(tok, held_index, tokens, count):
+def long_prompts(tok, held_index, tokens, count, spec=None):
     """`--context`: the `messages` lines of the held-out conversations
-    (first-turn prompt indices `held_index`) that reach `tokens` / 2."""
+    (first-turn prompt indices `held_index`) that reach `tokens` / 2. For
+    a target with another chat template than ChatML (`spec.chat ==
+    "template"`) a conversation's size is its rendered prompt's ids, and
+    one the template refuses (roles that do not alternate, as Gemma's and
+    Mistral's require) counts as too long: cut further, or skipped."""
     from . import prompts as P
     from .data import ROLES
 
     first, _ = P.training_prompts(tok, "first-turns")
     turns = P.conversations()
-    # ChatML: "<|im_start|>role\n" + content + "<|im_end|>\n" per message.
-    size = lambda conv: sum(len(tok.encode(m["content"]).ids) + 5 for m in conv)
+    if spec is not None and spec.chat == "template":
+        from .targets import ChatRefused
+
+        def size(conv):
+            try:
+                return len(spec.encode_messages(conv))
+            except ChatRefused:
+                return float("inf")
+    else:
+        # ChatML: "<|im_start|>role\n" + content + "<|im_end|>\n" per message.
+        size = lambda conv: sum(len(tok.encode(m["content"]).ids) + 5 for m in conv)
     lines = []
     for pi in held_index:
         conv = [{"role": ROLES[t.get("from")], "content": (t.get("value") or "").strip()}

@@ -16,12 +16,18 @@ From the directory follow:
   picks it) and the transformers class ``data`` generates with;
 - the prompt format: a ChatML ``chat_template`` in ``tokenizer_config.json``
   is rendered as the Rust runtime renders it (default system turn, user
-  turn, ``<|im_start|>assistant\\n``); a checkpoint without one (a base
-  model such as Gemma 3 270M) gets each prompt as raw text, encoded as
-  ``draftc generate --raw`` encodes it (the tokenizer's own special tokens
-  added: Gemma's ``<bos>``). Other templates are refused by name;
-- the ids that end an answer (``eos_token_id``, one or a list, and ChatML's
-  ``<|im_end|>``), the vocabulary, and a tied or untied head;
+  turn, ``<|im_start|>assistant\\n``); any other template (Llama 3's,
+  Gemma's, Mistral's, Qwen 2.5's ...) is rendered by jinja2 set up as
+  ``runtime/src/model/chat.rs`` sets up minijinja (transformers'
+  ``apply_chat_template`` setup, with the variables the runtime passes) and
+  encoded without added special tokens, as ``Tokenizer::encode_chat``; a
+  checkpoint without one (a base model such as Gemma 3 270M) gets each
+  prompt as raw text, encoded as ``draftc generate --raw`` encodes it (the
+  tokenizer's own special tokens added: Gemma's ``<bos>``);
+- the ids that end an answer (``eos_token_id``, one or a list; ChatML's
+  ``<|im_end|>``; for another template, the special token it writes after
+  an assistant turn: Llama 3's ``<|eot_id|>``, Gemma's ``<end_of_turn>``),
+  the vocabulary, and a tied or untied head;
 - for ``draftc emit``, the target sizes: a non-default target is passed as
   ``--target DIR``, so a drafter's module is compiled against the
   checkpoint's own ``config.json``, as the runtime compiles it when it runs.
@@ -31,6 +37,8 @@ No torch here: ``record-tau`` and the prompt selection import it.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 from pathlib import Path
 
@@ -105,6 +113,65 @@ def render_chat(prompt: str, default_system: str | None, history: list[tuple[str
     return out
 
 
+# --- any other chat template (mirrors runtime/src/model/chat.rs) -----------
+
+
+class ChatRefused(ValueError):
+    """The chat template refused a conversation (its `raise_exception`), or
+    failed rendering it: the runtime answers the same conversation with an
+    error."""
+
+
+def compile_template(template: str):
+    """A chat template as the runtime parses it (runtime/src/model/chat.rs):
+    jinja2 as transformers' `apply_chat_template` sets it up (sandboxed,
+    `trim_blocks`, `lstrip_blocks`, loop controls, `raise_exception`, its
+    `tojson`), without what minijinja lacks there: no `strftime_now` (a
+    template that falls back when it is undefined, as Llama 3.1's, takes its
+    fallback date, as the runtime does) and no `{% generation %}` tag (such
+    a template does not parse, here or there). A syntax error raises
+    jinja2's TemplateSyntaxError."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
+
+
+def special_token(tokenizer_config: dict, key: str) -> str:
+    """A special token's text in tokenizer_config.json (a string, or an
+    added-token object with `content`); "" when absent, as the runtime."""
+    v = tokenizer_config.get(key)
+    if isinstance(v, dict):
+        v = v.get("content")
+    return v if isinstance(v, str) else ""
+
+
+def render_template(compiled, messages: list[dict], bos_token: str, eos_token: str,
+                    add_generation_prompt: bool = True) -> str:
+    """`messages` (`{role, content}`) rendered with the context the runtime
+    gives a template (chat.rs `ChatTemplate::render`): `messages`,
+    `add_generation_prompt`, `bos_token`, `eos_token`, `tools` none. A
+    refusal raises ChatRefused with the template's message."""
+    import jinja2
+
+    try:
+        return compiled.render(messages=[{"role": m["role"], "content": m["content"]} for m in messages],
+                               add_generation_prompt=add_generation_prompt, bos_token=bos_token,
+                               eos_token=eos_token, tools=None)
+    except jinja2.exceptions.TemplateError as e:
+        raise ChatRefused(f"the chat template refused the conversation: {e}") from None
+
+
 # --- the target ------------------------------------------------------------
 
 
@@ -137,15 +204,29 @@ class TargetSpec:
         template = self.tokenizer_config.get("chat_template")
         if isinstance(template, list):  # a list of named templates: the default one, as the runtime
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+            if not isinstance(template, str):
+                raise SystemExit(f"{tc_path}: chat_template is a list without a `default` template")
+        self.template = None
         if template is None:
             self.chat = "raw"
             self.default_system = None
         elif isinstance(template, str) and is_chatml(template):
             self.chat = "chatml"
             self.default_system = default_system_prompt({"chat_template": template})
+        elif isinstance(template, str):
+            # Any other template: rendered as the runtime renders it. Its
+            # default system text, if any, is the template's own business.
+            self.chat = "template"
+            self.default_system = None
+            self.template = template
+            try:
+                self._compiled = compile_template(template)
+            except Exception as e:  # jinja2.TemplateSyntaxError; the runtime refuses it at load too
+                raise SystemExit(f"{tc_path}: chat template does not parse: {e}") from None
+            self.bos_token = special_token(self.tokenizer_config, "bos_token")
+            self.eos_token = special_token(self.tokenizer_config, "eos_token")
         else:
-            raise SystemExit(f"{tc_path}: the training tools render ChatML templates (SmolLM2's, Qwen's) or "
-                             "none (raw text); this chat template is neither")
+            raise SystemExit(f"{tc_path}: chat_template is neither a string nor a list of templates")
         eos = self.config.get("eos_token_id")
         self._eos = [int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None]
         self._tokenizer = None
@@ -159,10 +240,55 @@ class TargetSpec:
         return self._tokenizer
 
     @property
+    def runtime_eos_ids(self) -> list[int]:
+        """The ids `draftc generate` stops on: config.json's `eos_token_id`,
+        or the runtime's default for the family when it is absent
+        (runtime/src/model/config.rs: Llama 2, Qwen none, Gemma 3 1), and
+        those of a `generation_config.json` beside it (what transformers'
+        `generate` stops on)."""
+        if "eos_token_id" in self.config and self.config["eos_token_id"] is not None:
+            ids = set(self._eos)
+        else:
+            ids = set({"llama": [2], "gemma3_text": [1]}.get(self.model_type, []))
+        gen = self.dir / "generation_config.json"
+        if gen.is_file():
+            eos = json.loads(gen.read_text()).get("eos_token_id")
+            ids |= {int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None}
+        return sorted(ids)
+
+    @functools.cached_property
+    def end_of_turn(self) -> int | None:
+        """The special token a template writes right after an assistant
+        turn's text (Llama 3's `<|eot_id|>`, Gemma's `<end_of_turn>`,
+        Mistral's `</s>`, ChatML's `<|im_end|>`), found by rendering a short
+        conversation; None when what follows is not one special token, or
+        the template refuses the conversation."""
+        if self.chat != "template":
+            return None
+        answer = "Hello there"
+        try:
+            text = self.render_messages([{"role": "user", "content": "Hi"},
+                                         {"role": "assistant", "content": answer}], add_generation_prompt=False)
+        except ChatRefused:
+            return None
+        at = text.rfind(answer)
+        if at < 0:
+            return None
+        after = self.tokenizer.encode(text[at + len(answer):], add_special_tokens=False).ids
+        specials = {i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+        return after[0] if after and after[0] in specials else None
+
+    @property
     def eos_ids(self) -> list[int]:
-        """The ids that end an answer: the checkpoint's eos ids, and
-        ChatML's `<|im_end|>`."""
-        ids = set(self._eos)
+        """The ids that end an answer: the runtime's stop ids (config.json's
+        and generation_config.json's eos ids), and ChatML's `<|im_end|>`; for
+        another template, the template's end-of-turn token."""
+        if self.chat == "template":
+            ids = set(self.runtime_eos_ids)
+            if self.end_of_turn is not None:
+                ids.add(self.end_of_turn)
+            return sorted(ids)
+        ids = set(self._eos) | set(self.runtime_eos_ids)
         if self.chat == "chatml":
             im_end = self.tokenizer.token_to_id("<|im_end|>")
             if im_end is not None:
@@ -174,22 +300,45 @@ class TargetSpec:
         """How a prompt becomes ids, in words (data manifests)."""
         if self.chat == "chatml":
             return "ChatML as runtime/src/model/tokenizer.rs renders it, add_generation_prompt"
+        if self.chat == "template":
+            digest = hashlib.sha256(self.template.encode()).hexdigest()[:16]
+            return (f"the checkpoint's chat template (sha256 {digest}...) rendered as runtime/src/model/chat.rs "
+                    "renders it (jinja2 set up as transformers' apply_chat_template; messages, bos_token, "
+                    "eos_token), add_generation_prompt, encoded without added special tokens")
         return ("raw text, as `draftc generate --raw` encodes it (tokenizer.json's encode with its special "
                 "tokens: the tokenizer's own <bos>); no chat template")
 
+    def render_messages(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The text of a conversation (`{role, content}` dicts) as the
+        runtime's `Tokenizer::chat_prompt` renders it (a template target)."""
+        if self.chat != "template":
+            raise ValueError(f"{self.name}: render_messages is for a chat-template target ({self.chat})")
+        return render_template(self._compiled, messages, self.bos_token, self.eos_token, add_generation_prompt)
+
+    def encode_messages(self, messages: list[dict]) -> list[int]:
+        """The ids `Tokenizer::encode_chat` gives a conversation (a template
+        target): its rendering with the generation prompt, encoded without
+        added special tokens (the template writes its own)."""
+        return self.tokenizer.encode(self.render_messages(messages), add_special_tokens=False).ids
+
     def encode_prompt(self, prompt: str, history: list[tuple[str, str]] = ()) -> list[int]:
         """The ids the Rust runtime feeds the target for `prompt` (after the
-        conversation `history`, ChatML only)."""
+        conversation `history`; not for a raw target). A template that
+        refuses the conversation raises ChatRefused."""
         if self.chat == "chatml":
             return self.tokenizer.encode(render_chat(prompt, self.default_system, history),
                                          add_special_tokens=False).ids
+        if self.chat == "template":
+            return self.encode_messages([{"role": r, "content": t} for r, t in history]
+                                        + [{"role": "user", "content": prompt}])
         if history:
             raise SystemExit(f"{self.name}: a raw-text target has no turns to put a conversation in (--context)")
         return self.tokenizer.encode(prompt, add_special_tokens=True).ids
 
     def user_text(self, ids: list[int], n_prompt: int) -> str | None:
         """The user's text of a ChatML prompt's ids (the template stripped);
-        None for a raw target (its text is the prompt list's)."""
+        None for a raw or another template's target (its text is the prompt
+        list's, checked against the ids by `heldout-prompts`)."""
         if self.chat != "chatml":
             return None
         user, end = "<|im_start|>user\n", "<|im_end|>"
