@@ -27,15 +27,13 @@ mod levels;
 use std::collections::HashMap;
 
 use cubecl::prelude::*;
-use draftc_codegen::PlanDType;
-use draftc_ir::graph::Graph;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
 use super::drafters::{live_rows, Committed, Drafter, SeqView};
 use super::select::{SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs};
+use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, Outputs};
 use crate::speculation::tree::Candidate;
 use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
@@ -213,14 +211,17 @@ pub(super) fn cuttable(shape: &TreeShape) -> Result<(), EngineError> {
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
     /// `graph`: a compiled autoregressive drafter; `shape`: the round's tree.
-    pub fn new(
-        client: &ComputeClient<R>,
-        graph: &Graph,
-        target: &TargetModel<R>,
-        weights: &HostWeights,
-        dtype: PlanDType,
+    pub(super) fn new(
+        b: &super::drafters::Build<'_, R>,
         shape: TreeShape,
     ) -> Result<Self, EngineError> {
+        let super::drafters::Build {
+            client,
+            graph,
+            target,
+            dtype,
+            ..
+        } = *b;
         for &i in &graph.inputs {
             let n = graph.node(i);
             if !matches!(n.op, Op::Input(InputSource::External)) {
@@ -263,7 +264,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                 )));
             }
         }
-        let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
+        let (exec, l, vocab) = b.parts()?;
         let final_norm = if streams.iter().any(|s| s.normed) {
             Some(final_norm_of(target, &graph.name)?)
         } else {
@@ -273,9 +274,6 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             Some(v) => Some(DeviceTensor::upload_u32(client, v.ids(), &[v.ids().len()])?),
             None => None,
         };
-        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
-        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
-        exec.set_replay(crate::exec::drafter_replay());
         let slots = target.caches.slots();
         Ok(AutoregressiveDrafter {
             vocab,
@@ -288,7 +286,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                 ops_dtype(dtype),
             ),
             shape,
-            l: graph.meta.draft_len.unwrap_or(4).max(1) as usize,
+            l,
             in_cache: vec![0; slots],
             pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
             confidence: None,
@@ -471,13 +469,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
-    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
-        Some(&self.exec)
-    }
-
-    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
-        Some(&mut self.exec)
-    }
+    super::drafters::own_executor!(R);
 
     fn length(&self) -> usize {
         tree_length(&self.shape, self.l)

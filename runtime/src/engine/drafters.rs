@@ -31,9 +31,48 @@ use super::eagle_drafter::EagleDrafter;
 use super::parallel_drafter::ParallelDrafter;
 use super::select::{select_tokens, top_candidates, Sampling};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{CacheStore, Executor, HostWeights, Outputs, SeqStep, Step};
+use crate::exec::{CacheStore, DraftVocab, Executor, HostWeights, Outputs, SeqStep, Step};
 use crate::speculation::tree::Candidate;
 use crate::speculation::{Confidence, DraftTree, PromptLookup, TreeShape};
+
+/// What a model drafter is built from ([`model_drafter`]'s arguments).
+pub(super) struct Build<'a, R: Runtime> {
+    pub client: &'a ComputeClient<R>,
+    pub graph: &'a Graph,
+    pub target: &'a TargetModel<R>,
+    pub weights: &'a HostWeights,
+    pub dtype: PlanDType,
+}
+
+impl<R: Runtime> Build<'_, R> {
+    /// What every model drafter starts from: its executor over the graph
+    /// (its passes replay only with `DRAFTC_REPLAY=all`, exec/replay.rs),
+    /// its draft length `l` (the file's, 4 without one) and its reduced
+    /// draft vocabulary (`None`: the whole one).
+    pub fn parts(&self) -> Result<(Executor<R>, usize, Option<DraftVocab>), EngineError> {
+        let (g, t) = (self.graph, self.target);
+        let vocab = DraftVocab::of(g, self.weights, t.vocab).map_err(EngineError::Invalid)?;
+        let mut exec = Executor::new(self.client, g, &t.weights, self.weights, self.dtype, true)?;
+        exec.set_replay(crate::exec::drafter_replay());
+        let l = g.meta.draft_len.unwrap_or(4).max(1) as usize;
+        Ok((exec, l, vocab))
+    }
+}
+
+/// [`Drafter::executor`] and [`Drafter::executor_mut`] of a drafter whose
+/// executor is its field `exec`.
+macro_rules! own_executor {
+    ($r:ty) => {
+        fn executor(&self) -> Option<&crate::exec::Executor<$r>> {
+            Some(&self.exec)
+        }
+
+        fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<$r>> {
+            Some(&mut self.exec)
+        }
+    };
+}
+pub(super) use own_executor;
 
 /// A sequence as the drafter sees it at the start of a round.
 #[derive(Clone, Debug)]
@@ -239,17 +278,10 @@ pub struct SelfSpecDrafter<R: Runtime> {
 impl<R: Runtime> SelfSpecDrafter<R> {
     /// `graph`: a compiled self-speculative drafter (`base llama` + mask),
     /// with the target's weights.
-    pub fn new(
-        client: &ComputeClient<R>,
-        graph: &Graph,
-        target: &TargetModel<R>,
-        weights: &HostWeights,
-        dtype: PlanDType,
-    ) -> Result<Self, EngineError> {
-        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
-        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
-        exec.set_replay(crate::exec::drafter_replay());
-        let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
+    pub(super) fn new(b: &Build<'_, R>) -> Result<Self, EngineError> {
+        // Self-speculation has no draft vocabulary (the IR refuses one).
+        let (exec, l, _) = b.parts()?;
+        let client = b.client;
         Ok(SelfSpecDrafter {
             exec,
             own: CacheStore::new(client, 1, 1, DType::F32),
@@ -260,13 +292,7 @@ impl<R: Runtime> SelfSpecDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
-    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
-        Some(&self.exec)
-    }
-
-    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
-        Some(&mut self.exec)
-    }
+    own_executor!(R);
 
     fn length(&self) -> usize {
         self.l
@@ -378,6 +404,13 @@ pub fn model_drafter<R: Runtime>(
     tree: Option<TreeShape>,
 ) -> Result<Box<dyn Drafter<R>>, EngineError> {
     use draftc_ir::graph::DrafterKind;
+    let b = Build {
+        client,
+        graph,
+        target,
+        weights,
+        dtype,
+    };
     let shape = match (tree, &graph.meta.tree) {
         (Some(t), _) => t,
         (None, Some(spec)) => TreeShape::try_from(spec).map_err(spec_err)?,
@@ -392,20 +425,14 @@ pub fn model_drafter<R: Runtime>(
                     graph.name
                 )));
             }
-            Ok(Box::new(SelfSpecDrafter::new(
-                client, graph, target, weights, dtype,
-            )?))
+            Ok(Box::new(SelfSpecDrafter::new(&b)?))
         }
-        Some(DrafterKind::Parallel) => Ok(Box::new(ParallelDrafter::new(
-            client, graph, target, weights, dtype, shape,
-        )?)),
+        Some(DrafterKind::Parallel) => Ok(Box::new(ParallelDrafter::new(&b, shape)?)),
         // A cache of its own or `prev` reads: the EAGLE family.
-        Some(DrafterKind::Autoregressive) if eagle_like(graph) => Ok(Box::new(EagleDrafter::new(
-            client, graph, target, weights, dtype, shape,
-        )?)),
-        Some(DrafterKind::Autoregressive) => Ok(Box::new(AutoregressiveDrafter::new(
-            client, graph, target, weights, dtype, shape,
-        )?)),
+        Some(DrafterKind::Autoregressive) if eagle_like(graph) => {
+            Ok(Box::new(EagleDrafter::new(&b, shape)?))
+        }
+        Some(DrafterKind::Autoregressive) => Ok(Box::new(AutoregressiveDrafter::new(&b, shape)?)),
         None => Err(EngineError::Invalid(format!(
             "`{}` is a model, not a drafter",
             graph.name

@@ -35,8 +35,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use cubecl::prelude::*;
-use draftc_codegen::PlanDType;
-use draftc_ir::graph::Graph;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::linear::{Epilogue, Prologue};
 use draftc_ops::{DType, DeviceTensor};
@@ -48,7 +46,7 @@ use super::drafters::{live_rows, Committed, Drafter, SeqView};
 use super::select::{top_candidates_into, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
-    ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, MemoryTail, Outputs, SeqStep, Step,
+    ops_dtype, CacheStore, DraftVocab, Executor, MemoryTail, Outputs, SeqStep, Step,
 };
 use crate::speculation::tree::Candidate;
 use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
@@ -101,14 +99,17 @@ pub struct EagleDrafter<R: Runtime> {
 impl<R: Runtime> EagleDrafter<R> {
     /// `graph`: a compiled autoregressive drafter with a cache of its own
     /// or `prev` reads; `shape`: the round's tree.
-    pub fn new(
-        client: &ComputeClient<R>,
-        graph: &Graph,
-        target: &TargetModel<R>,
-        weights: &HostWeights,
-        dtype: PlanDType,
+    pub(super) fn new(
+        b: &super::drafters::Build<'_, R>,
         shape: TreeShape,
     ) -> Result<Self, EngineError> {
+        let super::drafters::Build {
+            client,
+            graph,
+            target,
+            dtype,
+            ..
+        } = *b;
         let invalid =
             |why: String| EngineError::Invalid(format!("drafter `{}`: {why}", graph.name));
         let mut prevs = Vec::new();
@@ -144,9 +145,7 @@ impl<R: Runtime> EagleDrafter<R> {
                 }
             }
         }
-        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
-        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
-        exec.set_replay(crate::exec::drafter_replay());
+        let (exec, l, vocab) = b.parts()?;
         let dt = ops_dtype(dtype);
         let mut streams = Vec::new();
         for m in &graph.memories {
@@ -184,13 +183,12 @@ impl<R: Runtime> EagleDrafter<R> {
         } else {
             None
         };
-        let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
         let slots = target.caches.slots();
         Ok(EagleDrafter {
             vocab,
             caches: CacheStore::new(client, slots, target.caches.capacity() + DRAFT_ROWS, dt),
             shape,
-            l: graph.meta.draft_len.unwrap_or(4).max(1) as usize,
+            l,
             in_cache: vec![0; slots],
             in_rows: vec![0; slots],
             skip_first: graph.meta.prev_start == draftc_ir::graph::PrevStart::Skip,
@@ -470,13 +468,7 @@ struct Queried {
 }
 
 impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
-    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
-        Some(&self.exec)
-    }
-
-    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
-        Some(&mut self.exec)
-    }
+    super::drafters::own_executor!(R);
 
     fn length(&self) -> usize {
         tree_length(&self.shape, self.l)

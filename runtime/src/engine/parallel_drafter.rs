@@ -12,15 +12,13 @@
 use std::collections::BTreeMap;
 
 use cubecl::prelude::*;
-use draftc_codegen::PlanDType;
-use draftc_ir::graph::Graph;
 use draftc_ir::op::{InputSource, Op};
 use draftc_ops::DeviceTensor;
 
 use super::drafters::{spec_err, Committed, Drafter, SeqView};
 use super::select::{select_tokens_into, top_candidates_into, Kept, Sampling, SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, HostWeights, Outputs, Step};
+use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, Outputs, Step};
 use crate::speculation::tree::Candidate;
 use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
@@ -69,14 +67,17 @@ pub struct ParallelDrafter<R: Runtime> {
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
-    pub fn new(
-        client: &ComputeClient<R>,
-        graph: &Graph,
-        target: &TargetModel<R>,
-        weights: &HostWeights,
-        dtype: PlanDType,
+    pub(super) fn new(
+        b: &super::drafters::Build<'_, R>,
         shape: TreeShape,
     ) -> Result<Self, EngineError> {
+        let super::drafters::Build {
+            client,
+            graph,
+            target,
+            dtype,
+            ..
+        } = *b;
         if !matches!(shape, TreeShape::Chain | TreeShape::Static(_)) {
             return Err(EngineError::Invalid(format!(
                 "parallel drafter `{}` proposes candidates per draft position: use `--tree chain` \
@@ -84,11 +85,7 @@ impl<R: Runtime> ParallelDrafter<R> {
                 graph.name
             )));
         }
-        let vocab = DraftVocab::of(graph, weights, target.vocab).map_err(EngineError::Invalid)?;
-        let mut exec = Executor::new(client, graph, &target.weights, weights, dtype, true)?;
-        // A drafter's passes replay only with DRAFTC_REPLAY=all (exec/replay.rs).
-        exec.set_replay(crate::exec::drafter_replay());
-        let l = graph.meta.draft_len.unwrap_or(4).max(1) as usize;
+        let (exec, l, vocab) = b.parts()?;
         let mut taps = Vec::new();
         for &i in &graph.inputs {
             let n = graph.node(i);
@@ -129,13 +126,7 @@ impl<R: Runtime> ParallelDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
-    fn executor(&self) -> Option<&crate::exec::Executor<R>> {
-        Some(&self.exec)
-    }
-
-    fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<R>> {
-        Some(&mut self.exec)
-    }
+    super::drafters::own_executor!(R);
 
     fn length(&self) -> usize {
         self.l
