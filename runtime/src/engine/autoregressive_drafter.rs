@@ -30,7 +30,7 @@ use cubecl::prelude::*;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
-use super::drafters::{live_rows, Committed, Drafter, SeqView};
+use super::drafters::{live_rows, Build, Committed, Drafter, SeqView};
 use super::select::{SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, Outputs};
@@ -211,17 +211,8 @@ pub(super) fn cuttable(shape: &TreeShape) -> Result<(), EngineError> {
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
     /// `graph`: a compiled autoregressive drafter; `shape`: the round's tree.
-    pub(super) fn new(
-        b: &super::drafters::Build<'_, R>,
-        shape: TreeShape,
-    ) -> Result<Self, EngineError> {
-        let super::drafters::Build {
-            client,
-            graph,
-            target,
-            dtype,
-            ..
-        } = *b;
+    pub(super) fn new(b: &Build<'_, R>, shape: TreeShape) -> Result<Self, EngineError> {
+        let (client, graph, target, dtype) = (b.client, b.graph, b.target, b.dtype);
         for &i in &graph.inputs {
             let n = graph.node(i);
             if !matches!(n.op, Op::Input(InputSource::External)) {

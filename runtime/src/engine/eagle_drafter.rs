@@ -42,7 +42,7 @@ use draftc_ops::{DType, DeviceTensor};
 use super::autoregressive_drafter::{
     cuttable, final_norm_of, tree_length, AutoregressiveDrafter, Part,
 };
-use super::drafters::{live_rows, Committed, Drafter, SeqView};
+use super::drafters::{live_rows, Build, Committed, Drafter, SeqView};
 use super::select::{top_candidates_into, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{
@@ -99,17 +99,8 @@ pub struct EagleDrafter<R: Runtime> {
 impl<R: Runtime> EagleDrafter<R> {
     /// `graph`: a compiled autoregressive drafter with a cache of its own
     /// or `prev` reads; `shape`: the round's tree.
-    pub(super) fn new(
-        b: &super::drafters::Build<'_, R>,
-        shape: TreeShape,
-    ) -> Result<Self, EngineError> {
-        let super::drafters::Build {
-            client,
-            graph,
-            target,
-            dtype,
-            ..
-        } = *b;
+    pub(super) fn new(b: &Build<'_, R>, shape: TreeShape) -> Result<Self, EngineError> {
+        let (client, graph, target, dtype) = (b.client, b.graph, b.target, b.dtype);
         let invalid =
             |why: String| EngineError::Invalid(format!("drafter `{}`: {why}", graph.name));
         let mut prevs = Vec::new();

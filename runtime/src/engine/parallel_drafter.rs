@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 use draftc_ir::op::{InputSource, Op};
 use draftc_ops::DeviceTensor;
 
-use super::drafters::{spec_err, Committed, Drafter, SeqView};
+use super::drafters::{spec_err, Build, Committed, Drafter, SeqView};
 use super::select::{select_tokens_into, top_candidates_into, Kept, Sampling, SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
 use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, Outputs, Step};
@@ -67,17 +67,8 @@ pub struct ParallelDrafter<R: Runtime> {
 }
 
 impl<R: Runtime> ParallelDrafter<R> {
-    pub(super) fn new(
-        b: &super::drafters::Build<'_, R>,
-        shape: TreeShape,
-    ) -> Result<Self, EngineError> {
-        let super::drafters::Build {
-            client,
-            graph,
-            target,
-            dtype,
-            ..
-        } = *b;
+    pub(super) fn new(b: &Build<'_, R>, shape: TreeShape) -> Result<Self, EngineError> {
+        let (client, graph, target, dtype) = (b.client, b.graph, b.target, b.dtype);
         if !matches!(shape, TreeShape::Chain | TreeShape::Static(_)) {
             return Err(EngineError::Invalid(format!(
                 "parallel drafter `{}` proposes candidates per draft position: use `--tree chain` \
