@@ -244,3 +244,63 @@ fn specformer_draft_passes_replay_their_drafts() {
         );
     }
 }
+
+/// The tiny Qwen 3 checkpoint replays its decode passes too, bit for bit:
+/// its per-head q/k norms rotate by the step's positions before the K rows
+/// are appended (the step upload goes first, `Run::step_upload_ahead`), and
+/// the append copies out of the temporary into a kept buffer. (Gemma 3's
+/// passes attend with two masks, sliding and global, and run eagerly: a
+/// replay rebuilds one mask's metadata.)
+#[test]
+fn qwen3_decode_passes_replay() {
+    use draftc_runtime::model::ConvertedModel;
+    for name in ["qwen3-tied"] {
+        let dir = repo().join("runtime/tests/fixtures/targets").join(name);
+        let model = ConvertedModel::open(&dir).unwrap();
+        let load = |replay: bool| {
+            let mut t = TargetModel::<Wgpu>::load(
+                &draftc_ops::testing::wgpu_client(),
+                &model,
+                2,
+                48,
+                PlanDType::F32,
+            )
+            .unwrap();
+            t.exec.set_replay(replay);
+            t
+        };
+        let (mut eager, mut fast) = (load(false), load(true));
+        let vocab = eager.vocab as u32;
+        let prompt = 6;
+        let step = Step {
+            seqs: (0..2).map(|s| SeqStep::chain(s, 0, prompt)).collect(),
+            ..Default::default()
+        };
+        let ids: Vec<u32> = (0..2 * prompt as u32)
+            .map(|i| (i * 5 + 3) % vocab)
+            .collect();
+        assert_eq!(
+            logits(&mut eager, &step, &ids),
+            logits(&mut fast, &step, &ids)
+        );
+        for k in 0..12 {
+            let step = Step {
+                seqs: (0..2)
+                    .map(|s| SeqStep::chain(s, (prompt + k) as u32, 1))
+                    .collect(),
+                ..Default::default()
+            };
+            let next = [(k as u32 * 11 + 1) % vocab, (k as u32 * 13 + 2) % vocab];
+            assert!(
+                logits(&mut eager, &step, &next) == logits(&mut fast, &step, &next),
+                "{name}: decode step {k} differs from the eager step"
+            );
+        }
+        let (replayed, recorded, why) = fast.exec.replay_stats();
+        eprintln!("{name}: {replayed} replayed, {recorded} recorded, last refusal {why:?}");
+        assert!(
+            replayed >= 9,
+            "{name}: {replayed} replayed (last refusal {why:?})"
+        );
+    }
+}

@@ -4,7 +4,7 @@
 //! (the lane kernel, or the GPU plane layout).
 
 use cubecl::prelude::*;
-use draftc_codegen::{AttentionLayout, BufferId};
+use draftc_codegen::{AttentionLayout, BufferId, Kernel};
 use draftc_ir::op::Mask as IrMask;
 use draftc_ops::attention::{
     attention_planes, attention_rows, AttnDims, AttnMeta, AttnPlaneShape, Mask, SeqBatch,
@@ -86,7 +86,13 @@ impl<R: Runtime> Run<'_, R> {
         else {
             return Ok((cache, in_target));
         };
-        let rows = self.reserve(store, &cache, &src)?;
+        let ahead = self
+            .reserved_ahead
+            .take_if(|(c, _)| *c == cache && src == RowSource::Step);
+        let rows = match ahead {
+            Some((_, rows)) => rows,
+            None => self.reserve(store, &cache, &src)?,
+        };
         let width = kt.shape()[1];
         let kc = store.half(&k_half, width)?;
         let vc = store.half(&v_half, width)?;
@@ -130,6 +136,42 @@ impl<R: Runtime> Run<'_, R> {
         draftc_ops::kv::append_rows_indexed(self.client, &kt, src, dst, &kc)?;
         draftc_ops::kv::append_rows_indexed(self.client, &vt, src, dst, &vc)?;
         Ok((cache, in_target))
+    }
+
+    /// The step upload before anything of the pass needs the step's
+    /// positions (a `qk_norm`'s RoPE runs before the K rows are appended):
+    /// the rows of the first cache the pass appends to are reserved now, and
+    /// the metadata of the attention reading it rides in the one upload
+    /// with the positions and slots, as when the append comes first. Does
+    /// nothing once the positions are on the device, or in a pass that
+    /// appends to no cache.
+    pub(super) fn step_upload_ahead(
+        &mut self,
+        caches: &mut CacheStore<R>,
+        target: Option<&mut CacheStore<R>>,
+    ) -> Result<(), ExecError> {
+        if self.has_positions(&RowSource::Step) || self.reserved_ahead.is_some() {
+            return Ok(());
+        }
+        let plan = self.plan;
+        let Some(kb) = plan.launches.iter().find_map(|l| match l.kernel {
+            Kernel::KvAppend { .. } => l.outputs.first().copied(),
+            _ => None,
+        }) else {
+            return Ok(());
+        };
+        let Some(mask) = plan.launches.iter().find_map(|l| match l.kernel {
+            Kernel::Attention { mask, .. } if l.inputs.get(1) == Some(&kb) => Some(mask),
+            _ => None,
+        }) else {
+            return Ok(());
+        };
+        let (cache, _, store) = self.cache_store(kb, caches, target)?;
+        let rows = self.reserve(store, &cache, &RowSource::Step)?;
+        let key = self.cache_meta_key(ops_mask(mask), store, &cache)?;
+        self.upload_step(&RowSource::Step, key, &rows)?;
+        self.reserved_ahead = Some((cache, rows));
+        Ok(())
     }
 
     /// Uploads, in ONE upload, what a pass's first cache append and its

@@ -546,6 +546,7 @@ impl<R: Runtime> Executor<R> {
             positions: Vec::new(),
             row_indices: Vec::new(),
             rope_pending: BTreeMap::new(),
+            reserved_ahead: None,
             tail_bits: None,
             output_bufs: Vec::new(),
             selected: Vec::new(),
@@ -631,6 +632,9 @@ pub(super) struct Run<'a, R: Runtime> {
     /// Pending cache rows whose RoPE runs fused with their append: (kv
     /// heads, head_dim, theta bits) by cache half buffer.
     pub(super) rope_pending: BTreeMap<BufferId, (usize, usize, u64)>,
+    /// The step's rows of a cache, reserved before its append was due
+    /// (`Run::step_upload_ahead`): the append takes them.
+    pub(super) reserved_ahead: Option<(String, Vec<u32>)>,
     /// The memory tail's bits on the device, when the caller computed them
     /// there (the input [`super::MEMORY_TAIL_BITS`]); they replace the
     /// host bits of the step's `MemoryTail`.
@@ -673,7 +677,10 @@ impl<R: Runtime> Run<'_, R> {
                 draftc_ops::group_rms_norm::group_rms_norm(c, &x, w, eps.get() as f32, &out)?;
             }
             Kernel::Rope { .. } => self.rope(launch)?,
-            Kernel::HeadNorm { .. } => self.head_norm(launch)?,
+            Kernel::HeadNorm { .. } => {
+                self.step_upload_ahead(caches, target)?;
+                self.head_norm(launch)?
+            }
             Kernel::RopeQkvAppend {
                 heads,
                 head_dim,

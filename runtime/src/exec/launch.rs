@@ -305,8 +305,11 @@ impl<R: Runtime> Run<'_, R> {
         for i in 0..2 {
             let t = self.tensor(launch.inputs[i])?;
             let rows = t.numel() / width;
-            // Copy out of the (reusable) temporary now.
-            let own = DeviceTensor::empty(c, &[rows, width], self.dtype);
+            // Copy out of the (reusable) temporary now, into a kept buffer
+            // (an allocation inside a recorded pass would refuse replay).
+            let bytes = draftc_ops::tensor::padded_bytes(rows * width, self.dtype);
+            let h = super::arena::pass_buffer(c, self.step.rows(), bytes);
+            let own = DeviceTensor::from_handle(h, &[rows, width], self.dtype)?;
             let all: Vec<u32> = (0..rows as u32).collect();
             draftc_ops::kv::gather_rows(c, &t.reshape(&[rows, width])?, &all, &own, &all)?;
             self.pending
