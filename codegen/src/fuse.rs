@@ -102,16 +102,10 @@ impl Uses {
                 users[inp.index()].push(id);
             }
         }
-        let mut root = vec![false; g.nodes.len()];
-        let roots = g
-            .outputs
-            .iter()
-            .chain(g.emits.iter().map(|e| &e.2))
-            .chain(g.appends.iter().map(|a| &a.1));
-        for r in roots {
-            root[r.index()] = true;
+        Uses {
+            users,
+            root: g.is_root(),
         }
-        Uses { users, root }
     }
 
     /// `v`'s only consumer, if it has exactly one use and is not a root.

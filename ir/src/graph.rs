@@ -328,17 +328,28 @@ impl Graph {
         out
     }
 
-    /// Whether each node is needed by an output, emit or append.
-    pub fn live(&self) -> Vec<bool> {
-        let mut live = vec![false; self.nodes.len()];
-        let roots = self
-            .outputs
+    /// The values something outside the graph reads: its outputs, emits
+    /// and appends (with repeats).
+    pub fn roots(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.outputs
             .iter()
             .chain(self.emits.iter().map(|e| &e.2))
-            .chain(self.appends.iter().map(|a| &a.1));
-        for r in roots {
-            live[r.index()] = true;
+            .chain(self.appends.iter().map(|a| &a.1))
+            .copied()
+    }
+
+    /// Whether each node is one of [`Graph::roots`].
+    pub fn is_root(&self) -> Vec<bool> {
+        let mut root = vec![false; self.nodes.len()];
+        for r in self.roots() {
+            root[r.index()] = true;
         }
+        root
+    }
+
+    /// Whether each node is needed by an output, emit or append.
+    pub fn live(&self) -> Vec<bool> {
+        let mut live = self.is_root();
         for i in (0..self.nodes.len()).rev() {
             if live[i] {
                 for inp in &self.nodes[i].inputs {

@@ -26,13 +26,7 @@ pub fn verify(g: &Graph) -> Result<(), String> {
         return Err("span table length differs from node count".into());
     }
     let n = g.nodes.len();
-    let roots = g
-        .outputs
-        .iter()
-        .chain(g.inputs.iter())
-        .chain(g.emits.iter().map(|e| &e.2))
-        .chain(g.appends.iter().map(|a| &a.1));
-    for r in roots {
+    for r in g.roots().chain(g.inputs.iter().copied()) {
         if r.index() >= n {
             return Err(format!("root {r} is out of range"));
         }

@@ -14,7 +14,7 @@ use cubecl::prelude::*;
 
 use crate::error::{OpsError, Result};
 use crate::launch::{
-    cube_count, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
+    cube_count, expect_dtype, expect_float_rows, expect_row_u32, expect_shape, finish,
 };
 use crate::tensor::{DType, DeviceTensor};
 
@@ -110,17 +110,6 @@ pub fn topk_kernel<F: Float + CubeElement>(
     }
 }
 
-fn rows_n<R: Runtime>(
-    client: &ComputeClient<R>,
-    op: &'static str,
-    x: &DeviceTensor<R>,
-) -> Result<(usize, usize)> {
-    expect_float(client, op, "x", x)?;
-    expect_nonempty(op, "x", x)?;
-    let n = *x.shape().last().unwrap_or(&1);
-    Ok((x.numel() / n, n))
-}
-
 /// Index of the maximum of each row of `x` (`[..., n]`) into `out` (u32,
 /// `x`'s shape without the last dim, or `[rows]`). Ties → lowest index.
 pub fn argmax<R: Runtime>(
@@ -129,16 +118,8 @@ pub fn argmax<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "argmax";
-    let (rows, n) = rows_n(client, OP, x)?;
-    expect_dtype(OP, "out", out, DType::U32)?;
-    if out.numel() != rows {
-        return Err(OpsError::ShapeMismatch {
-            op: OP,
-            arg: "out",
-            expected: format!("[{rows}]"),
-            found: out.shape().to_vec(),
-        });
-    }
+    let (rows, n) = expect_float_rows(client, OP, "x", x)?;
+    expect_row_u32(OP, "out", out, rows)?;
     let count = cube_count(OP, rows)?;
     crate::dispatch_float!(x.dtype(), OP, F => {
         // SAFETY: as in `topk` below. `values` is never written (`write_values`
@@ -164,7 +145,7 @@ pub fn topk<R: Runtime>(
     indices: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "topk";
-    let (rows, n) = rows_n(client, OP, x)?;
+    let (rows, n) = expect_float_rows(client, OP, "x", x)?;
     if k == 0 || k > n {
         return Err(OpsError::InvalidArgument {
             op: OP,

@@ -149,7 +149,7 @@ pub fn embedding<R: Runtime>(
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, None, true, out, MAX_BINDING_BYTES)
+    embedding_with_binding_limit(client, table, ids, None, true, out, MAX_BINDING_BYTES)
 }
 
 /// [`embedding`] without reading the ids back: an id `>= vocab` gathers the
@@ -160,7 +160,7 @@ pub fn embedding_clamped<R: Runtime>(
     ids: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(client, table, ids, None, false, out, MAX_BINDING_BYTES)
+    embedding_with_binding_limit(client, table, ids, None, false, out, MAX_BINDING_BYTES)
 }
 
 /// [`embedding`] times `scale` (finite): `out[t, :] = table[ids[t], :] *
@@ -172,7 +172,7 @@ pub fn embedding_scaled<R: Runtime>(
     scale: f32,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(
+    embedding_with_binding_limit(
         client,
         table,
         ids,
@@ -192,7 +192,7 @@ pub fn embedding_clamped_scaled<R: Runtime>(
     scale: f32,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    launch(
+    embedding_with_binding_limit(
         client,
         table,
         ids,
@@ -201,25 +201,6 @@ pub fn embedding_clamped_scaled<R: Runtime>(
         out,
         MAX_BINDING_BYTES,
     )
-}
-
-/// The four gathers with an explicit per-binding byte limit for the table
-/// (tests use a small one to exercise the split): `scale` `None` is the
-/// plain gather, `check_ids` reads the ids back ([`embedding`],
-/// [`embedding_scaled`]) or clamps them ([`embedding_clamped`],
-/// [`embedding_clamped_scaled`]). The public gathers pass
-/// [`MAX_BINDING_BYTES`].
-#[doc(hidden)]
-pub fn embedding_with_binding_limit<R: Runtime>(
-    client: &ComputeClient<R>,
-    table: &DeviceTensor<R>,
-    ids: &DeviceTensor<R>,
-    scale: Option<f32>,
-    check_ids: bool,
-    out: &DeviceTensor<R>,
-    max_binding_bytes: usize,
-) -> Result<()> {
-    launch(client, table, ids, scale, check_ids, out, max_binding_bytes)
 }
 
 /// Most rows of `row_bytes` one binding of `max_binding_bytes` holds, a
@@ -256,7 +237,14 @@ fn table_rows<R: Runtime>(
     DeviceTensor::from_handle(handle, &[rows, table.shape()[1]], table.dtype())
 }
 
-fn launch<R: Runtime>(
+/// The four gathers with an explicit per-binding byte limit for the table
+/// (tests use a small one to exercise the split): `scale` `None` is the
+/// plain gather, `check_ids` reads the ids back ([`embedding`],
+/// [`embedding_scaled`]) or clamps them ([`embedding_clamped`],
+/// [`embedding_clamped_scaled`]). The public gathers pass
+/// [`MAX_BINDING_BYTES`].
+#[doc(hidden)]
+pub fn embedding_with_binding_limit<R: Runtime>(
     client: &ComputeClient<R>,
     table: &DeviceTensor<R>,
     ids: &DeviceTensor<R>,

@@ -26,8 +26,8 @@
 use cubecl::prelude::*;
 
 use crate::error::{OpsError, Result};
-use crate::launch::{cube_count, expect_dtype, expect_float, expect_rank, finish};
-use crate::rope::{expect_positions_freqs, rotate_into};
+use crate::launch::{cube_count, expect_dtype, expect_eps, expect_float, expect_rank, finish};
+use crate::rope::{expect_head_dim, expect_positions_freqs, rotate_into};
 use crate::tensor::DeviceTensor;
 
 /// Units (heads) per cube.
@@ -138,20 +138,10 @@ pub fn head_norm_rope<R: Runtime>(
         });
     }
     expect_dtype(OP, "out", out, x.dtype())?;
-    if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("eps must be finite and >= 0, got {eps}"),
-        });
-    }
+    expect_eps(OP, eps)?;
     if let Some((positions, freqs)) = rope {
-        if !hd.is_multiple_of(2) {
-            return Err(OpsError::InvalidArgument {
-                op: OP,
-                reason: format!("head_dim must be even for RoPE, got {hd}"),
-            });
-        }
-        expect_positions_freqs(OP, positions, freqs, t, hd / 2)?;
+        let half = expect_head_dim(OP, hd)?;
+        expect_positions_freqs(OP, positions, freqs, t, half)?;
     }
     let rows = t * heads;
     if rows == 0 {

@@ -243,10 +243,7 @@ fn launch_copy_indexed<R: Runtime>(
     if n == 0 || ws == 0 || ls == 0 {
         return Ok(());
     }
-    let vec = [4usize, 2, 1]
-        .into_iter()
-        .find(|v| ws % v == 0)
-        .unwrap_or(1);
+    let vec = crate::block::widest_vector(ws, 4);
     let units = ls * n * (ws / vec);
     let count = cube_count(op, units.div_ceil(CUBE_UNITS as usize))?;
     let (Some(si), Some(di)) = (src_index.device(), dst_index.device()) else {

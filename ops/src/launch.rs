@@ -127,6 +127,28 @@ pub fn expect_dtype<R: Runtime>(
     Ok(())
 }
 
+/// Fails unless every tensor of `args` (`(arg, tensor)` pairs) has exactly
+/// `dtype`.
+pub fn expect_dtypes<R: Runtime>(
+    op: &'static str,
+    dtype: DType,
+    args: &[(&'static str, &DeviceTensor<R>)],
+) -> Result<()> {
+    args.iter()
+        .try_for_each(|&(arg, t)| expect_dtype(op, arg, t, dtype))
+}
+
+/// Fails unless `eps` (a norm's epsilon) is finite and `>= 0`.
+pub fn expect_eps(op: &'static str, eps: f32) -> Result<()> {
+    if !(eps >= 0.0 && eps.is_finite()) {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!("eps must be finite and >= 0, got {eps}"),
+        });
+    }
+    Ok(())
+}
+
 /// Fails unless `t` has exactly `shape`.
 pub fn expect_shape<R: Runtime>(
     op: &'static str,
@@ -175,6 +197,39 @@ pub fn expect_nonempty<R: Runtime>(
             op,
             arg,
             shape: t.shape().to_vec(),
+        });
+    }
+    Ok(())
+}
+
+/// A nonempty float tensor `t` (`[..., n]`) as `(rows, n)`: its last
+/// dimension and the product of the others.
+pub fn expect_float_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    arg: &'static str,
+    t: &DeviceTensor<R>,
+) -> Result<(usize, usize)> {
+    expect_float(client, op, arg, t)?;
+    expect_nonempty(op, arg, t)?;
+    let n = *t.shape().last().unwrap_or(&1);
+    Ok((t.numel() / n, n))
+}
+
+/// Fails unless `out` is u32 with one element per row (`rows`; any shape).
+pub fn expect_row_u32<R: Runtime>(
+    op: &'static str,
+    arg: &'static str,
+    out: &DeviceTensor<R>,
+    rows: usize,
+) -> Result<()> {
+    expect_dtype(op, arg, out, DType::U32)?;
+    if out.numel() != rows {
+        return Err(OpsError::ShapeMismatch {
+            op,
+            arg,
+            expected: format!("[{rows}]"),
+            found: out.shape().to_vec(),
         });
     }
     Ok(())

@@ -24,7 +24,9 @@
 //! binding limit are split into chunks of output columns bound through
 //! handle offsets, and grids are split over x/y so no dimension exceeds
 //! 65,535. The layout is tuned for lavapipe (SIMD lanes = units); GPUs get
-//! [`crate::linear_plane`].
+//! [`crate::linear_plane`]. Both layouts share this file's argument checks,
+//! weight chunking and launch ([`linear_with_binding_limit`], by
+//! [`Layout`]) and its reduction step, group scaling and epilogue.
 //!
 //! What lavapipe rewards (measured with `cargo bench -p draftc-ops --bench
 //! ops`, 2 vCPU): time follows the number of vector loads, not bytes (f16
@@ -50,9 +52,10 @@ use cubecl::prelude::*;
 use crate::block::{lane_sum, vector_width};
 use crate::error::{OpsError, Result};
 use crate::launch::{
-    cube_count, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
+    cube_count, expect_dtype, expect_eps, expect_float, expect_nonempty, expect_shape, finish,
     MAX_BINDING_BYTES,
 };
+use crate::linear_plane::PlaneShape;
 use crate::tensor::DeviceTensor;
 
 /// Units per cube.
@@ -114,6 +117,17 @@ pub enum Epilogue<'a, R: Runtime> {
     },
 }
 
+/// The kernel layout of a linear launch (and of the q/k/v projection with
+/// RoPE, [`crate::linear_rope::RopeQkvLayout`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// [`linear_kernel`], units owning `cols` output columns (one of
+    /// [`UNIT_COLUMNS`]).
+    Lanes { cols: usize },
+    /// [`crate::linear_plane::linear_plane_kernel`] with this plane shape.
+    Planes(PlaneShape),
+}
+
 /// Rows per register block for `m` rows.
 pub(crate) fn rows_per_block(m: usize) -> usize {
     match m {
@@ -121,6 +135,23 @@ pub(crate) fn rows_per_block(m: usize) -> usize {
         2 => 2,
         3 | 4 => 4,
         _ => 8,
+    }
+}
+
+/// The weight row offsets (`in_v` vectors a row) of the `cols` output
+/// columns `o0 ..` of both linear layouts, columns past `n_cols` clamped to
+/// the last (loaded, never stored).
+#[cube]
+pub(crate) fn column_rows(
+    wbase: &mut Array<usize>,
+    o0: usize,
+    n_cols: usize,
+    in_v: usize,
+    #[comptime] cols: usize,
+) {
+    #[unroll]
+    for c in 0..cols {
+        wbase[c] = select(o0 + c < n_cols, o0 + c, n_cols - 1) * in_v;
     }
 }
 
@@ -246,9 +277,27 @@ pub(crate) fn gelu_tanh(g: f32) -> f32 {
     g * f32::exp(f32::min(t, 0f32)) / (1f32 + f32::exp(-f32::abs(t)))
 }
 
+/// The scale of row `r`'s dot products over a reduction group of `d`
+/// values: its 1/rms (`sq[r]`: its sum of squares) when the prologue
+/// norms, else 1.
+#[cube]
+pub(crate) fn row_scale(
+    sq: &Array<f32>,
+    r: usize,
+    d: usize,
+    eps: f32,
+    #[comptime] norm: bool,
+) -> f32 {
+    let mut inv = 1f32;
+    if norm {
+        inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
+    }
+    inv
+}
+
 /// Adds a reduction group's partial sums (`part`, `part_u`: `[mb × cols]`)
-/// to the accumulators, each row scaled by its 1/rms over the group's `d`
-/// values when the prologue norms (`sq`: the rows' sums of squares).
+/// to the accumulators, each row scaled by its [`row_scale`] (`sq`: the
+/// rows' sums of squares).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn add_group(
@@ -265,10 +314,7 @@ pub(crate) fn add_group(
 ) {
     #[unroll]
     for r in 0..mb {
-        let mut inv = 1f32;
-        if norm {
-            inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
-        }
+        let inv = row_scale(sq, r, d, eps, norm);
         #[unroll]
         for c in 0..cols {
             acc[r * cols + c] += part[r * cols + c] * inv;
@@ -347,10 +393,7 @@ pub fn linear_kernel<F: Float + CubeElement, N: Size>(
     let o0 = (CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize) * cols;
     let gated = comptime!(is_gated(epilogue));
     let mut wbase = Array::<usize>::new(cols);
-    #[unroll]
-    for c in 0..cols {
-        wbase[c] = select(o0 + c < n_cols, o0 + c, n_cols - 1) * in_v;
-    }
+    column_rows(&mut wbase, o0, n_cols, in_v, cols);
 
     let mut row0 = 0usize;
     while row0 < m {
@@ -439,38 +482,44 @@ pub fn linear_lanes<R: Runtime>(
     out: &DeviceTensor<R>,
     cols: usize,
 ) -> Result<()> {
-    linear_lanes_with_binding_limit(
+    let layout = Layout::Lanes { cols };
+    linear_with_binding_limit(
         client,
         x,
         weight,
         prologue,
         epilogue,
         out,
+        layout,
         MAX_BINDING_BYTES,
-        cols,
     )
 }
 
-/// [`linear_lanes`] with an explicit per-binding byte limit for the weight
-/// chunks (tests use a small one to exercise the split).
+/// [`linear`] in `layout` with an explicit per-binding byte limit for the
+/// weight chunks (tests use a small one to exercise the split): the launch
+/// of both layouts ([`linear_lanes`], [`crate::linear_plane::linear_planes`]).
 #[doc(hidden)]
 #[allow(clippy::too_many_arguments)]
-pub fn linear_lanes_with_binding_limit<R: Runtime>(
+pub fn linear_with_binding_limit<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     weight: &DeviceTensor<R>,
     prologue: Prologue<'_, R>,
     epilogue: Epilogue<'_, R>,
     out: &DeviceTensor<R>,
+    layout: Layout,
     max_binding_bytes: usize,
-    unit_cols: usize,
 ) -> Result<()> {
     const OP: &str = "linear";
-    if !UNIT_COLUMNS.contains(&unit_cols) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("columns per unit must be one of {UNIT_COLUMNS:?}, got {unit_cols}"),
-        });
+    match layout {
+        Layout::Lanes { cols } if !UNIT_COLUMNS.contains(&cols) => {
+            return Err(OpsError::InvalidArgument {
+                op: OP,
+                reason: format!("columns per unit must be one of {UNIT_COLUMNS:?}, got {cols}"),
+            });
+        }
+        Layout::Lanes { .. } => {}
+        Layout::Planes(shape) => shape.validate()?,
     }
     let a = check_args(
         client,
@@ -481,21 +530,39 @@ pub fn linear_lanes_with_binding_limit<R: Runtime>(
         out,
         max_binding_bytes,
     )?;
-    let nv = vector_width(client, a.d);
-    let mb = rows_per_block(a.m);
+    // The grouped prologue reduces per group inside one plane (planes).
+    let ksplit = match layout {
+        Layout::Planes(shape) if a.groups == 1 => shape.ksplit as usize,
+        _ => 1,
+    };
+    // Vector width, rows per block, output columns per cube and cube shape.
+    let (nv, mb, cube_cols, dim) = match layout {
+        Layout::Lanes { cols } => (
+            vector_width(client, a.d),
+            rows_per_block(a.m),
+            BLOCK * cols,
+            CubeDim::new_1d(BLOCK as u32),
+        ),
+        Layout::Planes(shape) => (
+            crate::linear_plane::plane_vector_width(client, a.d, a.dtype.size()),
+            crate::linear_plane::plane_rows_per_block(a.m),
+            shape.planes as usize / ksplit * shape.cols as usize,
+            CubeDim::new_2d(shape.plane, shape.planes),
+        ),
+    };
     let mut c0 = 0;
     while c0 < a.n {
-        let (cols, w_chunk, up_chunk) = a.chunk(x, weight, c0)?;
-        let count = cube_count(OP, cols.div_ceil(BLOCK * unit_cols))?;
-        // SAFETY: every index the kernel forms is in bounds for the shapes
-        // validated above (rows clamped to m - 1, columns guarded by
-        // `n_cols`, optional inputs only read when their comptime flag is set).
-        crate::dispatch_float!(a.dtype, OP, F => {
-            unsafe {
-                linear_kernel::launch_unchecked::<F, R>(
+        let (n_cols, w_chunk, up_chunk) = a.chunk(x, weight, c0)?;
+        let count = cube_count(OP, n_cols.div_ceil(cube_cols))?;
+        // Kernel `$k` with the runtime arguments both layouts share, then
+        // its comptime ones.
+        macro_rules! launch {
+            ($k:path, $($comptime:expr),+) => {{
+                use $k as kernel;
+                kernel::launch_unchecked::<F, R>(
                     client,
                     count,
-                    CubeDim::new_1d(BLOCK as u32),
+                    dim,
                     nv,
                     x.array_arg(),
                     w_chunk.array_arg(),
@@ -505,7 +572,7 @@ pub fn linear_lanes_with_binding_limit<R: Runtime>(
                     out.array_arg(),
                     a.m,
                     a.k / nv,
-                    cols,
+                    n_cols,
                     c0,
                     a.n,
                     a.groups,
@@ -513,13 +580,32 @@ pub fn linear_lanes_with_binding_limit<R: Runtime>(
                     a.d,
                     a.eps,
                     mb,
-                    unit_cols,
-                    a.norm,
-                    a.code,
+                    $($comptime),+
                 )
+            }};
+        }
+        // SAFETY: every index the kernels form is in bounds for the shapes
+        // validated above: weight rows clamped to `n_cols - 1`, x rows to
+        // `m - 1`, reduction indices below `groups * dv = k / nv`, stores
+        // guarded by `n_cols` and `m`, the planes' shared memory sized for
+        // `planes` slots, optional inputs read only when their comptime
+        // flag is set.
+        crate::dispatch_float!(a.dtype, OP, F => {
+            unsafe {
+                match layout {
+                    Layout::Lanes { cols } => launch!(linear_kernel, cols, a.norm, a.code),
+                    Layout::Planes(shape) => launch!(
+                        crate::linear_plane::linear_plane_kernel,
+                        shape.cols as usize,
+                        shape.planes as usize,
+                        ksplit,
+                        a.norm,
+                        a.code
+                    ),
+                }
             }
         })?;
-        c0 += cols;
+        c0 += n_cols;
     }
     finish(client, OP)
 }
@@ -619,12 +705,7 @@ pub(crate) fn check_args<'a, R: Runtime>(
     };
     if norm {
         expect_dtype(OP, "prologue weight", gamma, dtype)?;
-        if !(eps >= 0.0 && eps.is_finite()) {
-            return Err(OpsError::InvalidArgument {
-                op: OP,
-                reason: format!("eps must be finite and >= 0, got {eps}"),
-            });
-        }
+        expect_eps(OP, eps)?;
     }
     let (extra, up, code) = match epilogue {
         Epilogue::None => (dummy, None, EPI_NONE),

@@ -24,12 +24,19 @@
 //! parameter ([`PlaneShape::plane`]); it must equal the device's plane
 //! (subgroup) size: 32 on NVIDIA, 8 on lavapipe, where these kernels run in
 //! the tests even though cubecl does not advertise plane ops there.
+//!
+//! This file holds what is the planes' own (the kernel, the plane
+//! reduction, the launch shape); the arguments are checked and the kernel
+//! launched by [`crate::linear::linear_with_binding_limit`] with
+//! [`crate::linear::Layout::Planes`].
 
 use cubecl::prelude::*;
 
 use crate::error::{OpsError, Result};
-use crate::launch::{cube_count, finish, MAX_BINDING_BYTES};
-use crate::linear::{accumulate, check_args, Checked};
+use crate::launch::MAX_BINDING_BYTES;
+use crate::linear::{
+    accumulate, column_rows, linear_with_binding_limit, Epilogue, Layout, Prologue,
+};
 use crate::tensor::DeviceTensor;
 
 /// The launch shape of [`linear_planes`]: what the lowering chooses per
@@ -192,10 +199,7 @@ pub fn linear_plane_kernel<F: Float + CubeElement, N: Size>(
     let mut smem = SharedMemory::<f32>::new(comptime!(planes * slot));
 
     let mut wbase = Array::<usize>::new(cols);
-    #[unroll]
-    for c in 0..cols {
-        wbase[c] = select(o0 + c < n_cols, o0 + c, n_cols - 1) * in_v;
-    }
+    column_rows(&mut wbase, o0, n_cols, in_v, cols);
 
     let mut row0 = 0usize;
     while row0 < m {
@@ -270,96 +274,22 @@ pub fn linear_planes<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     weight: &DeviceTensor<R>,
-    prologue: crate::linear::Prologue<'_, R>,
-    epilogue: crate::linear::Epilogue<'_, R>,
+    prologue: Prologue<'_, R>,
+    epilogue: Epilogue<'_, R>,
     out: &DeviceTensor<R>,
     shape: PlaneShape,
 ) -> Result<()> {
-    linear_planes_with_binding_limit(
+    let layout = Layout::Planes(shape);
+    linear_with_binding_limit(
         client,
         x,
         weight,
         prologue,
         epilogue,
         out,
-        shape,
+        layout,
         MAX_BINDING_BYTES,
     )
-}
-
-/// [`linear_planes`] with an explicit per-binding byte limit for the
-/// weight chunks (tests use a small one to exercise the split).
-#[doc(hidden)]
-#[allow(clippy::too_many_arguments)]
-pub fn linear_planes_with_binding_limit<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &DeviceTensor<R>,
-    weight: &DeviceTensor<R>,
-    prologue: crate::linear::Prologue<'_, R>,
-    epilogue: crate::linear::Epilogue<'_, R>,
-    out: &DeviceTensor<R>,
-    shape: PlaneShape,
-    max_binding_bytes: usize,
-) -> Result<()> {
-    const OP: &str = "linear";
-    shape.validate()?;
-    let a: Checked<'_, R> = check_args(
-        client,
-        x,
-        weight,
-        prologue,
-        epilogue,
-        out,
-        max_binding_bytes,
-    )?;
-    // The grouped prologue reduces per group inside one plane.
-    let ksplit = if a.groups > 1 { 1 } else { shape.ksplit };
-    let groups_per_cube = (shape.planes / ksplit) as usize;
-    let cols = shape.cols as usize;
-    let mb = plane_rows_per_block(a.m);
-    let nv = plane_vector_width(client, a.d, a.dtype.size());
-    let mut c0 = 0;
-    while c0 < a.n {
-        let (n_cols, w_chunk, up_chunk) = a.chunk(x, weight, c0)?;
-        let count = cube_count(OP, n_cols.div_ceil(groups_per_cube * cols))?;
-        // SAFETY: as in `linear`: weight rows clamped to `n_cols - 1`, x rows
-        // to `m - 1`, reduction indices below `groups * dv = k / nv`, stores
-        // guarded by `n_cols` and `m`, shared memory sized for `planes`
-        // slots, optional inputs read only when their comptime flag is set.
-        crate::dispatch_float!(a.dtype, OP, F => {
-            unsafe {
-                linear_plane_kernel::launch_unchecked::<F, R>(
-                    client,
-                    count,
-                    CubeDim::new_2d(shape.plane, shape.planes),
-                    nv,
-                    x.array_arg(),
-                    w_chunk.array_arg(),
-                    up_chunk.array_arg(),
-                    a.gamma.array_arg(),
-                    a.extra.array_arg(),
-                    out.array_arg(),
-                    a.m,
-                    a.k / nv,
-                    n_cols,
-                    c0,
-                    a.n,
-                    a.groups,
-                    a.d / nv,
-                    a.d,
-                    a.eps,
-                    mb,
-                    cols,
-                    shape.planes as usize,
-                    ksplit as usize,
-                    a.norm,
-                    a.code,
-                )
-            }
-        })?;
-        c0 += n_cols;
-    }
-    finish(client, OP)
 }
 
 /// The widest vector of at most 16 bytes (8 f16 or 4 f32 elements) that

@@ -29,11 +29,12 @@ use cubecl::prelude::*;
 use crate::block::vector_width;
 use crate::error::{OpsError, Result};
 use crate::launch::{
-    cube_count, expect_bindable, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
+    cube_count, expect_bindable, expect_dtype, expect_dtypes, expect_float, expect_nonempty,
+    expect_shape, finish,
 };
-use crate::linear::accumulate;
-use crate::linear_plane::{plane_rows_per_block, plane_vector_width, reduce_group, PlaneShape};
-use crate::rope::rotate_into;
+use crate::linear::{accumulate, row_scale};
+use crate::linear_plane::{plane_rows_per_block, plane_vector_width, reduce_group};
+use crate::rope::store_qkv_pair;
 use crate::tensor::DeviceTensor;
 
 /// Units per cube of the lane layout (as [`crate::linear::BLOCK`]).
@@ -91,7 +92,7 @@ fn start_rows(
 }
 
 /// `acc = 0 + part · 1/rms` per row (the plain linear's arithmetic, so its
-/// bits), `1/rms` from the sums of squares `sq` when `norm`.
+/// bits; [`crate::linear::row_scale`] from the sums of squares `sq`).
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn scale_rows(
@@ -106,10 +107,7 @@ fn scale_rows(
 ) {
     #[unroll]
     for r in 0..mb {
-        let mut inv = 1f32;
-        if norm {
-            inv = 1f32 / f32::sqrt(sq[r] / f32::cast_from(d) + eps);
-        }
+        let inv = row_scale(sq, r, d, eps, norm);
         #[unroll]
         for c in 0..cols {
             acc[r * cols + c] = 0f32 + part[r * cols + c] * inv;
@@ -119,8 +117,9 @@ fn scale_rows(
 
 /// Stores the projections of pairs `p0 .. p0 + pp` of rows `row0 ..
 /// row0 + mb` (`acc[r * 2pp + c]` the first members, `acc[r * 2pp + pp +
-/// c]` the second): rotated queries into `q`, rotated K and plain V rows
-/// into the caches at `slots[row]`.
+/// c]` the second) as [`crate::rope::rope_qkv_append`] does
+/// ([`store_qkv_pair`]): rotated queries into `q`, rotated K and plain V
+/// rows into the caches at `slots[row]`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn store_pairs<F: Float + CubeElement>(
@@ -154,18 +153,10 @@ fn store_pairs<F: Float + CubeElement>(
                 // Rounded to the storage dtype, as a projection stores it.
                 let x1 = f32::cast_from(F::cast_from(acc[r * comptime!(2 * pp) + c]));
                 let x2 = f32::cast_from(F::cast_from(acc[r * comptime!(2 * pp) + pp + c]));
-                if head < heads {
-                    let dst = (row * heads + head) * hd + j;
-                    rotate_into::<F>(x1, x2, pos[row], inv_freq[j], q, dst, half);
-                } else if head < heads + kv_heads {
-                    let dst = (slots[row] as usize * kv_heads + head - heads) * hd + j;
-                    rotate_into::<F>(x1, x2, pos[row], inv_freq[j], k_cache, dst, half);
-                } else {
-                    let g = head - heads - kv_heads;
-                    let dst = (slots[row] as usize * kv_heads + g) * hd;
-                    v_cache[dst + j] = F::cast_from(x1);
-                    v_cache[dst + j + half] = F::cast_from(x2);
-                }
+                store_qkv_pair::<F>(
+                    x1, x2, row, head, j, pos, inv_freq, slots, q, k_cache, v_cache, hd, half,
+                    heads, kv_heads,
+                );
             }
         }
     }
@@ -349,15 +340,10 @@ pub fn linear_plane_rope_qkv_kernel<F: Float + CubeElement, N: Size>(
     }
 }
 
-/// How [`linear_rope_qkv`] lays the work out.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeQkvLayout {
-    /// Units owning `cols / 2` pairs (`cols` one of
-    /// [`crate::linear::UNIT_COLUMNS`]).
-    Lanes { cols: usize },
-    /// Planes owning `shape.cols` pairs.
-    Planes(PlaneShape),
-}
+/// How [`linear_rope_qkv`] lays the work out: the linear's layouts, with
+/// units owning `cols / 2` pairs (`cols` an even one of
+/// [`crate::linear::UNIT_COLUMNS`]) or planes owning `shape.cols` pairs.
+pub type RopeQkvLayout = crate::linear::Layout;
 
 /// Where [`linear_rope_qkv`] puts its results and what it rotates with.
 pub struct RopeQkvOut<'a, R: Runtime> {
@@ -406,32 +392,26 @@ pub fn linear_rope_qkv<R: Runtime>(
         });
     };
     let dtype = x.dtype();
-    let qs = out.q.shape();
-    let [qm, heads, hd] = qs[..] else {
-        return Err(OpsError::ShapeMismatch {
-            op: OP,
-            arg: "q",
-            expected: "[m, heads, head_dim]".into(),
-            found: qs.to_vec(),
-        });
-    };
-    if qm != m || hd == 0 || !hd.is_multiple_of(2) {
+    let (qm, heads, hd) = crate::rope::rope_rows(client, OP, "q", out.q)?;
+    if qm != m {
         return Err(OpsError::InvalidArgument {
             op: OP,
-            reason: format!("q is {qs:?}: needs {m} rows and an even, positive head_dim"),
+            reason: format!("q has {qm} rows, x has {m}"),
         });
     }
     let (rows, kv_heads) = crate::rope::cache_heads(OP, out.k_cache, out.v_cache, hd)?;
     let n = (heads + 2 * kv_heads) * hd;
     expect_shape(OP, "weight", weight, &[n, k])?;
-    for (arg, t) in [
-        ("weight", weight),
-        ("q", out.q),
-        ("k_cache", out.k_cache),
-        ("v_cache", out.v_cache),
-    ] {
-        expect_dtype(OP, arg, t, dtype)?;
-    }
+    expect_dtypes(
+        OP,
+        dtype,
+        &[
+            ("weight", weight),
+            ("q", out.q),
+            ("k_cache", out.k_cache),
+            ("v_cache", out.v_cache),
+        ],
+    )?;
     expect_bindable(OP, "weight", weight)?;
     let half = hd / 2;
     crate::rope::expect_positions_freqs(OP, out.positions, out.freqs, m, half)?;
@@ -448,7 +428,9 @@ pub fn linear_rope_qkv<R: Runtime>(
         return Ok(());
     };
     let pairs = n / 2;
-    match layout {
+    // Pairs per unit (plane), vector width, rows per block, split planes,
+    // pairs per cube and cube shape.
+    let (pp, nv, mb, ksplit, cube_pairs, dim) = match layout {
         RopeQkvLayout::Lanes { cols } => {
             if !crate::linear::UNIT_COLUMNS.contains(&cols) || !cols.is_multiple_of(2) {
                 return Err(OpsError::InvalidArgument {
@@ -461,22 +443,7 @@ pub fn linear_rope_qkv<R: Runtime>(
             let pp = cols / 2;
             let nv = vector_width(client, k);
             let mb = crate::linear::rows_per_block(m);
-            let count = cube_count(OP, pairs.div_ceil(BLOCK * pp))?;
-            crate::dispatch_float!(dtype, OP, F => {
-                // SAFETY: shapes validated above; weight rows clamped to the
-                // last pair, x rows to m - 1, stores guarded by `pairs` and
-                // `m`, slots distinct and < rows.
-                unsafe {
-                    linear_rope_qkv_kernel::launch_unchecked::<F, R>(
-                        client, count, CubeDim::new_1d(BLOCK as u32), nv,
-                        x.array_arg(), weight.array_arg(), gamma.array_arg(),
-                        out.positions.array_arg(), out.freqs.array_arg(), slots.array_arg(),
-                        out.q.array_arg(), out.k_cache.array_arg(), out.v_cache.array_arg(),
-                        m, k / nv, pairs, half, heads, kv_heads, k, eps,
-                        mb, pp, norm.is_some(),
-                    )
-                }
-            })?;
+            (pp, nv, mb, 1, BLOCK * pp, CubeDim::new_1d(BLOCK as u32))
         }
         RopeQkvLayout::Planes(shape) => {
             shape.validate()?;
@@ -485,23 +452,43 @@ pub fn linear_rope_qkv<R: Runtime>(
             let groups_per_cube = shape.planes as usize / ksplit;
             let nv = plane_vector_width(client, k, dtype.size());
             let mb = plane_rows_per_block(m);
-            let count = cube_count(OP, pairs.div_ceil(groups_per_cube * pp))?;
-            crate::dispatch_float!(dtype, OP, F => {
-                // SAFETY: as for the lanes, and shared memory sized for
-                // `planes` slots.
-                unsafe {
-                    linear_plane_rope_qkv_kernel::launch_unchecked::<F, R>(
-                        client, count, CubeDim::new_2d(shape.plane, shape.planes), nv,
-                        x.array_arg(), weight.array_arg(), gamma.array_arg(),
-                        out.positions.array_arg(), out.freqs.array_arg(), slots.array_arg(),
-                        out.q.array_arg(), out.k_cache.array_arg(), out.v_cache.array_arg(),
-                        m, k / nv, pairs, half, heads, kv_heads, k, eps,
-                        mb, pp, shape.planes as usize, ksplit, norm.is_some(),
-                    )
-                }
-            })?;
+            let dim = CubeDim::new_2d(shape.plane, shape.planes);
+            (pp, nv, mb, ksplit, groups_per_cube * pp, dim)
         }
+    };
+    let count = cube_count(OP, pairs.div_ceil(cube_pairs))?;
+    // Kernel `$k` with the runtime arguments both layouts share, then its
+    // comptime ones.
+    macro_rules! launch {
+        ($k:path, $($comptime:expr),+) => {{
+            use $k as kernel;
+            kernel::launch_unchecked::<F, R>(
+                client, count, dim, nv,
+                x.array_arg(), weight.array_arg(), gamma.array_arg(),
+                out.positions.array_arg(), out.freqs.array_arg(), slots.array_arg(),
+                out.q.array_arg(), out.k_cache.array_arg(), out.v_cache.array_arg(),
+                m, k / nv, pairs, half, heads, kv_heads, k, eps,
+                mb, pp, $($comptime),+
+            )
+        }};
     }
+    crate::dispatch_float!(dtype, OP, F => {
+        // SAFETY: shapes validated above; weight rows clamped to the last
+        // pair, x rows to m - 1, stores guarded by `pairs` and `m`, slots
+        // distinct and < rows, the planes' shared memory sized for
+        // `planes` slots.
+        unsafe {
+            match layout {
+                RopeQkvLayout::Lanes { .. } => launch!(linear_rope_qkv_kernel, norm.is_some()),
+                RopeQkvLayout::Planes(shape) => launch!(
+                    linear_plane_rope_qkv_kernel,
+                    shape.planes as usize,
+                    ksplit,
+                    norm.is_some()
+                ),
+            }
+        }
+    })?;
     finish(client, OP)
 }
 

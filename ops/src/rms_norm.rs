@@ -12,9 +12,9 @@
 use cubecl::prelude::*;
 
 use crate::block::{cube_sum, lane_sum, vector_width};
-use crate::error::{OpsError, Result};
+use crate::error::Result;
 use crate::launch::{
-    cube_count, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
+    cube_count, expect_dtype, expect_eps, expect_float, expect_nonempty, expect_shape, finish,
 };
 use crate::tensor::DeviceTensor;
 
@@ -77,12 +77,7 @@ pub(crate) fn launch_segments<R: Runtime>(
     eps: f32,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    if !(eps >= 0.0 && eps.is_finite()) {
-        return Err(OpsError::InvalidArgument {
-            op,
-            reason: format!("eps must be finite and >= 0, got {eps}"),
-        });
-    }
+    expect_eps(op, eps)?;
     let segments = x.numel() / d;
     let n = vector_width(client, d);
     let count = cube_count(op, segments)?;

@@ -23,7 +23,8 @@ use cubecl::prelude::*;
 
 use crate::error::{OpsError, Result};
 use crate::launch::{
-    cube_count, expect_dtype, expect_float, expect_nonempty, expect_rank, expect_shape, finish,
+    cube_count, expect_dtype, expect_dtypes, expect_float, expect_nonempty, expect_rank,
+    expect_shape, finish,
 };
 use crate::tensor::{DType, DeviceTensor};
 
@@ -60,6 +61,46 @@ pub(crate) fn rotate_into<F: Float + CubeElement>(
     let (c, s) = (f32::cos(r), f32::sin(r));
     out[at] = F::cast_from(x1 * c - x2 * s);
     out[at + half] = F::cast_from(x2 * c + x1 * s);
+}
+
+/// Stores the pair `(x1, x2)`, columns `j` and `j + half` of head `head`
+/// (of `hd = 2 · half`) of row `row` of a fused q/k/v projection (the query
+/// heads, then the K heads, then the V heads), where the fused step puts
+/// it: a query head rotated into `q` (`[rows, heads, hd]`), a K head
+/// rotated into `k_cache` and a V head copied into `v_cache` (both `[.,
+/// kv_heads · hd]`) at row `slots[row]`. Shared by
+/// [`rope_qkv_append_kernel`] and the epilogue of `crate::linear_rope`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_qkv_pair<F: Float + CubeElement>(
+    x1: f32,
+    x2: f32,
+    row: usize,
+    head: usize,
+    j: usize,
+    pos: &Array<u32>,
+    inv_freq: &Array<f32>,
+    slots: &Array<u32>,
+    q: &mut Array<F>,
+    k_cache: &mut Array<F>,
+    v_cache: &mut Array<F>,
+    hd: usize,
+    half: usize,
+    heads: usize,
+    kv_heads: usize,
+) {
+    if head < heads {
+        let dst = (row * heads + head) * hd + j;
+        rotate_into::<F>(x1, x2, pos[row], inv_freq[j], q, dst, half);
+    } else if head < heads + kv_heads {
+        let dst = (slots[row] as usize * kv_heads + head - heads) * hd + j;
+        rotate_into::<F>(x1, x2, pos[row], inv_freq[j], k_cache, dst, half);
+    } else {
+        let g = head - heads - kv_heads;
+        let dst = (slots[row] as usize * kv_heads + g) * hd;
+        v_cache[dst + j] = F::cast_from(x1);
+        v_cache[dst + j + half] = F::cast_from(x2);
+    }
 }
 
 /// One unit per (token, head, i < half) pair.
@@ -117,11 +158,11 @@ pub fn rope_append_kernel<F: Float + CubeElement>(
     }
 }
 
-/// One unit per (row, head < heads + kv_heads, i < half) of a fused
+/// One unit per (row, head < heads + 2 · kv_heads, i < half) of a fused
 /// projection's output `qkv` (`[n, (heads + 2 · kv_heads) · head_dim]`: the
-/// query heads, then the K heads, then the V heads): a query head is
-/// rotated into `q`, a K head rotated into `k_cache` and the matching V
-/// head copied into `v_cache`, both at row `slots[row]`.
+/// query heads, then the K heads, then the V heads), stored by
+/// [`store_qkv_pair`]: a query head rotated into `q`, a K head rotated into
+/// `k_cache` and a V head copied into `v_cache`, both at row `slots[row]`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub fn rope_qkv_append_kernel<F: Float + CubeElement>(
@@ -140,27 +181,18 @@ pub fn rope_qkv_append_kernel<F: Float + CubeElement>(
     let p = CUBE_POS * comptime!(BLOCK) + UNIT_POS as usize;
     if p < pairs {
         let i = p % half;
-        let rh = p / half; // row * (heads + kv_heads) + head
-        let all = heads + kv_heads;
+        let rh = p / half; // row * (heads + 2 · kv_heads) + head
+        let all = heads + 2 * kv_heads;
         let t = rh / all;
         let head = rh % all;
         let hd = 2 * half;
-        let row = t * (all + kv_heads) * hd;
-        let src = row + head * hd;
+        let src = rh * hd;
         let x1 = f32::cast_from(qkv[src + i]);
         let x2 = f32::cast_from(qkv[src + i + half]);
-        let f = inv_freq[i];
-        if head < heads {
-            let dst = (t * heads + head) * hd;
-            rotate_into::<F>(x1, x2, pos[t], f, q, dst + i, half);
-        } else {
-            let g = head - heads;
-            let dst = (slots[t] as usize * kv_heads + g) * hd;
-            rotate_into::<F>(x1, x2, pos[t], f, k_cache, dst + i, half);
-            let vsrc = row + (all + g) * hd;
-            v_cache[dst + i] = qkv[vsrc + i];
-            v_cache[dst + i + half] = qkv[vsrc + i + half];
-        }
+        store_qkv_pair::<F>(
+            x1, x2, t, head, i, pos, inv_freq, slots, q, k_cache, v_cache, hd, half, heads,
+            kv_heads,
+        );
     }
 }
 
@@ -186,16 +218,18 @@ pub fn rope_qkv_append<R: Runtime>(
     let (n, heads, hd) = rope_rows(client, OP, "q", q)?;
     let (rows, kv_heads) = cache_heads(OP, k_cache, v_cache, hd)?;
     expect_shape(OP, "qkv", qkv, &[n, (heads + 2 * kv_heads) * hd])?;
-    for (arg, t) in [("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)] {
-        expect_dtype(OP, arg, t, q.dtype())?;
-    }
+    expect_dtypes(
+        OP,
+        q.dtype(),
+        &[("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)],
+    )?;
     let half = hd / 2;
     expect_positions_freqs(OP, positions, freqs, n, half)?;
     crate::kv::expect_slots(OP, slots, n, rows, [k_cache, v_cache])?;
     let Some(slot_dev) = slots.device() else {
         return Ok(()); // no rows
     };
-    let pairs = n * (heads + kv_heads) * half;
+    let pairs = n * (heads + 2 * kv_heads) * half;
     let count = cube_count(OP, pairs.div_ceil(BLOCK))?;
     crate::dispatch_float!(q.dtype(), OP, F => {
         // SAFETY: shapes validated above; every slot is < rows and distinct,
@@ -231,15 +265,14 @@ pub fn rope_append<R: Runtime>(
     const OP: &str = "rope_append";
     let (n, heads, hd) = rope_rows(client, OP, "k", k)?;
     expect_shape(OP, "v", v, k.shape())?;
-    expect_dtype(OP, "v", v, k.dtype())?;
     let half = hd / 2;
     expect_positions_freqs(OP, positions, freqs, n, half)?;
-    let width = heads * hd;
-    let rows = expect_rank(OP, "k_cache", k_cache, 2, "[rows, heads * head_dim]")?[0];
-    expect_shape(OP, "k_cache", k_cache, &[rows, width])?;
-    expect_shape(OP, "v_cache", v_cache, &[rows, width])?;
-    expect_dtype(OP, "k_cache", k_cache, k.dtype())?;
-    expect_dtype(OP, "v_cache", v_cache, k.dtype())?;
+    let rows = cache_rows(OP, k_cache, v_cache, heads * hd)?;
+    expect_dtypes(
+        OP,
+        k.dtype(),
+        &[("v", v), ("k_cache", k_cache), ("v_cache", v_cache)],
+    )?;
     crate::kv::expect_slots(OP, slots, n, rows, [k_cache, v_cache])?;
     let Some(slot_dev) = slots.device() else {
         return Ok(()); // no rows
@@ -261,6 +294,20 @@ pub fn rope_append<R: Runtime>(
     finish(client, OP)
 }
 
+/// The rows of the cache halves `k_cache` and `v_cache`, both `[rows,
+/// width]`.
+fn cache_rows<R: Runtime>(
+    op: &'static str,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+    width: usize,
+) -> Result<usize> {
+    let rows = expect_rank(op, "k_cache", k_cache, 2, "[rows, kv_heads * head_dim]")?[0];
+    expect_shape(op, "k_cache", k_cache, &[rows, width])?;
+    expect_shape(op, "v_cache", v_cache, &[rows, width])?;
+    Ok(rows)
+}
+
 /// The rows and KV heads of `head_dim` of the cache halves `k_cache` and
 /// `v_cache` (both `[rows, kv_heads · head_dim]`).
 pub(crate) fn cache_heads<R: Runtime>(
@@ -269,8 +316,7 @@ pub(crate) fn cache_heads<R: Runtime>(
     v_cache: &DeviceTensor<R>,
     head_dim: usize,
 ) -> Result<(usize, usize)> {
-    let rows = expect_rank(op, "k_cache", k_cache, 2, "[rows, kv_heads * head_dim]")?[0];
-    let width = k_cache.shape()[1];
+    let width = expect_rank(op, "k_cache", k_cache, 2, "[rows, kv_heads * head_dim]")?[1];
     if width == 0 || !width.is_multiple_of(head_dim) {
         return Err(OpsError::InvalidArgument {
             op,
@@ -279,8 +325,19 @@ pub(crate) fn cache_heads<R: Runtime>(
             ),
         });
     }
-    expect_shape(op, "v_cache", v_cache, &[rows, width])?;
+    let rows = cache_rows(op, k_cache, v_cache, width)?;
     Ok((rows, width / head_dim))
+}
+
+/// Half of a rotated head's `head_dim`, which must be even and positive.
+pub(crate) fn expect_head_dim(op: &'static str, head_dim: usize) -> Result<usize> {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
+        return Err(OpsError::InvalidArgument {
+            op,
+            reason: format!("head_dim must be even and positive, got {head_dim}"),
+        });
+    }
+    Ok(head_dim / 2)
 }
 
 /// A RoPE input `t` (`[n, heads, head_dim]`, float, `head_dim` even and
@@ -294,12 +351,7 @@ pub(crate) fn rope_rows<R: Runtime>(
     expect_float(client, op, arg, t)?;
     let s = expect_rank(op, arg, t, 3, "[n, heads, head_dim]")?;
     let (n, heads, hd) = (s[0], s[1], s[2]);
-    if !hd.is_multiple_of(2) || hd == 0 {
-        return Err(OpsError::InvalidArgument {
-            op,
-            reason: format!("head_dim must be even and positive, got {hd}"),
-        });
-    }
+    expect_head_dim(op, hd)?;
     Ok((n, heads, hd))
 }
 
@@ -342,12 +394,7 @@ pub fn rope_freqs<R: Runtime>(
     theta: f32,
 ) -> Result<DeviceTensor<R>> {
     const OP: &str = "rope";
-    if head_dim == 0 || !head_dim.is_multiple_of(2) {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("head_dim must be even and positive, got {head_dim}"),
-        });
-    }
+    expect_head_dim(OP, head_dim)?;
     if !(theta > 1.0 && theta.is_finite()) {
         return Err(OpsError::InvalidArgument {
             op: OP,
@@ -381,16 +428,8 @@ pub fn rope_with_freqs<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "rope";
-    expect_float(client, OP, "x", x)?;
     expect_nonempty(OP, "x", x)?;
-    let s = expect_rank(OP, "x", x, 3, "[t, heads, head_dim]")?;
-    let (t, heads, hd) = (s[0], s[1], s[2]);
-    if hd % 2 != 0 {
-        return Err(OpsError::InvalidArgument {
-            op: OP,
-            reason: format!("head_dim must be even, got {hd}"),
-        });
-    }
+    let (t, heads, hd) = rope_rows(client, OP, "x", x)?;
     expect_shape(OP, "out", out, x.shape())?;
     expect_dtype(OP, "out", out, x.dtype())?;
     let half = hd / 2;

@@ -20,8 +20,8 @@ use cubecl::prelude::*;
 use crate::argmax_topk::{argmax, cube_best_after};
 use crate::block::cube_max;
 use crate::error::{OpsError, Result};
-use crate::launch::{cube_count, expect_dtype, expect_float, expect_nonempty, finish};
-use crate::tensor::{DType, DeviceTensor};
+use crate::launch::{cube_count, expect_float_rows, expect_row_u32, finish};
+use crate::tensor::DeviceTensor;
 
 /// Units per cube (also the chunk count of the full-vocabulary path).
 pub const BLOCK: usize = 128;
@@ -228,19 +228,8 @@ pub fn sample<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "sample";
-    expect_float(client, OP, "logits", logits)?;
-    expect_nonempty(OP, "logits", logits)?;
-    let n = *logits.shape().last().unwrap_or(&1);
-    let rows = logits.numel() / n;
-    expect_dtype(OP, "out", out, DType::U32)?;
-    if out.numel() != rows {
-        return Err(OpsError::ShapeMismatch {
-            op: OP,
-            arg: "out",
-            expected: format!("[{rows}]"),
-            found: out.shape().to_vec(),
-        });
-    }
+    let (rows, n) = expect_float_rows(client, OP, "logits", logits)?;
+    expect_row_u32(OP, "out", out, rows)?;
     let SamplingParams {
         temperature,
         top_k,

@@ -6,9 +6,7 @@ use cubecl::prelude::*;
 
 use crate::block::{cube_max, cube_sum, vector_width};
 use crate::error::{OpsError, Result};
-use crate::launch::{
-    cube_count, expect_dtype, expect_float, expect_nonempty, expect_shape, finish,
-};
+use crate::launch::{cube_count, expect_dtype, expect_float_rows, expect_shape, finish};
 use crate::tensor::DeviceTensor;
 
 /// Units per cube.
@@ -70,8 +68,7 @@ pub fn softmax<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "softmax";
-    expect_float(client, OP, "x", x)?;
-    expect_nonempty(OP, "x", x)?;
+    let (rows, n) = expect_float_rows(client, OP, "x", x)?;
     if !(temperature > 0.0 && temperature.is_finite()) {
         return Err(OpsError::InvalidArgument {
             op: OP,
@@ -80,8 +77,6 @@ pub fn softmax<R: Runtime>(
     }
     expect_shape(OP, "out", out, x.shape())?;
     expect_dtype(OP, "out", out, x.dtype())?;
-    let n = *x.shape().last().unwrap_or(&1);
-    let rows = x.numel() / n;
     let w = vector_width(client, n);
     let count = cube_count(OP, rows)?;
     // Unchecked launch: no per-access bounds checks in the shader.

@@ -28,6 +28,63 @@ fn check(
     check_as(dtype, dims, batch, mask, seed, None)
 }
 
+/// Random queries for `tq` rows and keys and values for `tk` rows of
+/// `dims` (seeds `seed`, `seed + 1`, `seed + 2`), rounded to `dtype`.
+fn random_qkv(
+    dims: AttnDims,
+    tq: usize,
+    tk: usize,
+    seed: u64,
+    dtype: DType,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let (qn, kn) = (
+        tq * dims.heads * dims.head_dim,
+        tk * dims.kv_heads * dims.head_dim,
+    );
+    (
+        random_f32(seed, qn, -2.0, 2.0, dtype),
+        random_f32(seed + 1, kn, -2.0, 2.0, dtype),
+        random_f32(seed + 2, kn, -1.0, 1.0, dtype),
+    )
+}
+
+/// The K or V rows `key_rows` of `x` (`[rows, kv_heads · head_dim]`).
+fn gather_rows(x: &[f32], key_rows: &[usize], dims: AttnDims) -> Vec<f32> {
+    let w = dims.kv_heads * dims.head_dim;
+    key_rows
+        .iter()
+        .flat_map(|&r| x[r * w..(r + 1) * w].to_vec())
+        .collect()
+}
+
+/// `data` (f32 values, uploaded as `dtype`) as rows of `heads` heads of
+/// `head_dim`.
+fn heads_tensor(
+    data: &[f32],
+    heads: usize,
+    head_dim: usize,
+    dtype: DType,
+) -> draftc_ops::Result<DeviceTensor<R>> {
+    let rows = data.len() / (heads * head_dim);
+    DeviceTensor::upload_f32(&test_client(), data, &[rows, heads, head_dim], dtype)
+}
+
+/// `q, k, v` (f32 values, uploaded as `dtype`) in their layouts, then an
+/// output poisoned with NaN so that a kernel that never ran cannot pass.
+fn upload(
+    dims: AttnDims,
+    dtype: DType,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+) -> draftc_ops::Result<[DeviceTensor<R>; 4]> {
+    let hd = dims.head_dim;
+    Ok([
+        heads_tensor(q, dims.heads, hd, dtype)?,
+        heads_tensor(k, dims.kv_heads, hd, dtype)?,
+        heads_tensor(v, dims.kv_heads, hd, dtype)?,
+        heads_tensor(&vec![f32::NAN; q.len()], dims.heads, hd, dtype)?,
+    ])
+}
+
 /// The test device's plane size (8 on lavapipe).
 fn plane() -> u32 {
     test_client().properties().hardware.plane_size_max
@@ -58,34 +115,10 @@ fn check_scaled(
 ) -> Result<(), TestCaseError> {
     let client = test_client();
     let (tq, tk) = (batch.total_q(), batch.total_k());
-    let q = random_f32(seed, tq * dims.heads * dims.head_dim, -2.0, 2.0, dtype);
-    let k = random_f32(
-        seed + 1,
-        tk * dims.kv_heads * dims.head_dim,
-        -2.0,
-        2.0,
-        dtype,
-    );
-    let v = random_f32(
-        seed + 2,
-        tk * dims.kv_heads * dims.head_dim,
-        -1.0,
-        1.0,
-        dtype,
-    );
+    let (q, k, v) = random_qkv(dims, tq, tk, seed, dtype);
     let got = match layout {
         None => {
-            let up = |data: &[f32], rows: usize, h: usize| {
-                DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, dims.head_dim], dtype)
-                    .unwrap()
-            };
-            let (qt, kt, vt) = (
-                up(&q, tq, dims.heads),
-                up(&k, tk, dims.kv_heads),
-                up(&v, tk, dims.kv_heads),
-            );
-            // Poison the output so that a kernel that never ran cannot pass.
-            let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
+            let [qt, kt, vt, out] = upload(dims, dtype, (&q, &k, &v)).unwrap();
             match scale {
                 None => attention(&client, &qt, &kt, &vt, dims, batch, mask, &out),
                 Some(s) => AttnMeta::new(&client, batch, mask)
@@ -141,16 +174,7 @@ fn run_planes_scaled(
     scale: Option<f32>,
 ) -> draftc_ops::Result<Vec<f32>> {
     let client = test_client();
-    let (tq, tk) = (batch.total_q(), batch.total_k());
-    let up = |data: &[f32], rows: usize, h: usize| {
-        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, dims.head_dim], dtype)
-    };
-    let (qt, kt, vt) = (
-        up(q, tq, dims.heads)?,
-        up(k, tk, dims.kv_heads)?,
-        up(v, tk, dims.kv_heads)?,
-    );
-    let out = up(&vec![f32::NAN; q.len()], tq, dims.heads)?;
+    let [qt, kt, vt, out] = upload(dims, dtype, (q, k, v))?;
     let shape = AttnPlaneShape {
         plane: plane(),
         planes,
@@ -248,24 +272,14 @@ fn default_scale_set_explicitly_is_bit_identical() {
     };
     let batch = SeqBatch::single(5, 40);
     let (tq, tk, hd) = (batch.total_q(), batch.total_k(), dims.head_dim);
-    let q = random_f32(1, tq * dims.heads * hd, -2.0, 2.0, DType::F16);
-    let k = random_f32(2, tk * dims.kv_heads * hd, -2.0, 2.0, DType::F16);
-    let v = random_f32(3, tk * dims.kv_heads * hd, -1.0, 1.0, DType::F16);
-    let up = |data: &[f32], rows: usize, h: usize| {
-        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, hd], DType::F16).unwrap()
-    };
-    let (qt, kt, vt) = (
-        up(&q, tq, dims.heads),
-        up(&k, tk, dims.kv_heads),
-        up(&v, tk, dims.kv_heads),
-    );
+    let (q, k, v) = random_qkv(dims, tq, tk, 1, DType::F16);
     let default = 1.0 / (hd as f32).sqrt();
     let fused = |scale: Option<f32>| {
+        let [qt, kt, vt, out] = upload(dims, DType::F16, (&q, &k, &v)).unwrap();
         let mut meta = AttnMeta::new(&client, &batch, Mask::Causal).unwrap();
         if let Some(s) = scale {
             meta = meta.with_scale(s).unwrap();
         }
-        let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
         attention_rows(&client, &qt, &kt, &vt, dims, &meta, 0..tq, &out).unwrap();
         out.download_f32(&client).unwrap()
     };
@@ -327,13 +341,8 @@ proptest! {
         let tree = tree_batch(committed, nodes, seed);
         let (decode, key_rows) = paths_as_decode_rows(&tree);
         let (hd, tk) = (dims.head_dim, tree.total_k());
-        let q = random_f32(seed, nodes * dims.heads * hd, -2.0, 2.0, dtype);
-        let k = random_f32(seed + 1, tk * dims.kv_heads * hd, -2.0, 2.0, dtype);
-        let v = random_f32(seed + 2, tk * dims.kv_heads * hd, -1.0, 1.0, dtype);
-        let gather = |x: &[f32]| -> Vec<f32> {
-            let w = dims.kv_heads * hd;
-            key_rows.iter().flat_map(|&r| x[r * w..(r + 1) * w].to_vec()).collect()
-        };
+        let (q, k, v) = random_qkv(dims, nodes, tk, seed, dtype);
+        let gather = |x: &[f32]| gather_rows(x, &key_rows, dims);
         let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
         let got = run_planes(dtype, dims, &tree, Mask::Tree, (&q, &k, &v), planes, chunk)
             .map_err(fail)?;
@@ -597,23 +606,13 @@ proptest! {
         let (decode, key_rows) = paths_as_decode_rows(&tree);
         let sliding = Mask::SlidingSink { window, sink };
         let (hd, tk) = (dims.head_dim, tree.total_k());
-        let q = random_f32(seed, nodes * dims.heads * hd, -2.0, 2.0, dtype);
-        let k = random_f32(seed + 1, tk * dims.kv_heads * hd, -2.0, 2.0, dtype);
-        let v = random_f32(seed + 2, tk * dims.kv_heads * hd, -1.0, 1.0, dtype);
-        let gather = |x: &[f32]| -> Vec<f32> {
-            let w = dims.kv_heads * hd;
-            key_rows.iter().flat_map(|&r| x[r * w..(r + 1) * w].to_vec()).collect()
-        };
+        let (q, k, v) = random_qkv(dims, nodes, tk, seed, dtype);
+        let gather = |x: &[f32]| gather_rows(x, &key_rows, dims);
         let (dk, dv) = (gather(&k), gather(&v));
         let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
         let lanes = |b: &SeqBatch, m: Mask, k: &[f32], v: &[f32]| {
             let client = test_client();
-            let up = |data: &[f32], h: usize| {
-                let rows = data.len() / (h * hd);
-                DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, hd], dtype)
-            };
-            let (qt, kt, vt) = (up(&q, dims.heads)?, up(k, dims.kv_heads)?, up(v, dims.kv_heads)?);
-            let out = up(&vec![f32::NAN; q.len()], dims.heads)?;
+            let [qt, kt, vt, out] = upload(dims, dtype, (&q, k, v))?;
             attention(&client, &qt, &kt, &vt, dims, b, m, &out)?;
             out.download_f32(&client)
         };
@@ -661,21 +660,11 @@ fn tree_sliding_with_a_wide_window_is_the_tree_mask() {
         head_dim: 2 * plane() as usize,
     };
     let batch = deep_tree_batch(9, 20, 5);
-    let (tq, tk, hd) = (batch.total_q(), batch.total_k(), dims.head_dim);
-    let q = random_f32(1, tq * dims.heads * hd, -2.0, 2.0, DType::F32);
-    let k = random_f32(2, tk * dims.kv_heads * hd, -2.0, 2.0, DType::F32);
-    let v = random_f32(3, tk * dims.kv_heads * hd, -1.0, 1.0, DType::F32);
+    let (tq, tk) = (batch.total_q(), batch.total_k());
+    let (q, k, v) = random_qkv(dims, tq, tk, 1, DType::F32);
     let client = test_client();
-    let up = |data: &[f32], rows: usize, h: usize| {
-        DeviceTensor::<R>::upload_f32(&client, data, &[rows, h, hd], DType::F32).unwrap()
-    };
-    let (qt, kt, vt) = (
-        up(&q, tq, dims.heads),
-        up(&k, tk, dims.kv_heads),
-        up(&v, tk, dims.kv_heads),
-    );
     let lanes = |mask: Mask| {
-        let out = up(&vec![f32::NAN; q.len()], tq, dims.heads);
+        let [qt, kt, vt, out] = upload(dims, DType::F32, (&q, &k, &v)).unwrap();
         attention(&client, &qt, &kt, &vt, dims, &batch, mask, &out).unwrap();
         out.download_f32(&client).unwrap()
     };
@@ -798,13 +787,7 @@ fn draft_dim_chunking_is_bit_identical() {
             },
         ),
     ] {
-        let qn = bt * l * dims.heads * dims.head_dim;
-        let kn = bt * l * dims.kv_heads * dims.head_dim;
-        let (q, k, v) = (
-            random_f32(1, qn, -2.0, 2.0, dtype),
-            random_f32(2, kn, -2.0, 2.0, dtype),
-            random_f32(3, kn, -1.0, 1.0, dtype),
-        );
+        let (q, k, v) = random_qkv(dims, bt * l, bt * l, 1, dtype);
         let up = |d: &[f32], w: usize| {
             DeviceTensor::<R>::upload_f32(&client, d, &[bt, l, w * dims.head_dim], dtype).unwrap()
         };
@@ -814,7 +797,7 @@ fn draft_dim_chunking_is_bit_identical() {
             up(&v, dims.kv_heads),
         );
         let run = |chunk: usize| {
-            let out = up(&vec![f32::NAN; qn], dims.heads);
+            let out = up(&vec![f32::NAN; q.len()], dims.heads);
             draft_dim_attention(&client, &qt, &kt, &vt, dims, chunk, &out).unwrap();
             out.download_f32(&client).unwrap()
         };

@@ -6,13 +6,13 @@
 //! rows make the gate products the weights themselves), tails included.
 
 use draftc_ops::linear::{
-    linear, linear_lanes_with_binding_limit, reference as lref, Epilogue, Prologue, UNIT_COLUMNS,
+    linear, linear_with_binding_limit, reference as lref, Epilogue, Layout, Prologue, UNIT_COLUMNS,
 };
-use draftc_ops::linear_plane::{linear_planes, linear_planes_with_binding_limit, PlaneShape};
+use draftc_ops::linear_plane::{linear_planes, PlaneShape};
 use draftc_ops::source::linear_rows_per_block;
 use draftc_ops::testing::{
     assert_close, assert_close_terms, awkward_size, config, float_dtype, random_f32, round_to,
-    test_client,
+    test_client, TestRuntime,
 };
 use draftc_ops::{DType, DeviceTensor, OpsError};
 use proptest::prelude::*;
@@ -51,38 +51,26 @@ fn epi() -> impl Strategy<Value = Epi> {
     ]
 }
 
-/// Runs kernel and reference for one configuration; `limit` is the binding limit.
-#[allow(clippy::too_many_arguments)]
-fn check(
-    m: usize,
-    d: usize,
-    n: usize,
-    p: Pro,
-    e: Epi,
-    dtype: DType,
-    seed: u64,
-    limit: usize,
-) -> Result<(), TestCaseError> {
-    check_as(
-        m,
-        d,
-        n,
-        p,
-        e,
-        dtype,
-        seed,
-        limit,
-        Layout::Lanes(UNIT_COLUMNS[0]),
-    )
-}
+/// No binding limit.
+const MAX: usize = usize::MAX;
 
-/// Which kernel layout a check runs.
-#[derive(Debug, Clone, Copy)]
-enum Layout {
-    /// `linear_lanes` with this many columns per unit.
-    Lanes(usize),
-    /// `linear_planes` with `(planes, ksplit, cols)`.
-    Planes(u32, u32, u32),
+/// A binding limit (16 KiB) that splits the tests' wide weights into
+/// chunks.
+const CHUNKED: usize = 16 << 10;
+
+/// The layout of `linear`.
+const LANES: Layout = Layout::Lanes {
+    cols: UNIT_COLUMNS[0],
+};
+
+/// The plane layout `(planes, ksplit, cols)` on the test device's planes.
+fn planes(planes: u32, ksplit: u32, cols: u32) -> Layout {
+    Layout::Planes(PlaneShape {
+        plane: plane(),
+        planes,
+        ksplit,
+        cols,
+    })
 }
 
 /// The columns per unit the lowering may pair with `m` rows (its register
@@ -99,9 +87,21 @@ fn plane() -> u32 {
     client.properties().hardware.plane_size_max
 }
 
-/// [`check`] with a given layout.
+/// One configuration of [`check`]: `(m, d, n, prologue, epilogue, dtype,
+/// seed, binding limit, layout)`.
+type Case = (usize, usize, usize, Pro, Epi, DType, u64, usize, Layout);
+
+/// [`check`] of every case.
+fn check_all(cases: &[Case]) {
+    for &(m, d, n, p, e, dtype, seed, limit, layout) in cases {
+        check(m, d, n, p, e, dtype, seed, limit, layout).unwrap();
+    }
+}
+
+/// Runs kernel (in `layout`, binding limit `limit`) and reference for one
+/// configuration.
 #[allow(clippy::too_many_arguments)]
-fn check_as(
+fn check(
     m: usize,
     d: usize,
     n: usize,
@@ -171,20 +171,7 @@ fn check_as(
             lref::Epilogue::GeGlu { up: &up },
         ),
     };
-    match layout {
-        Layout::Lanes(cols) => {
-            linear_lanes_with_binding_limit(&client, &xt, &wt, kp, ke, &out, limit, cols).unwrap()
-        }
-        Layout::Planes(planes, ksplit, cols) => {
-            let shape = PlaneShape {
-                plane: plane(),
-                planes,
-                ksplit,
-                cols,
-            };
-            linear_planes_with_binding_limit(&client, &xt, &wt, kp, ke, &out, shape, limit).unwrap()
-        }
-    }
+    linear_with_binding_limit(&client, &xt, &wt, kp, ke, &out, layout, limit).unwrap();
     let got = out.download_f32(&client).unwrap();
     let want = lref::linear(&x, &w, k, rp, re);
     assert_close(
@@ -204,8 +191,8 @@ proptest! {
                                 ci in 0usize..5) {
         // Keep the reference cheap: cap the work.
         let d = d.min(200_000 / (m * n).max(1)).max(1);
-        let layout = Layout::Lanes(lane_cols(m, ci));
-        check_as(m, d, n, p, e, dtype, seed, usize::MAX, layout)?;
+        let layout = Layout::Lanes { cols: lane_cols(m, ci) };
+        check(m, d, n, p, e, dtype, seed, usize::MAX, layout)?;
     }
 }
 
@@ -224,64 +211,26 @@ proptest! {
                                       p in pro(), e in epi(), dtype in float_dtype(), seed in any::<u64>(),
                                       layout in plane_layout()) {
         let d = d.min(200_000 / (m * n).max(1)).max(1);
-        let (planes, ksplit, cols) = layout;
-        check_as(m, d, n, p, e, dtype, seed, usize::MAX, Layout::Planes(planes, ksplit, cols))?;
+        let (count, ksplit, cols) = layout;
+        check(m, d, n, p, e, dtype, seed, usize::MAX, planes(count, ksplit, cols))?;
     }
 }
 
 #[test]
 fn plane_layout_smollm_shapes_and_chunks() {
     // The decode shapes the GPU layout is for: 576 -> 1536 (SwiGLU, RMS
-    // prologue), 1536 -> 576 (residual, split-K over 4 planes), 16 rows.
-    check_as(
-        1,
-        576,
-        1536,
-        Pro::Rms,
-        Epi::SwiGlu,
-        DType::F16,
-        3,
-        usize::MAX,
-        Layout::Planes(4, 1, 1),
-    )
-    .unwrap();
-    check_as(
-        16,
-        1536,
-        576,
-        Pro::None,
-        Epi::Residual,
-        DType::F32,
-        4,
-        usize::MAX,
-        Layout::Planes(4, 4, 1),
-    )
-    .unwrap();
-    check_as(
-        17,
-        576,
-        40,
-        Pro::Group(2),
-        Epi::Bias,
-        DType::F16,
-        5,
-        usize::MAX,
-        Layout::Planes(4, 2, 2),
-    )
-    .unwrap();
-    // Weight chunks bound through handle offsets (see weight_split_into_chunks).
-    check_as(
-        5,
-        12,
-        600,
-        Pro::Rms,
-        Epi::SwiGlu,
-        DType::F32,
-        42,
-        16 << 10,
-        Layout::Planes(2, 2, 2),
-    )
-    .unwrap();
+    // prologue), 1536 -> 576 (residual, split-K over 4 planes), 16 rows;
+    // then weight chunks bound through handle offsets (see
+    // weight_split_into_chunks).
+    let (rms, none, group) = (Pro::Rms, Pro::None, Pro::Group(2));
+    let (swiglu, res, bias) = (Epi::SwiGlu, Epi::Residual, Epi::Bias);
+    let (f16, f32) = (DType::F16, DType::F32);
+    check_all(&[
+        (1, 576, 1536, rms, swiglu, f16, 3, MAX, planes(4, 1, 1)),
+        (16, 1536, 576, none, res, f32, 4, MAX, planes(4, 4, 1)),
+        (17, 576, 40, group, bias, f16, 5, MAX, planes(4, 2, 2)),
+        (5, 12, 600, rms, swiglu, f32, 42, CHUNKED, planes(2, 2, 2)),
+    ]);
 }
 
 /// Lossless speculation rests on this too: in the GPU layout a row's output
@@ -366,36 +315,18 @@ fn weight_split_into_chunks() {
     // 12 KiB, so a 16 KiB limit gives chunks of 256, 256, 88 columns.
     for p in [Pro::None, Pro::Rms] {
         for e in [Epi::Bias, Epi::SwiGlu, Epi::Residual, Epi::GeGlu] {
-            check(5, 12, 600, p, e, DType::F32, 42, 16 << 10).unwrap();
+            check(5, 12, 600, p, e, DType::F32, 42, CHUNKED, LANES).unwrap();
         }
     }
-    check(
-        3,
-        16,
-        700,
-        Pro::Group(2),
-        Epi::None,
-        DType::F16,
-        7,
-        16 << 10,
-    )
-    .unwrap();
-    // Wide units over chunks whose widths are not multiples of a cube.
-    for cols in [12, 32] {
-        let layout = Layout::Lanes(cols);
-        check_as(
-            3,
-            12,
-            600,
-            Pro::Rms,
-            Epi::SwiGlu,
-            DType::F32,
-            43,
-            16 << 10,
-            layout,
-        )
-        .unwrap();
-    }
+    // Then wide units over chunks whose widths are not multiples of a cube.
+    let (lanes12, lanes32) = (Layout::Lanes { cols: 12 }, Layout::Lanes { cols: 32 });
+    let (rms, group, swiglu) = (Pro::Rms, Pro::Group(2), Epi::SwiGlu);
+    let (f16, f32) = (DType::F16, DType::F32);
+    check_all(&[
+        (3, 16, 700, group, Epi::None, f16, 7, CHUNKED, LANES),
+        (3, 12, 600, rms, swiglu, f32, 43, CHUNKED, lanes12),
+        (3, 12, 600, rms, swiglu, f32, 43, CHUNKED, lanes32),
+    ]);
 }
 
 /// The layouts the lowering picks for the target on 2 threads: 32 columns
@@ -410,7 +341,8 @@ fn lane_layouts_of_the_target() {
         (8, 64, 2000, Pro::None, Epi::Bias, DType::F16, 11, 16),
     ];
     for (m, d, n, p, e, dtype, seed, cols) in cases {
-        check_as(m, d, n, p, e, dtype, seed, usize::MAX, Layout::Lanes(cols)).unwrap();
+        let layout = Layout::Lanes { cols };
+        check(m, d, n, p, e, dtype, seed, MAX, layout).unwrap();
     }
 }
 
@@ -420,15 +352,16 @@ fn lane_columns_must_be_a_listed_variant() {
     let z = |s: &[usize]| DeviceTensor::zeros(&client, s, DType::F32);
     let (x, w, out) = (z(&[2, 8]), z(&[4, 8]), z(&[2, 4]));
     for cols in [0, 7, 64] {
-        let got = linear_lanes_with_binding_limit(
+        let layout = Layout::Lanes { cols };
+        let got = linear_with_binding_limit(
             &client,
             &x,
             &w,
             Prologue::None,
             Epilogue::None,
             &out,
+            layout,
             usize::MAX,
-            cols,
         );
         assert!(
             matches!(got, Err(OpsError::InvalidArgument { .. })),
@@ -441,55 +374,43 @@ fn lane_columns_must_be_a_listed_variant() {
 fn norm_prologue_rows_past_32_with_odd_width() {
     // Regression: an earlier kernel computed 1/rms in a separate unrolled
     // loop over x and got rows >= 32 wrong for odd (scalar-load) widths.
-    check(40, 1563, 1, Pro::Rms, Epi::None, DType::F32, 0, usize::MAX).unwrap();
-    check(
-        26,
-        1001,
-        3,
-        Pro::Group(2),
-        Epi::Bias,
-        DType::F32,
-        0,
-        usize::MAX,
-    )
-    .unwrap();
-    check(
-        64,
-        783,
-        5,
-        Pro::Group(2),
-        Epi::SwiGlu,
-        DType::F16,
-        1,
-        usize::MAX,
-    )
-    .unwrap();
+    let (rms, group) = (Pro::Rms, Pro::Group(2));
+    let (f16, f32) = (DType::F16, DType::F32);
+    check_all(&[
+        (40, 1563, 1, rms, Epi::None, f32, 0, MAX, LANES),
+        (26, 1001, 3, group, Epi::Bias, f32, 0, MAX, LANES),
+        (64, 783, 5, group, Epi::SwiGlu, f16, 1, MAX, LANES),
+    ]);
 }
 
 #[test]
 fn smollm_shapes() {
-    check(
-        8,
-        576,
-        1536,
-        Pro::Rms,
-        Epi::SwiGlu,
-        DType::F32,
-        1,
-        usize::MAX,
-    )
-    .unwrap();
-    check(
-        1,
-        1536,
-        576,
-        Pro::None,
-        Epi::Residual,
-        DType::F16,
-        2,
-        usize::MAX,
-    )
-    .unwrap();
+    let (rms, none) = (Pro::Rms, Pro::None);
+    check_all(&[
+        (8, 576, 1536, rms, Epi::SwiGlu, DType::F32, 1, MAX, LANES),
+        (1, 1536, 576, none, Epi::Residual, DType::F16, 2, MAX, LANES),
+    ]);
+}
+
+/// What a refused launch says: the error's kind and the argument it names.
+fn refusal(r: draftc_ops::Result<()>) -> (&'static str, &'static str) {
+    match r {
+        Err(OpsError::ShapeMismatch { arg, .. }) => ("shape", arg),
+        Err(OpsError::DTypeMismatch { arg, .. }) => ("dtype", arg),
+        Err(OpsError::EmptyInput { arg, .. }) => ("empty", arg),
+        other => panic!("not a refusal of an argument: {other:?}"),
+    }
+}
+
+/// [`refusal`] of `linear`.
+fn refused(
+    x: &DeviceTensor<TestRuntime>,
+    w: &DeviceTensor<TestRuntime>,
+    pro: Prologue<'_, TestRuntime>,
+    epi: Epilogue<'_, TestRuntime>,
+    out: &DeviceTensor<TestRuntime>,
+) -> (&'static str, &'static str) {
+    refusal(linear(&test_client(), x, w, pro, epi, out))
 }
 
 #[test]
@@ -497,132 +418,53 @@ fn errors() {
     let client = test_client();
     let z = |s: &[usize]| DeviceTensor::zeros(&client, s, DType::F32);
     let (x, w, out) = (z(&[2, 8]), z(&[4, 8]), z(&[2, 4]));
-    let none = || (Prologue::None, Epilogue::None);
-    let (p, e) = none();
-    assert!(matches!(
-        linear(&client, &x, &z(&[4, 7]), p, e, &out),
-        Err(OpsError::ShapeMismatch { arg: "weight", .. })
-    ));
-    let (p, e) = none();
-    assert!(matches!(
-        linear(&client, &x, &w, p, e, &z(&[2, 5])),
-        Err(OpsError::ShapeMismatch { arg: "out", .. })
-    ));
-    let (p, e) = none();
-    assert!(matches!(
-        linear(&client, &z(&[0, 8]), &w, p, e, &z(&[0, 4])),
-        Err(OpsError::EmptyInput { .. })
-    ));
-    let g = z(&[7]);
-    assert!(matches!(
-        linear(
-            &client,
-            &x,
-            &w,
-            Prologue::RmsNorm {
-                weight: &g,
-                eps: 1e-5
-            },
-            Epilogue::None,
-            &out
-        ),
-        Err(OpsError::ShapeMismatch {
-            arg: "prologue weight",
-            ..
-        })
-    ));
-    let g = z(&[3, 3]);
-    assert!(matches!(
-        linear(
-            &client,
-            &x,
-            &w,
-            Prologue::GroupRmsNorm {
-                weight: &g,
-                eps: 1e-5
-            },
-            Epilogue::None,
-            &out
-        ),
-        Err(OpsError::ShapeMismatch {
-            arg: "prologue weight",
-            ..
-        })
-    ));
-    let b = z(&[5]);
-    assert!(matches!(
-        linear(&client, &x, &w, Prologue::None, Epilogue::Bias(&b), &out),
-        Err(OpsError::ShapeMismatch { arg: "bias", .. })
-    ));
-    let up = z(&[4, 9]);
-    assert!(matches!(
-        linear(
-            &client,
-            &x,
-            &w,
-            Prologue::None,
-            Epilogue::SwiGlu { up: &up },
-            &out
-        ),
-        Err(OpsError::ShapeMismatch {
-            arg: "up weight",
-            ..
-        })
-    ));
-    assert!(matches!(
-        linear(
-            &client,
-            &x,
-            &w,
-            Prologue::None,
-            Epilogue::GeGlu { up: &up },
-            &out
-        ),
-        Err(OpsError::ShapeMismatch {
-            arg: "up weight",
-            ..
-        })
-    ));
+    let (pn, en) = (|| Prologue::None, || Epilogue::None);
+    let w7 = z(&[4, 7]);
+    assert_eq!(refused(&x, &w7, pn(), en(), &out), ("shape", "weight"));
+    assert_eq!(refused(&x, &w, pn(), en(), &z(&[2, 5])), ("shape", "out"));
+    let (x0, out0) = (z(&[0, 8]), z(&[0, 4]));
+    assert_eq!(refused(&x0, &w, pn(), en(), &out0), ("empty", "x"));
     let wh = DeviceTensor::zeros(&client, &[4, 8], DType::F16);
-    assert!(matches!(
-        linear(&client, &x, &wh, Prologue::None, Epilogue::None, &out),
-        Err(OpsError::DTypeMismatch { arg: "weight", .. })
-    ));
-    assert!(matches!(
-        linear(
-            &client,
-            &x,
-            &w,
-            Prologue::None,
-            Epilogue::GeGlu { up: &wh },
-            &out
-        ),
-        Err(OpsError::DTypeMismatch {
-            arg: "up weight",
-            ..
-        })
-    ));
+    assert_eq!(refused(&x, &wh, pn(), en(), &out), ("dtype", "weight"));
+    let g = z(&[7]);
+    let rms = Prologue::RmsNorm {
+        weight: &g,
+        eps: 1e-5,
+    };
+    assert_eq!(
+        refused(&x, &w, rms, en(), &out),
+        ("shape", "prologue weight")
+    );
+    let g = z(&[3, 3]);
+    let grouped = Prologue::GroupRmsNorm {
+        weight: &g,
+        eps: 1e-5,
+    };
+    let want = ("shape", "prologue weight");
+    assert_eq!(refused(&x, &w, grouped, en(), &out), want);
+    let b = z(&[5]);
+    assert_eq!(
+        refused(&x, &w, pn(), Epilogue::Bias(&b), &out),
+        ("shape", "bias")
+    );
+    let up = z(&[4, 9]);
+    let swiglu = Epilogue::SwiGlu { up: &up };
+    assert_eq!(refused(&x, &w, pn(), swiglu, &out), ("shape", "up weight"));
+    let geglu = || Epilogue::GeGlu { up: &up };
+    assert_eq!(refused(&x, &w, pn(), geglu(), &out), ("shape", "up weight"));
+    let geglu_f16 = Epilogue::GeGlu { up: &wh };
+    assert_eq!(
+        refused(&x, &w, pn(), geglu_f16, &out),
+        ("dtype", "up weight")
+    );
     let shape = PlaneShape {
         plane: plane(),
         planes: 2,
         ksplit: 1,
         cols: 1,
     };
-    assert!(matches!(
-        linear_planes(
-            &client,
-            &x,
-            &w,
-            Prologue::None,
-            Epilogue::GeGlu { up: &up },
-            &out,
-            shape
-        ),
-        Err(OpsError::ShapeMismatch {
-            arg: "up weight",
-            ..
-        })
-    ));
+    let planes = linear_planes(&client, &x, &w, pn(), geglu(), &out, shape);
+    assert_eq!(refusal(planes), ("shape", "up weight"));
 }
 
 /// The decode and verify shapes of Gemma 3 270M's MLP gate/up pair (hidden
@@ -630,39 +472,17 @@ fn errors() {
 /// over weight chunks bound through handle offsets.
 #[test]
 fn gemma_geglu_shapes_and_chunks() {
-    for (m, dtype, layout) in [
-        (1, DType::F16, Layout::Lanes(32)),
-        (4, DType::F32, Layout::Lanes(12)),
-        (1, DType::F16, Layout::Planes(4, 1, 1)),
-        (16, DType::F32, Layout::Planes(4, 2, 2)),
-    ] {
-        check_as(
-            m,
-            640,
-            2048,
-            Pro::Rms,
-            Epi::GeGlu,
-            dtype,
-            21,
-            usize::MAX,
-            layout,
-        )
-        .unwrap();
-    }
-    for layout in [Layout::Lanes(UNIT_COLUMNS[0]), Layout::Planes(2, 2, 2)] {
-        check_as(
-            5,
-            12,
-            600,
-            Pro::Rms,
-            Epi::GeGlu,
-            DType::F32,
-            44,
-            16 << 10,
-            layout,
-        )
-        .unwrap();
-    }
+    let (rms, geglu) = (Pro::Rms, Epi::GeGlu);
+    let (lanes32, lanes12) = (Layout::Lanes { cols: 32 }, Layout::Lanes { cols: 12 });
+    let (f16, f32) = (DType::F16, DType::F32);
+    check_all(&[
+        (1, 640, 2048, rms, geglu, f16, 21, MAX, lanes32),
+        (4, 640, 2048, rms, geglu, f32, 21, MAX, lanes12),
+        (1, 640, 2048, rms, geglu, f16, 21, MAX, planes(4, 1, 1)),
+        (16, 640, 2048, rms, geglu, f32, 21, MAX, planes(4, 2, 2)),
+        (5, 12, 600, rms, geglu, f32, 44, CHUNKED, LANES),
+        (5, 12, 600, rms, geglu, f32, 44, CHUNKED, planes(2, 2, 2)),
+    ]);
 }
 
 /// The GeGLU epilogue on chosen gate values: `x` is the identity (`m = k`),
@@ -696,28 +516,17 @@ fn check_gate_values(
     );
     let out = DeviceTensor::empty(&client, &[k, n], dtype);
     let epi = Epilogue::GeGlu { up: &ut };
-    match layout {
-        Layout::Lanes(cols) => linear_lanes_with_binding_limit(
-            &client,
-            &xt,
-            &wt,
-            Prologue::None,
-            epi,
-            &out,
-            usize::MAX,
-            cols,
-        )
-        .unwrap(),
-        Layout::Planes(planes, ksplit, cols) => {
-            let shape = PlaneShape {
-                plane: plane(),
-                planes,
-                ksplit,
-                cols,
-            };
-            linear_planes(&client, &xt, &wt, Prologue::None, epi, &out, shape).unwrap()
-        }
-    }
+    linear_with_binding_limit(
+        &client,
+        &xt,
+        &wt,
+        Prologue::None,
+        epi,
+        &out,
+        layout,
+        usize::MAX,
+    )
+    .unwrap();
     let got = out.download_f32(&client).unwrap();
     let want = lref::linear(
         &x,
@@ -760,7 +569,7 @@ fn geglu_epilogue_is_the_tanh_gelu() {
         if dtype == DType::F32 {
             tails.extend(f32_extra);
         }
-        for layout in [Layout::Lanes(UNIT_COLUMNS[0]), Layout::Planes(2, 2, 2)] {
+        for layout in [LANES, planes(2, 2, 2)] {
             check_gate_values(&grid, &ups, k, dtype, layout).unwrap();
             check_gate_values(&tails, &vec![1.0; tails.len()], 8, dtype, layout).unwrap();
         }

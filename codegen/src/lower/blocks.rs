@@ -136,41 +136,30 @@ impl Lowerer<'_> {
             None => e,
         };
         match op {
-            Op::Linear { out: n, bias } => {
-                let n = self.eval(main, &n)?;
-                let weight = self.weight(main, "weight", vec![n, k])?;
-                let epi = if bias {
-                    Epi::Bias(self.weight(main, "bias", vec![n])?)
+            Op::Linear { .. } | Op::TargetLmHead => {
+                let (n, weight, epi) = if let Op::Linear { out: n, bias } = op {
+                    let n = self.eval(main, &n)?;
+                    let weight = self.weight(main, "weight", vec![n, k])?;
+                    let epi = if bias {
+                        Epi::Bias(self.weight(main, "bias", vec![n])?)
+                    } else {
+                        Epi::None
+                    };
+                    (n, weight, epi)
                 } else {
-                    Epi::None
+                    // The LM head. A reduced draft vocabulary reads its own
+                    // rows of the head, gathered by the runtime
+                    // (`DRAFT_VOCAB_HEAD`).
+                    let (n, name) = match self.graph().meta.reduced_vocab(self.vocab()) {
+                        Some(n) => (n, crate::bind::DRAFT_VOCAB_HEAD.to_string()),
+                        None => (
+                            self.vocab(),
+                            format!("{}.weight", self.export(main, "lm_head")?),
+                        ),
+                    };
+                    (n, self.weight_named(name, vec![n, k]), Epi::None)
                 };
                 let epi = epi_res(epi);
-                self.lin(Lin {
-                    part: "",
-                    nodes,
-                    x,
-                    m,
-                    k,
-                    n,
-                    pro,
-                    weight,
-                    epi,
-                    out,
-                    into_cache: false,
-                });
-            }
-            Op::TargetLmHead => {
-                // A reduced draft vocabulary reads its own rows of the head,
-                // gathered by the runtime (`DRAFT_VOCAB_HEAD`).
-                let (n, name) = match self.graph().meta.reduced_vocab(self.vocab()) {
-                    Some(n) => (n, crate::bind::DRAFT_VOCAB_HEAD.to_string()),
-                    None => (
-                        self.vocab(),
-                        format!("{}.weight", self.export(main, "lm_head")?),
-                    ),
-                };
-                let weight = self.weight_named(name, vec![n, k]);
-                let epi = epi_res(Epi::None);
                 self.lin(Lin {
                     part: "",
                     nodes,

@@ -105,21 +105,12 @@ pub fn lower(
     let mut vals = g.symbol_values.clone();
     vals.insert("t".into(), cfg.tokens);
     vals.insert("b".into(), cfg.batch);
-    let mut root = vec![false; g.nodes.len()];
-    let roots = g
-        .outputs
-        .iter()
-        .chain(g.emits.iter().map(|e| &e.2))
-        .chain(g.appends.iter().map(|a| &a.1));
-    for r in roots {
-        root[r.index()] = true;
-    }
     let mut lw = Lowerer {
         g,
         cfg,
         target,
         vals,
-        root,
+        root: g.is_root(),
         value_buf: vec![None; g.nodes.len()],
         states: BTreeMap::new(),
         buffers: Vec::new(),

@@ -405,10 +405,7 @@ pub fn attention_planes<R: Runtime>(
         head_dim,
     } = dims;
     let per = head_dim / shape.plane as usize;
-    let nv = [4usize, 2, 1]
-        .into_iter()
-        .find(|n| per.is_multiple_of(*n))
-        .unwrap_or(1);
+    let nv = crate::block::widest_vector(per, 4);
     let hdv = head_dim / nv;
     let splits = meta.max_keys.div_ceil(shape.chunk as usize).max(1);
     let n_rows = rows.len();

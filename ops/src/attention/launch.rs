@@ -278,10 +278,7 @@ pub fn attention_rows<R: Runtime>(
         kv_heads,
         head_dim,
     } = dims;
-    let vec = [4usize, 2, 1]
-        .into_iter()
-        .find(|n| head_dim % n == 0)
-        .unwrap_or(1);
+    let vec = crate::block::widest_vector(head_dim, 4);
     let cap_scalars = super::head_dim_cap(head_dim);
     let units = rows.len() * heads;
     let count = cube_count(OP, units.div_ceil(CUBE_UNITS as usize))?;

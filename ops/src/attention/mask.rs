@@ -193,7 +193,7 @@ impl TreeTail {
     /// From per-sequence tail lengths and, for every query row (packed by
     /// sequence), the tail keys it may see.
     pub fn from_visible(lens: Vec<usize>, visible: &[Vec<usize>]) -> Result<TreeTail> {
-        let words = lens.iter().copied().max().unwrap_or(0).div_ceil(32).max(1);
+        let words = bit_words(&lens);
         let mut bits = vec![0u32; visible.len() * words];
         for (row, keys) in visible.iter().enumerate() {
             for &j in keys {
@@ -358,14 +358,7 @@ impl SeqBatch {
                     });
                 }
             }
-            let need = tail
-                .lens
-                .iter()
-                .copied()
-                .max()
-                .unwrap_or(0)
-                .div_ceil(32)
-                .max(1);
+            let need = bit_words(&tail.lens);
             if tail.words < need {
                 return Err(len_err(op, "tail.words", need, tail.words));
             }
@@ -405,14 +398,7 @@ impl SeqBatch {
     /// iff node `j` (local to the row's sequence) is an ancestor of, or is,
     /// node `r`. Requires validated parents.
     pub fn ancestor_bits(&self) -> (Vec<u32>, usize) {
-        let words = self
-            .q_lens
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0)
-            .div_ceil(32)
-            .max(1);
+        let words = bit_words(&self.q_lens);
         let mut bits = vec![0u32; self.total_q() * words];
         let q_starts = self.q_starts();
         for (s, &q_len) in self.q_lens.iter().enumerate() {
@@ -447,6 +433,12 @@ pub fn validate_parents(op: &'static str, parents: &[u32]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// u32 words of tree bits a row needs to cover the longest of `lens`
+/// (at least one).
+fn bit_words(lens: &[usize]) -> usize {
+    lens.iter().copied().max().unwrap_or(0).div_ceil(32).max(1)
 }
 
 fn prefix_sums(lens: &[usize]) -> Vec<usize> {

@@ -131,36 +131,16 @@ mod tests {
         // q = 0: all scores equal, output is the mean of the visible values.
         let b = SeqBatch::single(3, 3);
         let v = [1.0, 2.0, 6.0];
-        let out = attention_ref(
-            &[0.0; 3],
-            &[1.0, 2.0, 3.0],
-            &v,
-            dims(1, 1, 1),
-            &b,
-            Mask::Causal,
-        );
+        let under = |mask| attention_ref(&[0.0; 3], &[1.0, 2.0, 3.0], &v, dims(1, 1, 1), &b, mask);
+        let out = under(Mask::Causal);
         let want = [1.0, 1.5, 3.0];
         for (o, w) in out.iter().zip(want) {
             assert!((o - w).abs() < 1e-6, "{out:?}");
         }
-        let full = attention_ref(
-            &[0.0; 3],
-            &[1.0, 2.0, 3.0],
-            &v,
-            dims(1, 1, 1),
-            &b,
-            Mask::Full,
-        );
+        let full = under(Mask::Full);
         assert!(full.iter().all(|o| (o - 3.0).abs() < 1e-6));
         // Diagonal masked: row 0 sees nothing (zero), row 2 averages keys 0 and 1.
-        let cross = attention_ref(
-            &[0.0; 3],
-            &[1.0, 2.0, 3.0],
-            &v,
-            dims(1, 1, 1),
-            &b,
-            Mask::CrossDiagonal,
-        );
+        let cross = under(Mask::CrossDiagonal);
         assert_eq!(cross[0], 0.0);
         assert!((cross[1] - 1.0).abs() < 1e-6 && (cross[2] - 1.5).abs() < 1e-6);
     }

@@ -22,101 +22,91 @@ fn scalar<T: LaunchArg<CompilationArg = ()>>(b: &mut KernelBuilder) -> <T as Cub
     T::expand(&(), b)
 }
 
-/// Registers the runtime arguments both linear layouts share (buffers `x`,
-/// `w`, `w_up`, `gamma`, `extra`, `out`, then the size scalars and `eps`)
-/// and expands kernel `$k` with them and its comptime arguments.
-macro_rules! expand_linear {
-    ($k:path, $b:ident, $n:ident, $($comptime:expr),+) => {{
-        use $k as k;
-        $b.scope.register_size::<k::N>($n);
+/// Expands kernel `$k` the way its `#[cube(launch)]` macro's `define()`
+/// would: its runtime arguments registered in declaration order, each
+/// `input` (a read array of the type given), `output` (a written array) or
+/// `scalar` (in the info block), then the kernel expanded with them and its
+/// comptime arguments. With `vector n`, the kernel is generic over a vector
+/// size as well, named `N` in the argument types and registered as `n`.
+macro_rules! expand {
+    (@input $b:ident, $t:ty) => {
+        array_in::<$t>(&mut $b)
+    };
+    (@output $b:ident, $t:ty) => {
+        array_out::<$t>(&mut $b)
+    };
+    (@scalar $b:ident, $t:ty) => {
+        scalar::<$t>(&mut $b)
+    };
+    ($b:ident, $k:path, vector $n:ident;
+     $($kind:ident $name:ident: $t:ty),+;
+     $($comptime:expr),* $(,)?) => {{
+        use $k as kernel;
+        type N = kernel::N;
+        $b.scope.register_size::<N>($n);
         AddressType::U32.register(&mut $b.scope);
-        let x = array_in::<Vector<F, k::N>>(&mut $b);
-        let w = array_in::<Vector<F, k::N>>(&mut $b);
-        let w_up = array_in::<Vector<F, k::N>>(&mut $b);
-        let gamma = array_in::<Vector<F, k::N>>(&mut $b);
-        let extra = array_in::<F>(&mut $b);
-        let out = array_out::<F>(&mut $b);
-        let m = scalar::<usize>(&mut $b);
-        let in_v = scalar::<usize>(&mut $b);
-        let n_cols = scalar::<usize>(&mut $b);
-        let col_offset = scalar::<usize>(&mut $b);
-        let out_stride = scalar::<usize>(&mut $b);
-        let groups = scalar::<usize>(&mut $b);
-        let dv = scalar::<usize>(&mut $b);
-        let d = scalar::<usize>(&mut $b);
-        let eps = scalar::<f32>(&mut $b);
-        k::expand::<F, k::N>(
-            &mut $b.scope,
-            $n,
-            x,
-            w,
-            w_up,
-            gamma,
-            extra,
-            out,
-            m,
-            in_v,
-            n_cols,
-            col_offset,
-            out_stride,
-            groups,
-            dv,
-            d,
-            eps,
-            $($comptime),+
-        );
+        $(let $name = expand!(@$kind $b, $t);)+
+        kernel::expand::<F, N>(&mut $b.scope, $n, $($name,)+ $($comptime),*);
+    }};
+    ($b:ident, $k:path;
+     $($kind:ident $name:ident: $t:ty),+;
+     $($comptime:expr),* $(,)?) => {{
+        use $k as kernel;
+        AddressType::U32.register(&mut $b.scope);
+        $(let $name = expand!(@$kind $b, $t);)+
+        kernel::expand::<F>(&mut $b.scope, $($name,)+ $($comptime),*);
     }};
 }
 
-/// Registers the runtime arguments both layouts of the q/k/v projection
-/// with RoPE share (`x`, `w`, `gamma`, `pos`, `inv_freq`, `slots`, `q`,
-/// `k_cache`, `v_cache`, then the size scalars and `eps`) and expands
-/// kernel `$k` with them and its comptime arguments.
+/// [`expand!`] for either linear layout's kernel `$k`: the runtime
+/// arguments both share, then `$k`'s comptime arguments.
+macro_rules! expand_linear {
+    ($k:path, $b:ident, $n:ident, $($comptime:expr),+) => {
+        expand!($b, $k, vector $n;
+            input x: Vector<F, N>,
+            input w: Vector<F, N>,
+            input w_up: Vector<F, N>,
+            input gamma: Vector<F, N>,
+            input extra: F,
+            output out: F,
+            scalar m: usize,
+            scalar in_v: usize,
+            scalar n_cols: usize,
+            scalar col_offset: usize,
+            scalar out_stride: usize,
+            scalar groups: usize,
+            scalar dv: usize,
+            scalar d: usize,
+            scalar eps: f32;
+            $($comptime),+)
+    };
+}
+
+/// [`expand!`] for either layout's kernel `$k` of the q/k/v projection
+/// with RoPE: the runtime arguments both share, then `$k`'s comptime
+/// arguments.
 macro_rules! expand_linear_rope {
-    ($k:path, $b:ident, $n:ident, $($comptime:expr),+) => {{
-        use $k as k;
-        $b.scope.register_size::<k::N>($n);
-        AddressType::U32.register(&mut $b.scope);
-        let x = array_in::<Vector<F, k::N>>(&mut $b);
-        let w = array_in::<Vector<F, k::N>>(&mut $b);
-        let gamma = array_in::<Vector<F, k::N>>(&mut $b);
-        let pos = array_in::<u32>(&mut $b);
-        let inv_freq = array_in::<f32>(&mut $b);
-        let slots = array_in::<u32>(&mut $b);
-        let q = array_out::<F>(&mut $b);
-        let k_cache = array_out::<F>(&mut $b);
-        let v_cache = array_out::<F>(&mut $b);
-        let m = scalar::<usize>(&mut $b);
-        let in_v = scalar::<usize>(&mut $b);
-        let pairs = scalar::<usize>(&mut $b);
-        let half = scalar::<usize>(&mut $b);
-        let heads = scalar::<usize>(&mut $b);
-        let kv_heads = scalar::<usize>(&mut $b);
-        let d = scalar::<usize>(&mut $b);
-        let eps = scalar::<f32>(&mut $b);
-        k::expand::<F, k::N>(
-            &mut $b.scope,
-            $n,
-            x,
-            w,
-            gamma,
-            pos,
-            inv_freq,
-            slots,
-            q,
-            k_cache,
-            v_cache,
-            m,
-            in_v,
-            pairs,
-            half,
-            heads,
-            kv_heads,
-            d,
-            eps,
-            $($comptime),+
-        );
-    }};
+    ($k:path, $b:ident, $n:ident, $($comptime:expr),+) => {
+        expand!($b, $k, vector $n;
+            input x: Vector<F, N>,
+            input w: Vector<F, N>,
+            input gamma: Vector<F, N>,
+            input pos: u32,
+            input inv_freq: f32,
+            input slots: u32,
+            output q: F,
+            output k_cache: F,
+            output v_cache: F,
+            scalar m: usize,
+            scalar in_v: usize,
+            scalar pairs: usize,
+            scalar half: usize,
+            scalar heads: usize,
+            scalar kv_heads: usize,
+            scalar d: usize,
+            scalar eps: f32;
+            $($comptime),+)
+    };
 }
 
 /// Expands the kernel of `spec` with storage type `F`. Runtime arguments are
@@ -128,428 +118,204 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
     let n = spec.vector();
     match *spec {
         KernelSpec::Linear {
-            rows_per_block,
-            cols,
-            norm,
-            epilogue: LinearEpilogue::RopeQkv,
-            ..
-        } => expand_linear_rope!(
-            crate::linear_rope::linear_rope_qkv_kernel,
-            b,
-            n,
-            rows_per_block,
-            cols / 2,
-            norm
-        ),
-        KernelSpec::LinearPlanes {
-            rows_per_block,
-            cols,
-            planes,
-            ksplit,
-            norm,
-            epilogue: LinearEpilogue::RopeQkv,
-            ..
-        } => expand_linear_rope!(
-            crate::linear_rope::linear_plane_rope_qkv_kernel,
-            b,
-            n,
-            rows_per_block,
-            cols,
-            planes,
-            ksplit,
-            norm
-        ),
-        KernelSpec::Linear {
-            rows_per_block,
+            rows_per_block: mb,
             cols,
             norm,
             epilogue,
             ..
-        } => expand_linear!(
-            linear::linear_kernel,
-            b,
-            n,
-            rows_per_block,
-            cols,
-            norm,
-            epilogue.code()
-        ),
+        } => match epilogue {
+            LinearEpilogue::RopeQkv => {
+                use crate::linear_rope::linear_rope_qkv_kernel as k;
+                expand_linear_rope!(k, b, n, mb, cols / 2, norm)
+            }
+            _ => expand_linear!(linear::linear_kernel, b, n, mb, cols, norm, epilogue.code()),
+        },
         KernelSpec::LinearPlanes {
-            rows_per_block,
+            rows_per_block: mb,
             cols,
             planes,
             ksplit,
             norm,
             epilogue,
             ..
-        } => expand_linear!(
-            crate::linear_plane::linear_plane_kernel,
-            b,
-            n,
-            rows_per_block,
-            cols,
-            planes,
-            ksplit,
-            norm,
-            epilogue.code()
-        ),
-        KernelSpec::RmsNorm { .. } => {
-            use rms_norm::rms_norm_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let x = array_in::<Vector<F, k::N>>(&mut b);
-            let w = array_in::<Vector<F, k::N>>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let segments = scalar::<usize>(&mut b);
-            let groups = scalar::<usize>(&mut b);
-            let dv = scalar::<usize>(&mut b);
-            let d = scalar::<usize>(&mut b);
-            let eps = scalar::<f32>(&mut b);
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                x,
-                w,
-                out,
-                segments,
-                groups,
-                dv,
-                d,
-                eps,
-                rms_norm::BLOCK,
-            );
-        }
-        KernelSpec::Rope { .. } => {
-            use rope::rope_kernel as k;
-            AddressType::U32.register(&mut b.scope);
-            let x = array_in::<F>(&mut b);
-            let pos = array_in::<u32>(&mut b);
-            let inv_freq = array_in::<f32>(&mut b);
-            let out = array_out::<F>(&mut b);
-            let pairs = scalar::<usize>(&mut b);
-            let heads = scalar::<usize>(&mut b);
-            let half = scalar::<usize>(&mut b);
-            k::expand::<F>(&mut b.scope, x, pos, inv_freq, out, pairs, heads, half);
-        }
-        KernelSpec::HeadNorm { rope, .. } => {
-            use head_norm::head_norm_rope_kernel as k;
-            AddressType::U32.register(&mut b.scope);
-            let x = array_in::<F>(&mut b);
-            let w = array_in::<F>(&mut b);
-            let pos = array_in::<u32>(&mut b);
-            let inv_freq = array_in::<f32>(&mut b);
-            let out = array_out::<F>(&mut b);
-            let rows = scalar::<usize>(&mut b);
-            let heads = scalar::<usize>(&mut b);
-            let hd = scalar::<usize>(&mut b);
-            let eps = scalar::<f32>(&mut b);
-            let offset = scalar::<f32>(&mut b);
-            k::expand::<F>(
-                &mut b.scope,
-                x,
-                w,
-                pos,
-                inv_freq,
-                out,
-                rows,
-                heads,
-                hd,
-                eps,
-                offset,
-                rope,
-            );
-        }
-        KernelSpec::RopeQkvAppend { .. } => {
-            use rope::rope_qkv_append_kernel as k;
-            AddressType::U32.register(&mut b.scope);
-            let qkv = array_in::<F>(&mut b);
-            let pos = array_in::<u32>(&mut b);
-            let inv_freq = array_in::<f32>(&mut b);
-            let slots = array_in::<u32>(&mut b);
-            let q = array_out::<F>(&mut b);
-            let k_cache = array_out::<F>(&mut b);
-            let v_cache = array_out::<F>(&mut b);
-            let pairs = scalar::<usize>(&mut b);
-            let heads = scalar::<usize>(&mut b);
-            let kv_heads = scalar::<usize>(&mut b);
-            let half = scalar::<usize>(&mut b);
-            k::expand::<F>(
-                &mut b.scope,
-                qkv,
-                pos,
-                inv_freq,
-                slots,
-                q,
-                k_cache,
-                v_cache,
-                pairs,
-                heads,
-                kv_heads,
-                half,
-            );
-        }
-        KernelSpec::RopeAppend { .. } => {
-            use rope::rope_append_kernel as k;
-            AddressType::U32.register(&mut b.scope);
-            let kx = array_in::<F>(&mut b);
-            let vx = array_in::<F>(&mut b);
-            let pos = array_in::<u32>(&mut b);
-            let inv_freq = array_in::<f32>(&mut b);
-            let slots = array_in::<u32>(&mut b);
-            let k_cache = array_out::<F>(&mut b);
-            let v_cache = array_out::<F>(&mut b);
-            let pairs = scalar::<usize>(&mut b);
-            let heads = scalar::<usize>(&mut b);
-            let half = scalar::<usize>(&mut b);
-            k::expand::<F>(
-                &mut b.scope,
-                kx,
-                vx,
-                pos,
-                inv_freq,
-                slots,
-                k_cache,
-                v_cache,
-                pairs,
-                heads,
-                half,
-            );
-        }
-        KernelSpec::CopyRows { .. } => {
-            use copy_rows as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let src = array_in::<Vector<F, k::N>>(&mut b);
-            let src_idx = array_in::<u32>(&mut b);
-            let dst = array_out::<Vector<F, k::N>>(&mut b);
-            let dst_idx = array_in::<u32>(&mut b);
-            let rows = scalar::<u32>(&mut b);
-            let layers = scalar::<u32>(&mut b);
-            let src_rows = scalar::<u32>(&mut b);
-            let dst_rows = scalar::<u32>(&mut b);
-            let width_v = scalar::<u32>(&mut b);
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                src,
-                src_idx,
-                dst,
-                dst_idx,
-                rows,
-                layers,
-                src_rows,
-                dst_rows,
-                width_v,
-            );
-        }
+        } => match epilogue {
+            LinearEpilogue::RopeQkv => {
+                use crate::linear_rope::linear_plane_rope_qkv_kernel as k;
+                expand_linear_rope!(k, b, n, mb, cols, planes, ksplit, norm)
+            }
+            _ => {
+                use crate::linear_plane::linear_plane_kernel as k;
+                expand_linear!(k, b, n, mb, cols, planes, ksplit, norm, epilogue.code())
+            }
+        },
+        KernelSpec::RmsNorm { .. } => expand!(b, rms_norm::rms_norm_kernel, vector n;
+            input x: Vector<F, N>,
+            input w: Vector<F, N>,
+            output out: Vector<F, N>,
+            scalar segments: usize,
+            scalar groups: usize,
+            scalar dv: usize,
+            scalar d: usize,
+            scalar eps: f32;
+            rms_norm::BLOCK),
+        KernelSpec::Rope { .. } => expand!(b, rope::rope_kernel;
+            input x: F,
+            input pos: u32,
+            input inv_freq: f32,
+            output out: F,
+            scalar pairs: usize,
+            scalar heads: usize,
+            scalar half: usize;),
+        KernelSpec::HeadNorm { rope, .. } => expand!(b, head_norm::head_norm_rope_kernel;
+            input x: F,
+            input w: F,
+            input pos: u32,
+            input inv_freq: f32,
+            output out: F,
+            scalar rows: usize,
+            scalar heads: usize,
+            scalar hd: usize,
+            scalar eps: f32,
+            scalar offset: f32;
+            rope),
+        KernelSpec::RopeQkvAppend { .. } => expand!(b, rope::rope_qkv_append_kernel;
+            input qkv: F,
+            input pos: u32,
+            input inv_freq: f32,
+            input slots: u32,
+            output q: F,
+            output k_cache: F,
+            output v_cache: F,
+            scalar pairs: usize,
+            scalar heads: usize,
+            scalar kv_heads: usize,
+            scalar half: usize;),
+        KernelSpec::RopeAppend { .. } => expand!(b, rope::rope_append_kernel;
+            input k: F,
+            input v: F,
+            input pos: u32,
+            input inv_freq: f32,
+            input slots: u32,
+            output k_cache: F,
+            output v_cache: F,
+            scalar pairs: usize,
+            scalar heads: usize,
+            scalar half: usize;),
+        KernelSpec::CopyRows { .. } => expand!(b, copy_rows, vector n;
+            input src: Vector<F, N>,
+            input src_idx: u32,
+            output dst: Vector<F, N>,
+            input dst_idx: u32,
+            scalar rows: u32,
+            scalar layers: u32,
+            scalar src_rows: u32,
+            scalar dst_rows: u32,
+            scalar width_v: u32;),
         KernelSpec::AttentionPlanes {
             pv, planes, mask, ..
-        } => {
-            use crate::attention::decode_attention as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let q = array_in::<Vector<F, k::N>>(&mut b);
-            let kk = array_in::<Vector<F, k::N>>(&mut b);
-            let v = array_in::<Vector<F, k::N>>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let part_ml = array_out::<f32>(&mut b);
-            let part_acc = array_out::<Vector<f32, k::N>>(&mut b);
-            let meta = array_in::<u32>(&mut b);
-            let k_pos = array_in::<u32>(&mut b);
-            let anc = array_in::<u32>(&mut b);
-            let row_offset = scalar::<u32>(&mut b);
-            let rows = scalar::<u32>(&mut b);
-            let heads = scalar::<u32>(&mut b);
-            let group = scalar::<u32>(&mut b);
-            let kv_heads = scalar::<u32>(&mut b);
-            let hdv = scalar::<u32>(&mut b);
-            let scale = scalar::<f32>(&mut b);
-            let p0 = scalar::<u32>(&mut b);
-            let p1 = scalar::<u32>(&mut b);
-            let words = scalar::<u32>(&mut b);
-            let splits = scalar::<u32>(&mut b);
-            let chunk = scalar::<u32>(&mut b);
-            let (code, _, _) = mask.representative().kernel_args();
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                q,
-                kk,
-                v,
-                out,
-                part_ml,
-                part_acc,
-                meta,
-                k_pos,
-                anc,
-                row_offset,
-                rows,
-                heads,
-                group,
-                kv_heads,
-                hdv,
-                scale,
-                p0,
-                p1,
-                words,
-                splits,
-                chunk,
-                pv,
-                planes,
-                crate::attention::decode::MAX_HEAD_DIM / n,
-                code,
-                mask.is_tree(),
-            );
-        }
+        } => expand!(b, crate::attention::decode_attention, vector n;
+            input q: Vector<F, N>,
+            input k: Vector<F, N>,
+            input v: Vector<F, N>,
+            output out: Vector<F, N>,
+            output part_ml: f32,
+            output part_acc: Vector<f32, N>,
+            input meta: u32,
+            input k_pos: u32,
+            input anc: u32,
+            scalar row_offset: u32,
+            scalar rows: u32,
+            scalar heads: u32,
+            scalar group: u32,
+            scalar kv_heads: u32,
+            scalar hdv: u32,
+            scalar scale: f32,
+            scalar p0: u32,
+            scalar p1: u32,
+            scalar words: u32,
+            scalar splits: u32,
+            scalar chunk: u32;
+            pv,
+            planes,
+            crate::attention::decode::MAX_HEAD_DIM / n,
+            mask.code(),
+            mask.is_tree()),
         KernelSpec::AttentionCombine { .. } => {
-            use crate::attention::attention_combine as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let part_ml = array_in::<f32>(&mut b);
-            let part_acc = array_in::<Vector<f32, k::N>>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let row_offset = scalar::<u32>(&mut b);
-            let rows = scalar::<u32>(&mut b);
-            let heads = scalar::<u32>(&mut b);
-            let hdv = scalar::<u32>(&mut b);
-            let splits = scalar::<u32>(&mut b);
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                part_ml,
-                part_acc,
-                out,
-                row_offset,
-                rows,
-                heads,
-                hdv,
-                splits,
-            );
+            expand!(b, crate::attention::attention_combine, vector n;
+            input part_ml: f32,
+            input part_acc: Vector<f32, N>,
+            output out: Vector<F, N>,
+            scalar row_offset: u32,
+            scalar rows: u32,
+            scalar heads: u32,
+            scalar hdv: u32,
+            scalar splits: u32;)
         }
         KernelSpec::Attention {
             mask, head_dim_cap, ..
-        } => {
-            use fused_attention as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let q = array_in::<Vector<F, k::N>>(&mut b);
-            let kk = array_in::<Vector<F, k::N>>(&mut b);
-            let v = array_in::<Vector<F, k::N>>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let meta = array_in::<u32>(&mut b);
-            let k_pos = array_in::<u32>(&mut b);
-            let anc = array_in::<u32>(&mut b);
-            let row_offset = scalar::<u32>(&mut b);
-            let rows = scalar::<u32>(&mut b);
-            let heads = scalar::<u32>(&mut b);
-            let group = scalar::<u32>(&mut b);
-            let kv_heads = scalar::<u32>(&mut b);
-            let hdv = scalar::<u32>(&mut b);
-            let scale = scalar::<f32>(&mut b);
-            let p0 = scalar::<u32>(&mut b);
-            let p1 = scalar::<u32>(&mut b);
-            let words = scalar::<u32>(&mut b);
-            let (code, _, _) = mask.representative().kernel_args();
-            let tree = mask.is_tree();
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                q,
-                kk,
-                v,
-                out,
-                meta,
-                k_pos,
-                anc,
-                row_offset,
-                rows,
-                heads,
-                group,
-                kv_heads,
-                hdv,
-                scale,
-                p0,
-                p1,
-                words,
-                code,
-                tree,
-                head_dim_cap / n,
-            );
-        }
-        KernelSpec::Embedding { .. } => {
-            use embedding::embedding_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let table = array_in::<Vector<F, k::N>>(&mut b);
-            let ids = array_in::<u32>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let tokens = scalar::<usize>(&mut b);
-            let vocab = scalar::<usize>(&mut b);
-            let dv = scalar::<usize>(&mut b);
-            k::expand::<F, k::N>(&mut b.scope, n, table, ids, out, tokens, vocab, dv);
-        }
+        } => expand!(b, fused_attention, vector n;
+            input q: Vector<F, N>,
+            input k: Vector<F, N>,
+            input v: Vector<F, N>,
+            output out: Vector<F, N>,
+            input meta: u32,
+            input k_pos: u32,
+            input anc: u32,
+            scalar row_offset: u32,
+            scalar rows: u32,
+            scalar heads: u32,
+            scalar group: u32,
+            scalar kv_heads: u32,
+            scalar hdv: u32,
+            scalar scale: f32,
+            scalar p0: u32,
+            scalar p1: u32,
+            scalar words: u32;
+            mask.code(),
+            mask.is_tree(),
+            head_dim_cap / n),
+        KernelSpec::Embedding { .. } => expand!(b, embedding::embedding_kernel, vector n;
+            input table: Vector<F, N>,
+            input ids: u32,
+            output out: Vector<F, N>,
+            scalar tokens: usize,
+            scalar vocab: usize,
+            scalar dv: usize;),
         KernelSpec::EmbeddingScaled { .. } => {
-            use embedding::embedding_scaled_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let table = array_in::<Vector<F, k::N>>(&mut b);
-            let ids = array_in::<u32>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let tokens = scalar::<usize>(&mut b);
-            let vocab = scalar::<usize>(&mut b);
-            let dv = scalar::<usize>(&mut b);
-            let scale = scalar::<f32>(&mut b);
-            k::expand::<F, k::N>(&mut b.scope, n, table, ids, out, tokens, vocab, dv, scale);
+            expand!(b, embedding::embedding_scaled_kernel, vector n;
+            input table: Vector<F, N>,
+            input ids: u32,
+            output out: Vector<F, N>,
+            scalar tokens: usize,
+            scalar vocab: usize,
+            scalar dv: usize,
+            scalar scale: f32;)
         }
         KernelSpec::EmbeddingRows { scaled, .. } => {
-            use embedding::embedding_rows_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let table = array_in::<Vector<F, k::N>>(&mut b);
-            let ids = array_in::<u32>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let tokens = scalar::<usize>(&mut b);
-            let vocab = scalar::<usize>(&mut b);
-            let row0 = scalar::<usize>(&mut b);
-            let rows = scalar::<usize>(&mut b);
-            let dv = scalar::<usize>(&mut b);
-            let scale = scalar::<f32>(&mut b);
-            k::expand::<F, k::N>(
-                &mut b.scope,
-                n,
-                table,
-                ids,
-                out,
-                tokens,
-                vocab,
-                row0,
-                rows,
-                dv,
-                scale,
-                scaled,
-            );
+            expand!(b, embedding::embedding_rows_kernel, vector n;
+            input table: Vector<F, N>,
+            input ids: u32,
+            output out: Vector<F, N>,
+            scalar tokens: usize,
+            scalar vocab: usize,
+            scalar row0: usize,
+            scalar rows: usize,
+            scalar dv: usize,
+            scalar scale: f32;
+            scaled)
         }
-        KernelSpec::Elementwise { op, .. } => {
-            use elementwise::elementwise_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let a = array_in::<Vector<F, k::N>>(&mut b);
-            let bb = array_in::<Vector<F, k::N>>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let len_v = scalar::<usize>(&mut b);
-            k::expand::<F, k::N>(&mut b.scope, n, a, bb, out, len_v, op.code());
-        }
-        KernelSpec::LayerSum { .. } => {
-            use layer_sum::layer_sum_kernel as k;
-            b.scope.register_size::<k::N>(n);
-            AddressType::U32.register(&mut b.scope);
-            let x = array_in::<Vector<F, k::N>>(&mut b);
-            let w = array_in::<F>(&mut b);
-            let out = array_out::<Vector<F, k::N>>(&mut b);
-            let layers = scalar::<usize>(&mut b);
-            let len_v = scalar::<usize>(&mut b);
-            k::expand::<F, k::N>(&mut b.scope, n, x, w, out, layers, len_v);
-        }
+        KernelSpec::Elementwise { op, .. } => expand!(b, elementwise::elementwise_kernel, vector n;
+            input a: Vector<F, N>,
+            input bb: Vector<F, N>,
+            output out: Vector<F, N>,
+            scalar len_v: usize;
+            op.code()),
+        KernelSpec::LayerSum { .. } => expand!(b, layer_sum::layer_sum_kernel, vector n;
+            input x: Vector<F, N>,
+            input w: F,
+            output out: Vector<F, N>,
+            scalar layers: usize,
+            scalar len_v: usize;),
     }
     b.build(
         KernelSettings::default()

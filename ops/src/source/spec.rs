@@ -113,6 +113,11 @@ impl MaskKind {
         }
     }
 
+    /// The attention kernels' comptime mask code.
+    pub(super) fn code(self) -> u32 {
+        self.representative().kernel_args().0
+    }
+
     /// Whether the kernel is compiled with its comptime `tree` flag.
     pub(super) fn is_tree(self) -> bool {
         self.representative().is_tree()
@@ -239,20 +244,12 @@ pub enum KernelSpec {
 /// Largest of 4, 2, 1 dividing `n` (`block::vector_width` on a device that
 /// allows 4-wide vectors, and the fixed choice of `kv` and `attention`).
 pub fn vector_width(n: usize) -> usize {
-    [4usize, 2, 1]
-        .into_iter()
-        .find(|&w| n.is_multiple_of(w))
-        .unwrap_or(1)
+    crate::block::widest_vector(n, 4)
 }
 
 /// Rows per register block of `linear` for `m` rows (as `linear` picks it).
 pub fn linear_rows_per_block(m: usize) -> usize {
-    match m {
-        1 => 1,
-        2 => 2,
-        3 | 4 => 4,
-        _ => 8,
-    }
+    linear::rows_per_block(m)
 }
 
 /// Units per cube of the KV copy kernel (`kv.rs`).
