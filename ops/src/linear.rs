@@ -482,7 +482,28 @@ pub fn linear_lanes<R: Runtime>(
     out: &DeviceTensor<R>,
     cols: usize,
 ) -> Result<()> {
-    let layout = Layout::Lanes { cols };
+    linear_in(
+        client,
+        x,
+        weight,
+        prologue,
+        epilogue,
+        out,
+        Layout::Lanes { cols },
+    )
+}
+
+/// [`linear`] in `layout`: lanes ([`linear_lanes`]) or planes
+/// ([`crate::linear_plane::linear_planes`]), whichever the plan chose.
+pub fn linear_in<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    prologue: Prologue<'_, R>,
+    epilogue: Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    layout: Layout,
+) -> Result<()> {
     linear_with_binding_limit(
         client,
         x,

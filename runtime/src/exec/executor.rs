@@ -209,15 +209,8 @@ pub fn ops_dtype(d: PlanDType) -> DType {
     }
 }
 
-/// The ops mask of an IR mask (same predicates, u32 parameters).
-/// How `ops` launches a linear of a given layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LinearLaunch {
-    /// `ops::linear::linear_lanes`, units owning `cols` columns.
-    Lanes { cols: usize },
-    /// `ops::linear_plane::linear_planes` with this shape.
-    Planes(PlaneShape),
-}
+/// How `ops` launches a linear of a given layout (`ops::linear::linear_in`).
+pub type LinearLaunch = draftc_ops::linear::Layout;
 
 /// The `ops` launch of `layout`.
 pub fn linear_launch(layout: LinearLayout) -> LinearLaunch {
@@ -239,6 +232,7 @@ pub fn linear_launch(layout: LinearLayout) -> LinearLaunch {
     }
 }
 
+/// The ops mask of an IR mask (same predicates, u32 parameters).
 pub(crate) fn ops_mask(m: IrMask) -> Mask {
     match m {
         IrMask::Causal => Mask::Causal,

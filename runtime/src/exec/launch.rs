@@ -11,13 +11,12 @@ use draftc_codegen::{Kernel, Launch};
 use draftc_ir::op::NormWeight;
 use draftc_ops::attention::AttnDims;
 use draftc_ops::elementwise::BinaryOp;
-use draftc_ops::linear_plane::linear_planes;
 use draftc_ops::{linear, DeviceTensor};
 
 use super::arena::pass_buffer;
 use super::bound::weight;
 use super::cache::CacheStore;
-use super::executor::{gcd, linear_launch, ExecError, LinearLaunch, RowSource, Run};
+use super::executor::{gcd, linear_launch, ExecError, RowSource, Run};
 
 /// A launch handed to the method of another family (a planner bug).
 fn wrong(launch: &Launch, family: &str) -> ExecError {
@@ -151,10 +150,7 @@ impl<R: Runtime> Run<'_, R> {
                 ))
             }
         };
-        match linear_launch(layout) {
-            LinearLaunch::Lanes { cols } => linear::linear_lanes(c, &x, &w, pro, epi, &out, cols)?,
-            LinearLaunch::Planes(shape) => linear_planes(c, &x, &w, pro, epi, &out, shape)?,
-        }
+        linear::linear_in(c, &x, &w, pro, epi, &out, linear_launch(layout))?;
         Ok(())
     }
 

@@ -168,10 +168,7 @@ impl<R: Runtime> Run<'_, R> {
             k_cache: &s.k_cache,
             v_cache: &s.v_cache,
         };
-        let layout = match super::executor::linear_launch(layout) {
-            super::executor::LinearLaunch::Lanes { cols } => RopeQkvLayout::Lanes { cols },
-            super::executor::LinearLaunch::Planes(shape) => RopeQkvLayout::Planes(shape),
-        };
+        let layout: RopeQkvLayout = super::executor::linear_launch(layout);
         let norm = gamma.as_ref().zip(norm);
         linear_rope_qkv(self.client, &x, &w, norm, out, layout)?;
         Ok(())
