@@ -12,20 +12,29 @@ use draftc_tests::{compile_model, graph_models, repo, smollm2};
 
 const BACKENDS: [Backend; 2] = [Backend::Cuda, Backend::Wgsl];
 
-/// The fused plan of `name`, configured like `snapshots/plans/`.
-fn plan(name: &str) -> Plan {
-    let llama = compile_model("llama");
-    let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
+/// The target's weight exports (from `llama.draft`).
+fn target() -> TargetWeights {
+    TargetWeights::new(&smollm2(), &compile_model("llama").meta.exports)
+}
+
+/// `models/<name>.draft` planned fused for `device`: batch 1, context 0,
+/// `tokens` per sequence, in `dtype`.
+fn fused_plan(name: &str, tokens: i64, dtype: PlanDType, device: DeviceProfile) -> Plan {
     let config = PlanConfig {
-        tokens: 16,
+        tokens,
         batch: 1,
         context: 0,
-        dtype: PlanDType::F32,
+        dtype,
         fuse: true,
-        ..Default::default()
+        device,
     };
-    draftc_codegen::plan(&compile_model(name), &target, &config)
+    draftc_codegen::plan(&compile_model(name), &target(), &config)
         .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The fused plan of `name`, configured like `snapshots/plans/`.
+fn plan(name: &str) -> Plan {
+    fused_plan(name, 16, PlanDType::F32, DeviceProfile::default())
 }
 
 #[test]
@@ -48,17 +57,7 @@ fn kernel_source_of_every_model() {
 
 /// SmolLM2's decode step (t = 1, f16) planned for a GPU profile.
 fn gpu_decode_plan(device: DeviceProfile) -> Plan {
-    let llama = compile_model("llama");
-    let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
-    let config = PlanConfig {
-        tokens: 1,
-        batch: 1,
-        context: 0,
-        dtype: PlanDType::F16,
-        fuse: true,
-        device,
-    };
-    draftc_codegen::plan(&llama, &target, &config).expect("plans")
+    fused_plan("llama", 1, PlanDType::F16, device)
 }
 
 /// The GPU kernel family: SmolLM2's decode step planned for an H100
@@ -228,18 +227,7 @@ fn emitted_cuda_compiles_with_nvrtc() {
     }
     for name in graph_models() {
         for dtype in [PlanDType::F32, PlanDType::F16] {
-            let llama = compile_model("llama");
-            let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
-            let config = PlanConfig {
-                tokens: 16,
-                batch: 1,
-                context: 0,
-                dtype,
-                fuse: true,
-                ..Default::default()
-            };
-            let plan = draftc_codegen::plan(&compile_model(&name), &target, &config)
-                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            let plan = fused_plan(&name, 16, dtype, DeviceProfile::default());
             let path = dir.join(format!("{name}.{}.cu", dtype.name()));
             std::fs::write(&path, emit(&plan, Backend::Cuda).expect("emits")).expect("write");
             files.push(path);
@@ -266,8 +254,7 @@ fn emitted_cuda_compiles_with_nvrtc() {
 /// the emitter changed what training computes: review it like code.
 #[test]
 fn torch_module_of_every_trainable_model() {
-    let llama = compile_model("llama");
-    let target = TargetWeights::new(&smollm2(), &llama.meta.exports);
+    let target = target();
     let mut settings = insta::Settings::clone_current();
     settings.set_snapshot_path(repo().join("snapshots/torch"));
     settings.set_prepend_module_to_snapshot(false);

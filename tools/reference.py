@@ -137,6 +137,36 @@ def top_k(logits, k):
 
 
 @torch.no_grad()
+def argmax_loop(model, ids, new_tokens, stats=True):
+    """The reference's greedy decoding of the prompt `ids` ([1, n]): an
+    argmax loop over a KV cache with an explicit all-ones attention mask.
+    Returns the generated ids, the top-1/top-2 margin at every step, and
+    the first two steps' logits (top 20; with `stats`, their mean, std and
+    logsumexp too)."""
+    generated, margins, first_steps = [], [], []
+    past, step_input, total = None, ids, ids.shape[1]
+    for step in range(new_tokens):
+        mask = torch.ones((1, total), dtype=torch.long)
+        out = model(input_ids=step_input, attention_mask=mask, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float()
+        top2 = torch.topk(logits, 2).values
+        nxt = int(torch.argmax(logits))
+        if step < 2:
+            first = {"step": step, "position": total - 1, "top20": top_k(logits, 20)}
+            if stats:
+                first["mean"] = round(float(logits.mean()), 5)
+                first["std"] = round(float(logits.std()), 5)
+                first["logsumexp"] = round(float(torch.logsumexp(logits, 0)), 5)
+            first_steps.append(first)
+        generated.append(nxt)
+        margins.append(round(float(top2[0] - top2[1]), 5))
+        step_input = torch.tensor([[nxt]])
+        total += 1
+    return generated, margins, first_steps
+
+
+@torch.no_grad()
 def cmd_greedy(model_dir, new_tokens=32):
     tok, model = load(model_dir)
     runs = []
@@ -144,30 +174,7 @@ def cmd_greedy(model_dir, new_tokens=32):
         prompt = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tok(prompt, return_tensors="pt")["input_ids"]
         prompt_ids = ids[0].tolist()
-        generated, margins, first_steps = [], [], []
-        past = None
-        step_input = ids
-        total = ids.shape[1]
-        for step in range(new_tokens):
-            mask = torch.ones((1, total), dtype=torch.long)
-            out = model(input_ids=step_input, attention_mask=mask, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[0, -1].float()
-            top2 = torch.topk(logits, 2).values
-            nxt = int(torch.argmax(logits))
-            if step < 2:
-                first_steps.append({
-                    "step": step,
-                    "position": total - 1,
-                    "top20": top_k(logits, 20),
-                    "mean": round(float(logits.mean()), 5),
-                    "std": round(float(logits.std()), 5),
-                    "logsumexp": round(float(torch.logsumexp(logits, 0)), 5),
-                })
-            generated.append(nxt)
-            margins.append(round(float(top2[0] - top2[1]), 5))
-            step_input = torch.tensor([[nxt]])
-            total += 1
+        generated, margins, first_steps = argmax_loop(model, ids, new_tokens)
         runs.append({
             "messages": messages,
             "prompt_ids": prompt_ids,

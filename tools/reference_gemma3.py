@@ -20,13 +20,14 @@ compares ids only up to the first near-tie. Gemma 3 270M is a base model
 (no chat template): the prompts are raw text after <bos>.
 """
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from reference import argmax_loop, write
 
 FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gemma3-270m"
 
@@ -42,11 +43,6 @@ PROMPTS = [
 ]
 
 
-def top_k(logits, k):
-    vals, idx = torch.topk(logits, k)
-    return [{"id": int(i), "logit": round(float(v), 5)} for v, i in zip(vals, idx)]
-
-
 @torch.no_grad()
 def main(model_dir, new_tokens=24):
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -58,21 +54,7 @@ def main(model_dir, new_tokens=24):
     for text in PROMPTS:
         ids = tok(text, return_tensors="pt")["input_ids"]
         prompt_ids = ids[0].tolist()
-        generated, margins, first_steps = [], [], []
-        past, step_input, total = None, ids, ids.shape[1]
-        for step in range(new_tokens):
-            mask = torch.ones((1, total), dtype=torch.long)
-            out = model(input_ids=step_input, attention_mask=mask, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = out.logits[0, -1].float()
-            top2 = torch.topk(logits, 2).values
-            nxt = int(torch.argmax(logits))
-            if step < 2:
-                first_steps.append({"step": step, "position": total - 1, "top20": top_k(logits, 20)})
-            generated.append(nxt)
-            margins.append(round(float(top2[0] - top2[1]), 5))
-            step_input = torch.tensor([[nxt]])
-            total += 1
+        generated, margins, first_steps = argmax_loop(model, ids, new_tokens, stats=False)
         runs.append({
             "text": text,
             "prompt_ids": prompt_ids,
@@ -90,8 +72,7 @@ def main(model_dir, new_tokens=24):
         "new_tokens": new_tokens,
         "runs": runs,
     }
-    FIXTURES.mkdir(parents=True, exist_ok=True)
-    (FIXTURES / "greedy.json").write_text(json.dumps(out, indent=1, ensure_ascii=False) + "\n")
+    write(FIXTURES / "greedy.json", out)
 
 
 if __name__ == "__main__":

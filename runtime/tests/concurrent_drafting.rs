@@ -10,10 +10,10 @@ mod tiny;
 
 use draftc_codegen::PlanDType;
 use draftc_runtime::engine::{
-    generate_speculative, BudgetPolicy, ConcurrentDrafter, DraftRequest, DraftWorker, Drafter,
-    LmDrafter, PromptLookupDrafter, Sampling, SpecGeneration, SyncTokenDrafter, TokenDrafter,
+    BudgetPolicy, ConcurrentDrafter, DraftRequest, DraftWorker, LmDrafter, SyncTokenDrafter,
+    TokenDrafter,
 };
-use draftc_runtime::speculation::{DraftTree, PromptLookup, TreeShape};
+use draftc_runtime::speculation::{DraftTree, TreeShape};
 use tiny::*;
 
 /// A worker running a tiny draft LM with weights from `seed`.
@@ -25,41 +25,12 @@ fn lm_worker(slots: usize, seed: u64, shape: TreeShape) -> DraftWorker {
     .unwrap()
 }
 
-fn run(
-    t: &mut draftc_runtime::engine::TargetModel<Wgpu>,
-    d: &mut dyn Drafter<Wgpu>,
-    b: usize,
-    budget: usize,
-) -> SpecGeneration {
-    let want = reference(t, b);
-    let got = generate_speculative(
-        t,
-        d,
-        &prompts(b),
-        MAX,
-        &Sampling::GREEDY,
-        budget,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    assert_eq!(got.tokens, want, "{} batch {b} budget {budget}", d.name());
-    assert_eq!(
-        got.stats.draft_errors,
-        0,
-        "{}: {:?}",
-        d.name(),
-        got.stats.last_draft_error
-    );
-    got
-}
-
 #[test]
 fn a_draft_lm_equal_to_the_target_has_every_draft_reused() {
     let (mut t, _) = target(3);
     for b in [1, 3] {
         let mut d = ConcurrentDrafter::new(lm_worker(3, 7, TreeShape::Chain), BudgetPolicy::Fixed);
-        let got = run(&mut t, &mut d, b, 4);
+        let got = clean_lossless_run(&mut t, &mut d, b, 4);
         // The drafts of round r+1 were made before round r was verified;
         // with the target's own weights they are right, so they are
         // re-rooted onto the committed tokens instead of being discarded.
@@ -83,7 +54,7 @@ fn a_different_draft_lm_is_lossless_for_chains_and_multi_sequence_trees() {
             (16, 4, BudgetPolicy::HardwareAware),
         ] {
             let mut d = ConcurrentDrafter::new(lm_worker(16, 8, shape.clone()), policy);
-            run(&mut t, &mut d, b, budget);
+            clean_lossless_run(&mut t, &mut d, b, budget);
             assert!(d.discarded > 0, "{shape}: random drafts are mostly wrong");
             assert!(d.budgets.iter().all(|&k| (1..=budget).contains(&k)));
         }
@@ -94,15 +65,11 @@ fn a_different_draft_lm_is_lossless_for_chains_and_multi_sequence_trees() {
 fn concurrent_prompt_lookup_is_lossless() {
     let (mut t, _) = target(3);
     for b in [1, 3] {
-        let worker = DraftWorker::spawn(|| {
-            Ok(Box::new(PromptLookupDrafter {
-                lookup: PromptLookup::new(1, 3, 8).unwrap(),
-                branches: 2,
-            }) as Box<dyn TokenDrafter>)
-        })
-        .unwrap();
+        let worker =
+            DraftWorker::spawn(|| Ok(Box::new(prompt_lookup(8, 2)) as Box<dyn TokenDrafter>))
+                .unwrap();
         let mut d = ConcurrentDrafter::new(worker, BudgetPolicy::HardwareAware);
-        run(&mut t, &mut d, b, 8);
+        clean_lossless_run(&mut t, &mut d, b, 8);
     }
 }
 
@@ -111,7 +78,7 @@ fn the_same_drafters_run_sequentially() {
     let (mut t, _) = target(3);
     let (lm, _) = target_seeded(3, PlanDType::F32, 7);
     let mut d = SyncTokenDrafter(Box::new(LmDrafter::new(lm, TreeShape::Chain, "tiny-lm")));
-    let got = run(&mut t, &mut d, 3, 4);
+    let got = clean_lossless_run(&mut t, &mut d, 3, 4);
     assert!(got.stats.tau() > 3.0, "tau {}", got.stats.tau());
 }
 
@@ -141,17 +108,7 @@ fn a_failing_drafter_thread_changes_nothing() {
     let want = reference(&mut t, 3);
     let worker = DraftWorker::spawn(|| Ok(Box::new(Broken(0)) as Box<dyn TokenDrafter>)).unwrap();
     let mut d = ConcurrentDrafter::new(worker, BudgetPolicy::Fixed);
-    let got = generate_speculative(
-        &mut t,
-        &mut d,
-        &prompts(3),
-        MAX,
-        &Sampling::GREEDY,
-        4,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let got = spec_run(&mut t, &mut d, 3, 4).unwrap();
     assert_eq!(got.tokens, want);
     assert!(got.stats.draft_errors > 0);
     let err = DraftWorker::spawn(|| Err("no device for the drafter".into()))

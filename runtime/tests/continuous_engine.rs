@@ -11,11 +11,10 @@ mod tiny;
 use tiny::*;
 
 use draftc_codegen::PlanDType;
-use draftc_ops::testing::wgpu_client;
 use draftc_runtime::engine::TargetModel;
 use draftc_runtime::engine::{
-    generate, model_drafter, DraftPolicy, Drafter, Emitted, Engine, EngineConfig, Finish,
-    PromptLookupDrafter, Sampling, SeqParams,
+    generate, DraftPolicy, Drafter, Emitted, Engine, EngineConfig, Finish, PromptLookupDrafter,
+    Sampling, SeqParams,
 };
 use draftc_runtime::exec::HostWeights;
 use draftc_runtime::speculation::PromptLookup;
@@ -34,10 +33,7 @@ fn beagle(t: &TargetModel<Wgpu>, tw: &HostWeights) -> Box<dyn Drafter<Wgpu>> {
 
 /// `models/{name}.draft` over `t` with deterministic random weights.
 fn model(t: &TargetModel<Wgpu>, tw: &HostWeights, name: &str) -> Box<dyn Drafter<Wgpu>> {
-    let g = compile(name, &t.target_config);
-    let w = drafter_weights(t, tw, &g, None);
-    model_drafter(&wgpu_client(), &g, t, &w, PlanDType::F32, None)
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
+    drafter(t, tw, name, None, PlanDType::F32)
 }
 
 fn lookup() -> Box<dyn Drafter<Wgpu>> {
@@ -47,27 +43,51 @@ fn lookup() -> Box<dyn Drafter<Wgpu>> {
     })
 }
 
-/// Each prompt's greedy tokens alone (batch 1, autoregressive).
-fn solo(prompts: &[Vec<u32>], max: usize, sampling: &Sampling) -> Vec<Vec<u32>> {
-    let (mut t, _) = target(1);
-    prompts
-        .iter()
-        .map(|p| {
+/// The drafter `which` names over `t` (`none`, `prompt-lookup`, or Beagle).
+fn drafter_named(
+    which: &str,
+    t: &TargetModel<Wgpu>,
+    tw: &HostWeights,
+) -> Option<Box<dyn Drafter<Wgpu>>> {
+    match which {
+        "none" => None,
+        "prompt-lookup" => Some(lookup()),
+        _ => Some(beagle(t, tw)),
+    }
+}
+
+/// Each request's greedy tokens alone on `plain` (batch 1, autoregressive,
+/// its `max_tokens`).
+fn solo(plain: &mut TargetModel<Wgpu>, reqs: &[Arrival]) -> Vec<Vec<u32>> {
+    reqs.iter()
+        .map(|(_, p, s)| {
             let r = [draftc_runtime::engine::Request { prompt: p.clone() }];
-            generate(&mut t, &r, max, sampling, None, &mut |_, _| {})
-                .unwrap()
-                .tokens
-                .remove(0)
+            generate(
+                plain,
+                &r,
+                s.max_tokens,
+                &Sampling::GREEDY,
+                None,
+                &mut |_, _| {},
+            )
+            .unwrap()
+            .tokens
+            .remove(0)
         })
         .collect()
 }
 
+/// [`solo`] on the tiny target.
+fn solo_tiny(reqs: &[Arrival]) -> Vec<Vec<u32>> {
+    solo(&mut target(1).0, reqs)
+}
+
+/// A request: the round it arrives at, its prompt, its params.
+type Arrival = (usize, Vec<u32>, SeqParams);
+
 /// Runs `engine` until every request in `arrivals` (round it arrives at,
 /// prompt, params) is done; returns each request's tokens and finish.
-fn run(
-    engine: &mut Engine<Wgpu>,
-    arrivals: &[(usize, Vec<u32>, SeqParams)],
-) -> Vec<(Vec<u32>, Option<Finish>)> {
+fn run(engine: &mut Engine<Wgpu>, arrivals: &[Arrival]) -> Vec<(Vec<u32>, Option<Finish>)> {
     let mut out: Vec<(Vec<u32>, Option<Finish>)> = vec![(Vec::new(), None); arrivals.len()];
     let mut waiting: Vec<usize> = (0..arrivals.len()).collect();
     let mut round = 0;
@@ -116,7 +136,7 @@ fn assert_lossless(
     }
 }
 
-fn arrivals(n: usize, params: &dyn Fn(usize) -> SeqParams) -> Vec<(usize, Vec<u32>, SeqParams)> {
+fn arrivals(n: usize, params: &dyn Fn(usize) -> SeqParams) -> Vec<Arrival> {
     prompts(n)
         .into_iter()
         .enumerate()
@@ -129,19 +149,12 @@ fn greedy_sequences_joining_and_leaving_equal_their_solo_output() {
     // Different budgets so sequences leave at different rounds.
     let max = |i: usize| 6 + (i * 5) % 15;
     let reqs = arrivals(8, &|i| greedy(max(i)));
-    let want: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|(_, p, s)| solo(std::slice::from_ref(p), s.max_tokens, &Sampling::GREEDY).remove(0))
-        .collect();
+    let want = solo_tiny(&reqs);
     for which in ["none", "prompt-lookup", "beagle"] {
         for policy in [DraftPolicy::Fixed(3), DraftPolicy::auto(3).unwrap()] {
             // Four slots for eight requests: later ones wait for a free slot.
             let (t, tw) = target(4);
-            let d = match which {
-                "none" => None,
-                "prompt-lookup" => Some(lookup()),
-                _ => Some(beagle(&t, &tw)),
-            };
+            let d = drafter_named(which, &t, &tw);
             let cfg = EngineConfig {
                 prefill_chunk: 5,
                 ..EngineConfig::default()
@@ -161,10 +174,7 @@ fn greedy_sequences_joining_and_leaving_equal_their_solo_output() {
 fn every_drafter_kind_is_lossless_under_continuous_batching() {
     let max = |i: usize| 5 + (i * 7) % 11;
     let reqs = arrivals(6, &|i| greedy(max(i)));
-    let want: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|(_, p, s)| solo(std::slice::from_ref(p), s.max_tokens, &Sampling::GREEDY).remove(0))
-        .collect();
+    let want = solo_tiny(&reqs);
     // Parallel heads, self-speculation (it writes tentative rows into the
     // target's caches), Medusa.
     for name in ["specformer", "magicdec", "medusa"] {
@@ -189,24 +199,7 @@ fn eagle_is_lossless_under_continuous_batching() {
     // EAGLE keeps a KV cache of its own per slot: slots are reused here.
     let (t, tw) = target_layers(2, 4);
     let reqs = arrivals(5, &|i| greedy(4 + i % 3 * 4));
-    let (mut plain, _) = target_layers(1, 4);
-    let want: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|(_, p, s)| {
-            let r = [draftc_runtime::engine::Request { prompt: p.clone() }];
-            generate(
-                &mut plain,
-                &r,
-                s.max_tokens,
-                &Sampling::GREEDY,
-                None,
-                &mut |_, _| {},
-            )
-            .unwrap()
-            .tokens
-            .remove(0)
-        })
-        .collect();
+    let want = solo(&mut target_layers(1, 4).0, &reqs);
     let d = model(&t, &tw, "eagle");
     let mut e = Engine::new(t, Some(d), DraftPolicy::Fixed(3), EngineConfig::default());
     let got = run(&mut e, &reqs);
@@ -216,7 +209,7 @@ fn eagle_is_lossless_under_continuous_batching() {
 #[test]
 fn a_stop_id_ends_a_sequence_and_is_kept() {
     let p = prompts(1).remove(0).prompt;
-    let full = solo(std::slice::from_ref(&p), 12, &Sampling::GREEDY).remove(0);
+    let full = solo_tiny(&[(0, p.clone(), greedy(12))]).remove(0);
     let stop = full[4];
     let first = full.iter().position(|&t| t == stop).unwrap();
     let (t, _) = target(2);
@@ -377,7 +370,7 @@ fn a_long_prompt_is_prefilled_in_chunks_while_others_decode() {
             }
         }
     }
-    let want = solo(&[long], 4, &Sampling::GREEDY).remove(0);
+    let want = solo_tiny(&[(0, long, greedy(4))]).remove(0);
     assert_eq!(got.1, want);
 }
 
@@ -405,7 +398,7 @@ fn requests_that_do_not_fit_are_refused_with_a_reason() {
 fn prompts_that_share_a_prefix_reuse_its_rows_and_decode_the_same() {
     // A shared 14-token "system turn", then different questions.
     let system: Vec<u32> = (0..14).map(|i| (i * 11 + 5) % 90).collect();
-    let reqs: Vec<(usize, Vec<u32>, SeqParams)> = prompts(6)
+    let reqs: Vec<Arrival> = prompts(6)
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
@@ -413,18 +406,11 @@ fn prompts_that_share_a_prefix_reuse_its_rows_and_decode_the_same() {
             (i * 2, p, greedy(6 + i % 4))
         })
         .collect();
-    let want: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|(_, p, s)| solo(std::slice::from_ref(p), s.max_tokens, &Sampling::GREEDY).remove(0))
-        .collect();
+    let want = solo_tiny(&reqs);
     for which in ["none", "prompt-lookup", "beagle"] {
         // Three slots and the prefix cache's.
         let (t, tw) = target(4);
-        let d = match which {
-            "none" => None,
-            "prompt-lookup" => Some(lookup()),
-            _ => Some(beagle(&t, &tw)),
-        };
+        let d = drafter_named(which, &t, &tw);
         let cfg = EngineConfig {
             prefill_chunk: 8,
             prefix_cache: true,
@@ -507,7 +493,7 @@ fn with_drafts_every_seed_samples_the_tokens_it_samples_without() {
         stop_ids: Vec::new(),
     };
     let ps = prompts(4);
-    let reqs: Vec<(usize, Vec<u32>, SeqParams)> = (0..24u64)
+    let reqs: Vec<Arrival> = (0..24u64)
         .map(|seed| (0, ps[seed as usize % 4].prompt.clone(), sampled(seed)))
         .collect();
     let (t, _) = target(8);

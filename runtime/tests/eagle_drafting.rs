@@ -11,12 +11,9 @@ mod tiny;
 use tiny::*;
 
 use draftc_codegen::PlanDType;
-use draftc_ops::testing::wgpu_client;
-use draftc_runtime::engine::{
-    generate_speculative, model_drafter, Request, Sampling, SeqView, TargetModel,
-};
+use draftc_runtime::engine::{Request, SeqView, TargetModel};
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::speculation::{DraftTree, TreeShape};
+use draftc_runtime::speculation::DraftTree;
 
 /// Records sequence 0's tokens and draft every round.
 #[derive(Default)]
@@ -33,11 +30,8 @@ impl Watch for Rounds {
 }
 
 fn recording(t: &TargetModel<Wgpu>, tw: &HostWeights, name: &str, shape: &str) -> Watched<Rounds> {
-    let g = compile(name, &t.target_config);
-    let w = drafter_weights(t, tw, &g, None);
-    let shape = shape.parse::<TreeShape>().unwrap();
     Watched {
-        inner: model_drafter(&wgpu_client(), &g, t, &w, PlanDType::F32, Some(shape)).unwrap(),
+        inner: drafter(t, tw, name, Some(shape), PlanDType::F32),
         watch: Rounds::default(),
     }
 }
@@ -65,17 +59,7 @@ fn fresh_chain(
 ) -> Vec<(u32, f32)> {
     let mut d = recording(t, tw, name, "chain");
     let prompt = tokens[..tokens.len() - 1].to_vec();
-    generate_speculative(
-        t,
-        &mut d,
-        &[Request { prompt }],
-        2,
-        &Sampling::GREEDY,
-        budget,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    greedy_speculative(t, &mut d, &[Request { prompt }], 2, budget).unwrap();
     let (seen, tree) = d.watch.0.first().expect("one round drafted").clone();
     assert_eq!(seen, tokens, "the fresh run reached the same tokens");
     first_path(&tree)
@@ -93,17 +77,7 @@ fn a_draft_depends_only_on_the_tokens_and_a_branch_only_on_its_ancestors() {
             ("dynamic(depth=3, topk=2, nodes=8)", 8),
         ] {
             let mut d = recording(&t, &tw, name, shape);
-            generate_speculative(
-                &mut t,
-                &mut d,
-                &prompts(3),
-                MAX,
-                &Sampling::GREEDY,
-                budget,
-                None,
-                &mut |_, _| {},
-            )
-            .unwrap();
+            spec_run(&mut t, &mut d, 3, budget).unwrap();
             assert!(
                 d.watch.0.len() > 3,
                 "{name} {shape}: {} rounds",

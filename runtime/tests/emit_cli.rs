@@ -1,22 +1,11 @@
 //! `draftc emit` as a user runs it: CUDA and WGSL source on stdout, exit 1
 //! with a message (never a panic) on bad input.
 
-use std::process::{Command, Output};
+mod tiny;
 
-use draftc_ir::testing::repo;
+use std::process::Output;
 
-fn draftc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_draftc"))
-        .args(args)
-        .current_dir(repo())
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("draftc runs")
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
+use tiny::{draftc, text};
 
 fn assert_exit_1(out: &Output, needle: &str) {
     let err = text(&out.stderr);

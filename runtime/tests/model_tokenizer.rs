@@ -4,6 +4,7 @@
 //! `tests/fixtures/smollm2/tokenizer_cases.json` (ids, round trip, chat).
 
 mod model_support;
+mod tiny;
 
 use std::path::PathBuf;
 
@@ -12,6 +13,7 @@ use draftc_runtime::model::safetensors_io::WeightDtype;
 use draftc_runtime::model::tokenizer::{ChatMessage, ChatTemplate, TextStream, Tokenizer};
 use draftc_runtime::model::ModelError;
 use model_support::*;
+use tiny::json_ids as ids_of;
 
 fn tiny_tokenizer() -> (tempfile::TempDir, Tokenizer) {
     let dir = tempfile::tempdir().unwrap();
@@ -97,23 +99,13 @@ fn chatml_template_renders_its_default_system_turn() {
 /// with the template's message.
 #[test]
 fn chat_templates_render_as_transformers_renders_them() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/chat_templates.json");
-    let f: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let f = tiny::read_json("runtime/tests/fixtures/chat_templates.json");
     let token = |k: &str| f[k].as_str().map(str::to_string);
     let conversations: Vec<Vec<ChatMessage>> = f["conversations"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|c| {
-            c.as_array()
-                .unwrap()
-                .iter()
-                .map(|m| {
-                    ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap())
-                })
-                .collect()
-        })
+        .map(tiny::chat_messages)
         .collect();
     let mut refused = 0;
     for case in f["cases"].as_array().unwrap() {
@@ -146,32 +138,12 @@ fn chat_templates_render_as_transformers_renders_them() {
 }
 
 fn fixture(name: &str) -> serde_json::Value {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/smollm2")
-        .join(name);
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap()
+    tiny::read_json(&format!("tests/fixtures/smollm2/{name}"))
 }
 
 /// The converted SmolLM2 directory, fetching it if needed.
 fn real_model_dir() -> PathBuf {
-    use draftc_runtime::model::fetch::{cache_dir, fetch, SMOLLM2_135M_INSTRUCT};
-    let opts = ConvertOptions {
-        dtype: WeightDtype::F32,
-        progress: false,
-    };
-    fetch(&SMOLLM2_135M_INSTRUCT, &cache_dir().unwrap(), &opts)
-        .unwrap()
-        .convert
-        .out_dir
-}
-
-fn ids_of(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
+    tiny::fetch_f32(&draftc_runtime::model::fetch::SMOLLM2_135M_INSTRUCT)
 }
 
 #[test]
@@ -201,12 +173,7 @@ fn real_tokenizer_matches_hf_fixture() {
         failures.join("\n")
     );
     for chat in fx["chat"].as_array().unwrap() {
-        let messages: Vec<ChatMessage> = chat["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect();
+        let messages = tiny::chat_messages(&chat["messages"]);
         assert_eq!(
             tok.chat_prompt(&messages).unwrap(),
             chat["text"].as_str().unwrap()
@@ -223,12 +190,7 @@ fn real_greedy_fixture_prompts_encode_identically() {
     let runs = fx["runs"].as_array().unwrap();
     assert!(runs.len() >= 5);
     for run in runs {
-        let messages: Vec<ChatMessage> = run["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect();
+        let messages = tiny::chat_messages(&run["messages"]);
         assert_eq!(
             tok.encode_chat(&messages).unwrap(),
             ids_of(&run["prompt_ids"])

@@ -19,39 +19,28 @@ use draftc_ops::attention::TREE_ROOT;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::device::gpu_layout_profile;
 use draftc_runtime::engine::{
-    generate_speculative, generate_with_policy, model_drafter, warm_up, weight_specs, DraftPolicy,
-    Drafter, EngineError, LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
+    generate_with_policy, model_drafter, warm_up, weight_specs, DraftPolicy, Drafter, EngineError,
+    LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::{HostWeights, SeqStep, Step};
 use draftc_runtime::speculation::planner::confidence::CONF_BINS;
 use draftc_runtime::speculation::{
-    Confidence, DraftTree, PlanMode, Planner, PlannerConfig, PromptLookup, TreeShape,
+    Confidence, DraftTree, PlanMode, Planner, PlannerConfig, TreeShape,
 };
 
+/// A greedy run equal to autoregressive decoding's, without a draft error:
+/// its τ.
 fn check(t: &mut TargetModel<Wgpu>, d: &mut dyn Drafter<Wgpu>, b: usize, budget: usize) -> f64 {
-    let want = reference(t, b);
-    let got = generate_speculative(
-        t,
-        d,
-        &prompts(b),
-        MAX,
-        &Sampling::GREEDY,
-        budget,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    assert_eq!(got.tokens, want, "{} batch {b} budget {budget}", d.name());
-    if d.name() != "faulty" {
-        assert_eq!(
-            got.stats.draft_errors,
-            0,
-            "{}: {:?}",
-            d.name(),
-            got.stats.last_draft_error
-        );
+    clean_lossless_run(t, d, b, budget).stats.tau()
+}
+
+/// [`check`] at batch 1 and 3 with each of `budgets`.
+fn check_batches(t: &mut TargetModel<Wgpu>, d: &mut dyn Drafter<Wgpu>, budgets: &[usize]) {
+    for b in [1, 3] {
+        for &budget in budgets {
+            check(t, d, b, budget);
+        }
     }
-    got.stats.tau()
 }
 
 #[test]
@@ -59,36 +48,11 @@ fn prompt_lookup_chain_and_tree_are_lossless() {
     let (mut t, _) = target(3);
     for b in [1, 3] {
         for budget in [1, 3, 8] {
-            let mut chain = PromptLookupDrafter {
-                lookup: PromptLookup::new(1, 3, budget).unwrap(),
-                branches: 1,
-            };
-            let tau = check(&mut t, &mut chain, b, budget);
+            let tau = check(&mut t, &mut prompt_lookup(budget, 1), b, budget);
             assert!(tau >= 1.0);
-            let mut tree = PromptLookupDrafter {
-                lookup: PromptLookup::new(1, 3, 4).unwrap(),
-                branches: 3,
-            };
-            check(&mut t, &mut tree, b, budget);
+            check(&mut t, &mut prompt_lookup(4, 3), b, budget);
         }
     }
-}
-
-/// The drafter `name` with deterministic random weights (shared target
-/// tensors keep the target's values) and tree shape `tree` (`None`: the
-/// file's own).
-fn drafter(
-    t: &TargetModel<Wgpu>,
-    tw: &HostWeights,
-    name: &str,
-    tree: Option<&str>,
-    dtype: PlanDType,
-) -> Box<dyn Drafter<Wgpu>> {
-    let g = compile(name, &tiny_config());
-    let w = drafter_weights(t, tw, &g, None);
-    let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
-    model_drafter(&wgpu_client(), &g, t, &w, dtype, shape)
-        .unwrap_or_else(|e| panic!("{name} {tree:?}: {e}"))
 }
 
 #[test]
@@ -102,11 +66,7 @@ fn model_drafters_are_lossless() {
     for &(name, shapes) in cases {
         for &shape in shapes {
             let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
-            for b in [1, 3] {
-                for budget in [2, 4] {
-                    check(&mut t, d.as_mut(), b, budget);
-                }
-            }
+            check_batches(&mut t, d.as_mut(), &[2, 4]);
         }
     }
 }
@@ -126,11 +86,7 @@ fn lookup_first_is_lossless() {
         for n in [1, 2] {
             let inner = drafter(&t, &tw, name, shape, PlanDType::F32);
             let mut d = LookupFirst::new(inner, n).unwrap();
-            for b in [1, 3] {
-                for budget in [1, 4] {
-                    check(&mut t, &mut d, b, budget);
-                }
-            }
+            check_batches(&mut t, &mut d, &[1, 4]);
             let c = d.counts();
             assert!(
                 c.by_lookup > 0 && c.by_lookup < c.rounds,
@@ -166,11 +122,7 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
     for &(name, shapes) in cases {
         for &shape in shapes {
             let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
-            for b in [1, 3] {
-                for budget in [2, 5] {
-                    check(&mut t, d.as_mut(), b, budget);
-                }
-            }
+            check_batches(&mut t, d.as_mut(), &[2, 5]);
         }
     }
     // A GPU picks a dynamic tree's frontiers on the device
@@ -181,11 +133,7 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
         ("spire", Some("dynamic(depth=3, topk=2, nodes=6)")),
     ] {
         let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
-        for b in [1, 3] {
-            for budget in [2, 5] {
-                check(&mut t, d.as_mut(), b, budget);
-            }
-        }
+        check_batches(&mut t, d.as_mut(), &[2, 5]);
     }
 }
 
@@ -197,19 +145,10 @@ fn autoregressive_drafters_are_lossless_for_every_tree_shape() {
 fn eagle_drafters_are_lossless_for_every_tree_shape() {
     // Four layers: EAGLE-3 taps HS[2], HS[n/2] and HS[n - 3].
     let (mut t, tw) = target_layers(3, 4);
-    let cfg = t.target_config.clone();
     for name in ["eagle", "eagle3"] {
         for shape in [None, Some("chain"), Some("static(2, 2)")] {
-            let g = compile(name, &cfg);
-            let w = drafter_weights(&t, &tw, &g, None);
-            let tree = shape.map(|s| s.parse::<TreeShape>().unwrap());
-            let mut d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, tree)
-                .unwrap_or_else(|e| panic!("{name} {shape:?}: {e}"));
-            for b in [1, 3] {
-                for budget in [2, 5] {
-                    check(&mut t, d.as_mut(), b, budget);
-                }
-            }
+            let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
+            check_batches(&mut t, d.as_mut(), &[2, 5]);
         }
     }
 }
@@ -246,23 +185,8 @@ fn confidence_cut_drafting_is_lossless() {
             let mut d = drafter(&t, &tw, name, shape, PlanDType::F32);
             d.set_confidence(cut.parse::<Confidence>().unwrap())
                 .unwrap();
-            for b in [1, 3] {
-                for budget in [1, 4] {
-                    check(&mut t, d.as_mut(), b, budget);
-                }
-            }
-            let s = generate_speculative(
-                &mut t,
-                d.as_mut(),
-                &prompts(3),
-                MAX,
-                &Sampling::GREEDY,
-                4,
-                None,
-                &mut |_, _| {},
-            )
-            .unwrap()
-            .stats;
+            check_batches(&mut t, d.as_mut(), &[1, 4]);
+            let s = spec_run(&mut t, d.as_mut(), 3, 4).unwrap().stats;
             // The random drafter's probabilities straddle these cuts: some
             // rounds verify nothing, others several tokens.
             if cut == "1" {
@@ -339,9 +263,7 @@ fn reduced_draft_vocabulary_is_lossless() {
                     drafted: 0,
                 },
             };
-            for b in [1, 3] {
-                check(&mut t, &mut d, b, 4);
-            }
+            check_batches(&mut t, &mut d, &[4]);
             assert!(
                 d.watch.drafted > 0,
                 "{name} {shape:?} (GPU {gpu}) drafted nothing"
@@ -364,11 +286,7 @@ fn reduced_draft_vocabulary_is_lossless() {
 #[test]
 fn batch_16_is_lossless() {
     let (mut t, tw) = target(16);
-    let mut lookup = PromptLookupDrafter {
-        lookup: PromptLookup::new(1, 3, 4).unwrap(),
-        branches: 2,
-    };
-    check(&mut t, &mut lookup, 16, 4);
+    check(&mut t, &mut prompt_lookup(4, 2), 16, 4);
     for name in ["beagle", "specformer"] {
         let mut d = drafter(&t, &tw, name, None, PlanDType::F32);
         check(&mut t, d.as_mut(), 16, 4);
@@ -380,11 +298,7 @@ fn batch_16_is_lossless() {
 #[test]
 fn f16_is_lossless() {
     let (mut t, tw) = target_with(3, PlanDType::F16);
-    let mut lookup = PromptLookupDrafter {
-        lookup: PromptLookup::new(1, 3, 4).unwrap(),
-        branches: 2,
-    };
-    check(&mut t, &mut lookup, 3, 4);
+    check(&mut t, &mut prompt_lookup(4, 2), 3, 4);
     for name in ["beagle", "magicdec"] {
         let mut d = drafter(&t, &tw, name, None, PlanDType::F16);
         check(&mut t, d.as_mut(), 3, 4);
@@ -555,8 +469,9 @@ impl<R: Runtime> Drafter<R> for Faulty {
 #[test]
 fn a_faulty_drafter_cannot_change_the_output() {
     let (mut t, _) = target(3);
+    // Its errors are the point: only the tokens are checked.
     for b in [1, 3] {
-        check(&mut t, &mut Faulty(3), b, 6);
+        lossless_run(&mut t, &mut Faulty(3), b, 6);
     }
 }
 
@@ -584,19 +499,30 @@ fn nan_and_infinite_drafter_weights_change_nothing() {
             continue;
         };
         let want = reference(&mut t, 3);
-        let got = generate_speculative(
-            &mut t,
-            d.as_mut(),
-            &prompts(3),
-            MAX,
-            &Sampling::GREEDY,
-            4,
-            None,
-            &mut |_, _| {},
-        )
-        .unwrap_or_else(|e| panic!("{name} with {bad} weights: {e}"));
+        let got = spec_run(&mut t, d.as_mut(), 3, 4)
+            .unwrap_or_else(|e| panic!("{name} with {bad} weights: {e}"));
         assert_eq!(got.tokens, want, "{name} with {bad} weights");
     }
+}
+
+/// A greedy run of [`prompts`]`(b)` for [`MAX`] tokens under `policy`.
+fn planned_run(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut dyn Drafter<Wgpu>,
+    b: usize,
+    policy: &mut DraftPolicy,
+) -> draftc_runtime::engine::SpecGeneration {
+    generate_with_policy(
+        t,
+        d,
+        &prompts(b),
+        MAX,
+        &Sampling::GREEDY,
+        policy,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap()
 }
 
 /// A planner whose choices are random (`seed`), budgets up to `max`.
@@ -618,10 +544,7 @@ fn random_policy(seed: u64, max: usize) -> DraftPolicy {
 fn random_planner_choices_are_lossless() {
     let (mut t, tw) = target(3);
     let mut drafters: Vec<Box<dyn Drafter<Wgpu>>> = vec![
-        Box::new(PromptLookupDrafter {
-            lookup: PromptLookup::new(1, 3, 4).unwrap(),
-            branches: 1,
-        }),
+        Box::new(prompt_lookup(4, 1)),
         drafter(&t, &tw, "magicdec", None, PlanDType::F32),
         drafter(&t, &tw, "specformer", None, PlanDType::F32),
         drafter(&t, &tw, "beagle", Some("chain"), PlanDType::F32),
@@ -632,18 +555,7 @@ fn random_planner_choices_are_lossless() {
             let want = reference(&mut t, b);
             let (mut skipped, mut drafted) = (0, 0);
             for seed in 0..4 {
-                let mut policy = random_policy(seed, 4);
-                let got = generate_with_policy(
-                    &mut t,
-                    d.as_mut(),
-                    &prompts(b),
-                    MAX,
-                    &Sampling::GREEDY,
-                    &mut policy,
-                    None,
-                    &mut |_, _| {},
-                )
-                .unwrap();
+                let got = planned_run(&mut t, d.as_mut(), b, &mut random_policy(seed, 4));
                 assert_eq!(got.tokens, want, "{} batch {b} seed {seed}", d.name());
                 let s = &got.stats;
                 assert_eq!(s.draft_errors, 0, "{:?}", s.last_draft_error);
@@ -664,13 +576,7 @@ fn random_planner_choices_are_lossless() {
 fn model_drafters_give_the_planner_their_confidences_losslessly() {
     let (mut t, tw) = target(3);
     let mut drafters: Vec<(Box<dyn Drafter<Wgpu>>, bool)> = vec![
-        (
-            Box::new(PromptLookupDrafter {
-                lookup: PromptLookup::new(1, 3, 4).unwrap(),
-                branches: 1,
-            }),
-            false,
-        ),
+        (Box::new(prompt_lookup(4, 1)), false),
         (drafter(&t, &tw, "magicdec", None, PlanDType::F32), true),
         (drafter(&t, &tw, "specformer", None, PlanDType::F32), true),
         (
@@ -683,17 +589,7 @@ fn model_drafters_give_the_planner_their_confidences_losslessly() {
         for b in [1, 3] {
             let want = reference(&mut t, b);
             let mut policy = random_policy(5, 3);
-            let got = generate_with_policy(
-                &mut t,
-                d.as_mut(),
-                &prompts(b),
-                MAX,
-                &Sampling::GREEDY,
-                &mut policy,
-                None,
-                &mut |_, _| {},
-            )
-            .unwrap();
+            let got = planned_run(&mut t, d.as_mut(), b, &mut policy);
             assert_eq!(got.tokens, want, "{} batch {b}", d.name());
             let DraftPolicy::Planned(p) = &policy else {
                 unreachable!()
@@ -720,17 +616,7 @@ fn auto_planned_run_is_lossless_and_reports_its_choices() {
     )
     .unwrap();
     let want = reference(&mut t, 3);
-    let got = generate_with_policy(
-        &mut t,
-        d.as_mut(),
-        &prompts(3),
-        MAX,
-        &Sampling::GREEDY,
-        &mut policy,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let got = planned_run(&mut t, d.as_mut(), 3, &mut policy);
     assert_eq!(got.tokens, want);
     let s = &got.stats;
     assert_eq!(s.budget_histogram.len(), 4);
@@ -764,30 +650,8 @@ impl<R: Runtime> Drafter<R> for Slow {
 
 impl Slow {
     fn new() -> Slow {
-        Slow(PromptLookupDrafter {
-            lookup: PromptLookup::new(1, 3, 3).unwrap(),
-            branches: 1,
-        })
+        Slow(prompt_lookup(3, 1))
     }
-}
-
-/// A greedy planned run of three prompts.
-fn planned_run(
-    t: &mut TargetModel<Wgpu>,
-    d: &mut Slow,
-    policy: &mut DraftPolicy,
-) -> draftc_runtime::engine::SpecGeneration {
-    generate_with_policy(
-        t,
-        d,
-        &prompts(3),
-        MAX,
-        &Sampling::GREEDY,
-        policy,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap()
 }
 
 #[test]
@@ -798,7 +662,7 @@ fn the_planner_switches_off_a_drafter_that_never_pays() {
     let mut policy = DraftPolicy::auto(3).unwrap();
     let mut runs = Vec::new();
     for _ in 0..2 {
-        let got = planned_run(&mut t, &mut d, &mut policy);
+        let got = planned_run(&mut t, &mut d, 3, &mut policy);
         assert_eq!(got.tokens, want);
         runs.push(got.stats);
     }
@@ -820,7 +684,7 @@ fn a_drafter_that_cannot_pay_even_accepting_everything_starts_off() {
     let want = reference(&mut t, 3);
     let mut policy = DraftPolicy::auto(3).unwrap();
     warm_up(&mut t, &mut d, &prompts(3), &Sampling::GREEDY, &mut policy).unwrap();
-    let got = planned_run(&mut t, &mut d, &mut policy);
+    let got = planned_run(&mut t, &mut d, 3, &mut policy);
     assert_eq!(got.tokens, want);
     assert_eq!(got.stats.drafter_off_at, Some(0));
     assert_eq!(got.stats.no_draft_rounds, got.stats.rounds);

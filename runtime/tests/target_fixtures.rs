@@ -22,13 +22,9 @@ use std::path::PathBuf;
 
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
-use draftc_runtime::engine::{
-    generate, generate_speculative, model_drafter, weight_specs, PromptLookupDrafter, Request,
-    Sampling, Stops, TargetModel,
-};
+use draftc_runtime::engine::{generate, weight_specs, Request, Sampling, Stops, TargetModel};
 use draftc_runtime::exec::HostWeights;
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::speculation::PromptLookup;
 use serde::Deserialize;
 
 mod tiny;
@@ -223,21 +219,8 @@ fn greedy_ids_match_transformers_autoregressive_and_speculative() {
         let reqs = requests(&e);
         let n = e.cases[0].greedy.len();
 
-        let mut lookup = PromptLookupDrafter {
-            lookup: PromptLookup::new(1, 3, 4).unwrap(),
-            branches: 2,
-        };
-        let spec = generate_speculative(
-            &mut t,
-            &mut lookup,
-            &reqs,
-            n,
-            &Sampling::GREEDY,
-            4,
-            Stops::default(),
-            &mut |_, _| {},
-        )
-        .unwrap();
+        let mut lookup = tiny::prompt_lookup(4, 2);
+        let spec = tiny::greedy_speculative(&mut t, &mut lookup, &reqs, n, 4).unwrap();
         assert_eq!(spec.tokens, want, "{name}: prompt lookup");
 
         // Model drafters on random weights, their shared tensors (and
@@ -245,20 +228,8 @@ fn greedy_ids_match_transformers_autoregressive_and_speculative() {
         let specs = weight_specs(&t.graph, &t.weights).unwrap();
         let tw = HostWeights::from_model(&model, &specs).unwrap();
         for drafter in ["medusa", "beagle", "eagle", "magicdec"] {
-            let g = tiny::compile(drafter, &t.target_config);
-            let w = tiny::drafter_weights(&t, &tw, &g, None);
-            let mut d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, None).unwrap();
-            let spec = generate_speculative(
-                &mut t,
-                d.as_mut(),
-                &reqs,
-                n,
-                &Sampling::GREEDY,
-                3,
-                Stops::default(),
-                &mut |_, _| {},
-            )
-            .unwrap();
+            let mut d = tiny::drafter(&t, &tw, drafter, None, PlanDType::F32);
+            let spec = tiny::greedy_speculative(&mut t, d.as_mut(), &reqs, n, 3).unwrap();
             assert_eq!(spec.tokens, want, "{name}: {drafter}");
         }
     }

@@ -10,52 +10,21 @@
 
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
-use draftc_runtime::engine::{
-    generate, generate_speculative, PromptLookupDrafter, Request, Sampling, Stops, TargetModel,
-};
+use draftc_runtime::engine::{generate, Sampling, TargetModel};
 use draftc_runtime::model::ConvertedModel;
-use draftc_runtime::speculation::PromptLookup;
 
 mod tiny;
 
+use tiny::json_ids as ids;
+
 /// Gemma 3 270M converted to f32, fetched first if the cache lacks it.
 fn model() -> ConvertedModel {
-    use draftc_runtime::model::convert::ConvertOptions;
-    use draftc_runtime::model::fetch::{cache_dir, fetch, GEMMA3_270M};
-    use draftc_runtime::model::safetensors_io::WeightDtype;
-    let opts = ConvertOptions {
-        dtype: WeightDtype::F32,
-        progress: false,
-    };
-    let report = fetch(&GEMMA3_270M, &cache_dir().unwrap(), &opts).unwrap();
-    ConvertedModel::open(&report.convert.out_dir).unwrap()
+    let dir = tiny::fetch_f32(&draftc_runtime::model::fetch::GEMMA3_270M);
+    ConvertedModel::open(&dir).unwrap()
 }
 
 fn fixture() -> serde_json::Value {
-    let p = tiny::repo().join("tests/fixtures/gemma3-270m/greedy.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-/// How many leading ids of run `r` to compare: through the first near-tie.
-fn upto(r: &serde_json::Value) -> usize {
-    let margins: Vec<f64> = r["top2_margins"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m.as_f64().unwrap())
-        .collect();
-    margins
-        .iter()
-        .position(|&m| m < 0.02)
-        .map_or(margins.len(), |s| s + 1)
+    tiny::read_json("tests/fixtures/gemma3-270m/greedy.json")
 }
 
 #[test]
@@ -80,34 +49,12 @@ fn gemma3_270m_greedy_matches_transformers_autoregressive_and_speculative() {
     let client = wgpu_client();
     let mut t =
         TargetModel::load(&client, &model, prompts.len(), capacity, PlanDType::F32).unwrap();
-    let req: Vec<Request> = prompts
-        .iter()
-        .map(|p| Request { prompt: p.clone() })
-        .collect();
+    let req = tiny::requests(&prompts);
     let out = generate(&mut t, &req, n, &Sampling::GREEDY, None, &mut |_, _| {}).unwrap();
-    let mut compared = 0;
-    for (i, r) in runs.iter().enumerate() {
-        let want = ids(&r["generated_ids"]);
-        let k = upto(r);
-        assert_eq!(&out.tokens[i][..k], &want[..k], "prompt {i}: first {k} ids");
-        compared += k;
-    }
+    let compared = tiny::compare_with_fixture_runs(&out.tokens, runs);
     assert!(compared >= 4 * 8, "compared only {compared} ids");
-    let mut lookup = PromptLookupDrafter {
-        lookup: PromptLookup::new(1, 3, 4).unwrap(),
-        branches: 2,
-    };
-    let spec = generate_speculative(
-        &mut t,
-        &mut lookup,
-        &req,
-        n,
-        &Sampling::GREEDY,
-        4,
-        Stops::default(),
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let mut lookup = tiny::prompt_lookup(4, 2);
+    let spec = tiny::greedy_speculative(&mut t, &mut lookup, &req, n, 4).unwrap();
     assert_eq!(spec.tokens, out.tokens, "speculative = autoregressive");
 }
 

@@ -15,13 +15,11 @@ use std::path::PathBuf;
 
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
-use draftc_runtime::engine::{generate, Request, Sampling, TargetModel};
+use draftc_runtime::engine::{generate, Sampling, TargetModel};
 use draftc_runtime::exec::{SeqStep, Step};
 use draftc_runtime::model::ConvertedModel;
 
 use tiny::Wgpu;
-
-use tiny::repo;
 
 mod tiny;
 
@@ -44,8 +42,7 @@ fn run(
     s: &Sampling,
     stop: Option<u32>,
 ) -> Vec<Vec<u32>> {
-    let req: Vec<Request> = p.iter().map(|x| Request { prompt: x.clone() }).collect();
-    generate(t, &req, 12, s, stop, &mut |_, _| {})
+    generate(t, &tiny::requests(p), 12, s, stop, &mut |_, _| {})
         .unwrap()
         .tokens
 }
@@ -121,8 +118,7 @@ fn model_dir() -> Option<PathBuf> {
 }
 
 fn fixture() -> serde_json::Value {
-    let p = repo().join("tests/fixtures/smollm2/greedy.json");
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    tiny::read_json("tests/fixtures/smollm2/greedy.json")
 }
 
 #[test]
@@ -133,41 +129,22 @@ fn smollm2_greedy_matches_transformers_as_one_batch() {
     let fx = fixture();
     let runs = fx["runs"].as_array().unwrap();
     assert!(runs.len() >= 5);
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let prompts: Vec<Vec<u32>> = runs.iter().map(|r| ids(&r["prompt_ids"])).collect();
+    let prompts: Vec<Vec<u32>> = runs
+        .iter()
+        .map(|r| tiny::json_ids(&r["prompt_ids"]))
+        .collect();
     let client = wgpu_client();
     let mut t = TargetModel::load(&client, &model, prompts.len(), 128, PlanDType::F32).unwrap();
-    let req: Vec<Request> = prompts
-        .iter()
-        .map(|p| Request { prompt: p.clone() })
-        .collect();
-    let out = generate(&mut t, &req, 32, &Sampling::GREEDY, None, &mut |_, _| {}).unwrap();
-    let mut compared = 0;
-    for (i, r) in runs.iter().enumerate() {
-        let want = ids(&r["generated_ids"]);
-        let margins: Vec<f64> = r["top2_margins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| m.as_f64().unwrap())
-            .collect();
-        let upto = margins
-            .iter()
-            .position(|&m| m < 0.02)
-            .map_or(want.len(), |s| s + 1);
-        assert_eq!(
-            &out.tokens[i][..upto],
-            &want[..upto],
-            "prompt {i}: first {upto} ids"
-        );
-        compared += upto;
-    }
+    let out = generate(
+        &mut t,
+        &tiny::requests(&prompts),
+        32,
+        &Sampling::GREEDY,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let compared = tiny::compare_with_fixture_runs(&out.tokens, runs);
     assert!(compared >= 5 * 16, "compared only {compared} ids");
 }
 

@@ -14,56 +14,25 @@
 //! `tools/train/tests/chat_template_cases.py` (run with the training
 //! virtualenv's python; without it the test says so and passes).
 
-use std::path::{Path, PathBuf};
+mod tiny;
+
+use std::path::Path;
 use std::process::Command;
 
 use draftc_runtime::model::config::LlamaConfig;
-use draftc_runtime::model::tokenizer::{ChatMessage, Tokenizer};
-
-fn repo() -> PathBuf {
-    draftc_ir::testing::repo()
-}
-
-fn python() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("DRAFTC_TORCH_PYTHON").filter(|p| !p.is_empty()) {
-        return Some(repo().join(p));
-    }
-    let p = repo().join(".venv-train/bin/python");
-    if !p.is_file() {
-        eprintln!(
-            "skipped: no training virtualenv (run `bash tools/train/bootstrap.sh` to create .venv-train)"
-        );
-        return None;
-    }
-    Some(p)
-}
+use draftc_runtime::model::tokenizer::Tokenizer;
+use tiny::{json_ids as ids, python, repo};
 
 fn cases(py: &Path, out: &Path) -> Vec<serde_json::Value> {
-    let run = Command::new(py)
-        .arg(repo().join("tools/train/tests/chat_template_cases.py"))
-        .arg(out)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
+    let (ok, text) = tiny::run_checked(
+        Command::new(py)
+            .arg(repo().join("tools/train/tests/chat_template_cases.py"))
+            .arg(out),
     );
-    assert!(
-        run.status.success(),
-        "chat_template_cases.py failed:\n{text}"
-    );
+    assert!(ok, "chat_template_cases.py failed:\n{text}");
     println!("{}", text.trim_end());
     let f = std::fs::read_to_string(out.join("cases.json")).unwrap();
     serde_json::from_str::<Vec<serde_json::Value>>(&f).unwrap()
-}
-
-fn ids(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 #[test]
@@ -78,12 +47,7 @@ fn training_prompt_ids_are_the_runtimes_for_any_chat_template() {
         let conv_index = &case["conversation"];
         let dir = Path::new(case["dir"].as_str().unwrap());
         let tok = Tokenizer::from_dir(dir).unwrap_or_else(|e| panic!("{name}: {e}"));
-        let messages: Vec<ChatMessage> = case["messages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
-            .collect();
+        let messages = tiny::chat_messages(&case["messages"]);
         let what = format!("{name}, conversation {conv_index}");
         match (case.get("ids"), case.get("error")) {
             (Some(want), _) => {

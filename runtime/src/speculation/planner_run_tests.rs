@@ -70,15 +70,7 @@ fn whole_runs(sim: &mut Sim, max: usize, fixed: Option<usize>, runs: usize, toke
 fn lavapipe_batch4(alpha: f64, rng: u64) -> Sim {
     // Lavapipe at four sequences: 116 ms for four rows, 152 ms for eight
     // (docs/planner-measured.md's traces), a 10 ms one-token drafter call.
-    Sim {
-        verify_a: 0.080,
-        verify_c: 0.009,
-        draft_a: 0.0,
-        draft_c: 0.010,
-        alpha: vec![alpha; 4],
-        rng,
-        table: false,
-    }
+    Sim::line((0.080, 0.009), (0.0, 0.010), vec![alpha; 4], rng)
 }
 
 #[test]
@@ -109,13 +101,8 @@ fn a_sequence_that_races_ahead_does_not_leave_the_batch_to_finish_alone() {
     // others to run their last rounds alone. Without the batch-end check
     // this planner made 0.93x of autoregressive decoding.
     let lookup = || Sim {
-        verify_a: 0.0,
-        verify_c: 0.0,
-        draft_a: 0.0,
-        draft_c: 0.00002,
-        alpha: vec![0.92, 0.3, 0.3, 0.3],
-        rng: 3,
         table: true,
+        ..Sim::line((0.0, 0.0), (0.0, 0.00002), vec![0.92, 0.3, 0.3, 0.3], 3)
     };
     let ar = whole_runs(&mut lookup(), 3, Some(0), 60, 31);
     let fixed1 = whole_runs(&mut lookup(), 3, Some(1), 60, 31);
@@ -190,15 +177,7 @@ fn the_predicted_speedup_counts_the_draft_lookup_actually_proposed() {
     // Prompt lookup at batch 1 on lavapipe (the ninth grid's trace): a
     // pass of 140 ms plus 6 ms a row, drafting for free, proposing where
     // the history matches (44 % of rounds), each token accepted at 0.38.
-    let mut sim = Sim {
-        verify_a: 0.140,
-        verify_c: 0.006,
-        draft_a: 0.0,
-        draft_c: 0.0,
-        alpha: vec![0.38],
-        rng: 7,
-        table: false,
-    };
+    let mut sim = Sim::line((0.140, 0.006), (0.0, 0.0), vec![0.38], 7);
     let mut p = Planner::new(PlannerConfig::auto(3)).unwrap();
     // The costs a warm-up measures.
     for rows in 1..=4 {

