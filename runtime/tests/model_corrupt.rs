@@ -446,8 +446,9 @@ fn fixture_copy(name: &str) -> tempfile::TempDir {
 /// A config edit, then `LlamaConfig::load` of the result.
 type ConfigEdit<'a> = dyn Fn(&mut serde_json::Map<String, serde_json::Value>) + 'a;
 
-/// The fixture `name` copied (kept alive by the returned directory), and a
-/// loader that applies an edit to its config.json and reads it back.
+/// The fixture `name` copied (kept alive by the returned directory) without
+/// its generation_config.json, and a loader that applies an edit to its
+/// config.json and reads it back.
 #[allow(clippy::type_complexity)]
 fn config_editor(
     name: &str,
@@ -456,6 +457,9 @@ fn config_editor(
     impl Fn(&ConfigEdit<'_>) -> Result<draftc_runtime::model::config::LlamaConfig, String>,
 ) {
     let dir = fixture_copy(name);
+    // config.json alone: generation_config.json's eos ids would join the
+    // config's (target_fixtures.rs tests that).
+    let _ = std::fs::remove_file(dir.path().join("generation_config.json"));
     let path = dir.path().join("config.json");
     let base: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
