@@ -245,16 +245,16 @@ fn specformer_draft_passes_replay_their_drafts() {
     }
 }
 
-/// The tiny Qwen 3 checkpoint replays its decode passes too, bit for bit:
-/// its per-head q/k norms rotate by the step's positions before the K rows
-/// are appended (the step upload goes first, `Run::step_upload_ahead`), and
-/// the append copies out of the temporary into a kept buffer. (Gemma 3's
-/// passes attend with two masks, sliding and global, and run eagerly: a
-/// replay rebuilds one mask's metadata.)
+/// The tiny Qwen 3 and Gemma 3 checkpoints replay their decode passes too,
+/// bit for bit: their per-head q/k norms rotate by the step's positions
+/// before the K rows are appended (the step upload goes first,
+/// `Run::step_upload_ahead`), the append copies out of the temporary into a
+/// kept buffer, and Gemma's global layers share the sliding layers'
+/// attention metadata (`AttnMeta::for_mask`) instead of uploading their own.
 #[test]
-fn qwen3_decode_passes_replay() {
+fn qwen3_and_gemma3_decode_passes_replay() {
     use draftc_runtime::model::ConvertedModel;
-    for name in ["qwen3-tied"] {
+    for name in ["qwen3-tied", "gemma3-tied"] {
         let dir = repo().join("runtime/tests/fixtures/targets").join(name);
         let model = ConvertedModel::open(&dir).unwrap();
         let load = |replay: bool| {

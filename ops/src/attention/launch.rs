@@ -231,6 +231,22 @@ impl<R: Runtime> AttnMeta<R> {
     pub fn mask(&self) -> Mask {
         self.mask
     }
+
+    /// The same metadata for `mask`, another mask of the same kind (tree or
+    /// not) over the same `batch`: its device arrays depend on the mask only
+    /// through that kind (`SeqBatch::tree_keys`, `SeqBatch::tree_bits`), so
+    /// they are shared and nothing is uploaded (Gemma 3's sliding and global
+    /// layers in one pass). `None` for a mask of the other kind.
+    pub fn for_mask(&self, batch: &SeqBatch, mask: Mask) -> Result<Option<Self>> {
+        if mask.is_tree() != self.mask.is_tree() {
+            return Ok(None);
+        }
+        batch.validate("attention", &mask)?;
+        Ok(Some(AttnMeta {
+            mask,
+            ..self.clone()
+        }))
+    }
 }
 
 /// Fused attention over a whole batch: `out = softmax(mask(q·kᵀ/√hd))·v`

@@ -320,6 +320,7 @@ impl<R: Runtime> Run<'_, R> {
     fn attn_meta(&mut self, key: MetaKey) -> Result<&AttnMeta<R>, ExecError> {
         let at = match self.attn_metas.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
+            None if self.shared_meta(&key)? => self.attn_metas.len() - 1,
             None => {
                 let meta = match &key.key_base {
                     None => AttnMeta::new(self.client, &key.batch, key.mask)?,
@@ -337,6 +338,24 @@ impl<R: Runtime> Run<'_, R> {
 }
 
 impl<R: Runtime> Run<'_, R> {
+    /// Adds `key`'s metadata when an uploaded one differs from it only in a
+    /// mask of the same kind ([`AttnMeta::for_mask`]: the same device
+    /// arrays); whether it did.
+    fn shared_meta(&mut self, key: &MetaKey) -> Result<bool, ExecError> {
+        let same = self
+            .attn_metas
+            .iter()
+            .find(|(k, _)| k.batch == key.batch && k.key_base == key.key_base);
+        let Some((_, meta)) = same else {
+            return Ok(false);
+        };
+        let Some(meta) = meta.for_mask(&key.batch, key.mask)? else {
+            return Ok(false);
+        };
+        self.attn_metas.push((key.clone(), meta));
+        Ok(true)
+    }
+
     /// `meta` with the pass's memory-tail bits from the device, when the
     /// caller gave them ([`super::MEMORY_TAIL_BITS`]) and `key` has a tail.
     fn device_tail(&self, key: &MetaKey, meta: AttnMeta<R>) -> Result<AttnMeta<R>, ExecError> {

@@ -112,8 +112,7 @@ pub(super) struct PassKey {
 impl PassKey {
     /// The key of a pass, or `None` when the pass is not replayable by
     /// construction (memory streams, selected rows, a memory tail, the
-    /// target's caches, or attention that is not over this store with one
-    /// mask).
+    /// target's caches, or attention that is not over this store).
     pub(super) fn of<R: Runtime>(
         facts: &PlanFacts,
         step: &Step,
@@ -166,8 +165,8 @@ impl PassKey {
 
 /// What a plan says about replaying its passes, found once per plan
 /// ([`Replays::facts`]): whether its attentions allow it (all over the
-/// executor's own caches, one mask) and the key chunks of its plane-layout
-/// attentions.
+/// executor's own caches; the first one's mask builds the step upload) and
+/// the key chunks of its plane-layout attentions.
 pub(super) enum PlanFacts {
     Replayable {
         mask: Option<Mask>,
@@ -186,13 +185,13 @@ impl PlanFacts {
             } = l.kernel
             {
                 let k = plan.buffer(l.inputs[1]);
-                if k.class != BufferClass::State
-                    || k.name.starts_with("target.")
-                    || mask.is_some_and(|x| x != m)
-                {
+                if k.class != BufferClass::State || k.name.starts_with("target.") {
                     return PlanFacts::No;
                 }
-                mask = Some(m);
+                // The first attention's mask builds the step upload; other
+                // masks (Gemma 3's global layers beside sliding ones) share
+                // its device arrays (`AttnMeta::for_mask`), uploading nothing.
+                mask.get_or_insert(m);
                 if let AttentionLayout::Planes { chunk, .. } = layout {
                     chunks.push(chunk as usize);
                 }
