@@ -290,6 +290,85 @@ fn a_head_for_another_target_is_refused_by_name() {
     assert!(err.contains("d2t") && err.contains("twice"), "{err}");
 }
 
+/// A head over the whole vocabulary (`draft_vocab_size` = `vocab_size`, no
+/// `d2t`, as some SpecForge heads are) runs without a draft vocabulary:
+/// the description's `draft_vocab` is overridden, its head is `[v, d]`, and
+/// decoding stays lossless.
+#[test]
+fn a_head_over_the_whole_vocabulary_needs_no_d2t() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = fixture("head-safetensors");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let vocab = c["vocab_size"].as_u64().unwrap();
+    c["draft_vocab_size"] = vocab.into();
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    let f = draftc_runtime::model::safetensors_io::SafetensorsFile::open(
+        &src.join("model.safetensors"),
+    )
+    .unwrap();
+    let mut tensors = Vec::new();
+    for name in f.names().unwrap() {
+        if name == "t2d" || name == "d2t" {
+            continue;
+        }
+        let shape = f.shape(&name).unwrap();
+        let mut data = f.tensor_f32(&name, &shape).unwrap();
+        let mut shape = shape;
+        if name == "lm_head.weight" {
+            // Every target row: the draft rows cycled (any values do).
+            let d = shape[1] as usize;
+            data = (0..vocab as usize * d)
+                .map(|i| data[i % data.len()])
+                .collect();
+            shape[0] = vocab;
+        }
+        tensors.push((name, shape, data));
+    }
+    write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
+    let r = reference();
+    let requests: Vec<Request> = r
+        .cases
+        .iter()
+        .map(|c| Request {
+            prompt: c.prompt.clone(),
+        })
+        .collect();
+    let (model, mut t) = target(requests.len());
+    let plain = generate(
+        &mut t,
+        &requests,
+        16,
+        &Sampling::GREEDY,
+        Stops::default(),
+        &mut |_, _| {},
+    )
+    .unwrap()
+    .tokens;
+    let (_, mut th) = target(requests.len());
+    let mut d = drafter(&model, &th, &dir.path().display().to_string(), 3).unwrap();
+    let spec = generate_speculative(
+        &mut th,
+        d.as_mut(),
+        &requests,
+        16,
+        &Sampling::GREEDY,
+        3,
+        None,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    assert_eq!(spec.tokens, plain);
+    assert!(spec.stats.drafted > 0, "the head drafted nothing");
+    // Below the vocabulary without d2t: refused by name.
+    c["draft_vocab_size"] = 100.into();
+    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    let err = drafter(&model, &t, &dir.path().display().to_string(), 3)
+        .err()
+        .expect("a reduced head without d2t was accepted");
+    assert!(err.contains("d2t"), "{err}");
+}
+
 fn write_f32_safetensors(path: &std::path::Path, tensors: &[(String, Vec<u64>, Vec<f32>)]) {
     use safetensors::tensor::{serialize_to_file, Dtype, TensorView};
     let bytes: Vec<Vec<u8>> = tensors

@@ -356,6 +356,8 @@ impl Eagle3Head {
                 ));
             }
         }
+        // The draft vocabulary first: a missing `d2t` explains a head's shape.
+        let ids = self.draft_ids(vocab)?;
         let mut w = HostWeights::default();
         for s in own.iter().filter(|s| s.name != DRAFT_VOCAB_IDS) {
             let (shape, data) = self
@@ -373,7 +375,7 @@ impl Eagle3Head {
             w.tensors
                 .insert(s.name.clone(), (shape.clone(), data.clone()));
         }
-        if let Some(v) = self.draft_ids(vocab)? {
+        if let Some(v) = ids {
             v.put_ids(&mut w);
         }
         Ok(w)
