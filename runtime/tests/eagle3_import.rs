@@ -12,13 +12,13 @@
 
 mod tiny;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use draftc_codegen::PlanDType;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::cli::drafter::{make_drafter, DrafterChoice};
 use draftc_runtime::engine::{
-    generate, generate_speculative, Request, Sampling, SeqView, Stops, TargetModel,
+    generate, generate_speculative, Request, Sampling, SeqView, SpecGeneration, Stops, TargetModel,
 };
 use draftc_runtime::model::ConvertedModel;
 use draftc_runtime::speculation::DraftTree;
@@ -150,45 +150,40 @@ fn a_head_drafts_the_chain_vllm_computes() {
     }
 }
 
-#[test]
-fn decoding_with_a_head_is_lossless() {
-    let r = reference();
-    let requests: Vec<Request> = r
-        .cases
-        .iter()
-        .map(|c| Request {
-            prompt: c.prompt.clone(),
-        })
-        .collect();
+/// Greedy decoding of the reference prompts, `max` tokens each, with the
+/// head at `head` drafting chains of `budget`, checked equal to plain
+/// greedy decoding on the same target.
+fn assert_lossless(head: &Path, max: usize, budget: usize) -> SpecGeneration {
+    let prompts: Vec<Vec<u32>> = reference().cases.into_iter().map(|c| c.prompt).collect();
+    let requests = tiny::requests(&prompts);
     let (model, mut t) = target(requests.len());
     let plain = generate(
         &mut t,
         &requests,
-        24,
+        max,
         &Sampling::GREEDY,
         Stops::default(),
         &mut |_, _| {},
     )
     .unwrap()
     .tokens;
+    let (_, mut th) = target(requests.len());
+    let mut d = drafter(&model, &th, &head.display().to_string(), budget).unwrap();
+    let spec = tiny::greedy_speculative(&mut th, d.as_mut(), &requests, max, budget).unwrap();
+    assert_eq!(
+        spec.tokens,
+        plain,
+        "{}: speculative output differs",
+        head.display()
+    );
+    spec
+}
+
+#[test]
+fn decoding_with_a_head_is_lossless() {
     for head in HEADS {
-        let (model_h, mut th) = target(requests.len());
-        let mut d = drafter(&model_h, &th, &fixture(head).display().to_string(), 4).unwrap();
-        let spec = generate_speculative(
-            &mut th,
-            d.as_mut(),
-            &requests,
-            24,
-            &Sampling::GREEDY,
-            4,
-            None,
-            &mut |_, _| {},
-        )
-        .unwrap();
-        assert_eq!(spec.tokens, plain, "{head}: speculative output differs");
-        assert!(spec.stats.rounds > 0);
+        assert!(assert_lossless(&fixture(head), 24, 4).stats.rounds > 0);
     }
-    drop(model);
 }
 
 /// A change to a head's `config.json`.
@@ -261,29 +256,15 @@ fn a_head_for_another_target_is_refused_by_name() {
         );
     }
     // d2t that maps two draft ids to one target id.
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        fixture("head-safetensors/config.json"),
-        dir.path().join("config.json"),
-    )
-    .unwrap();
-    let f = draftc_runtime::model::safetensors_io::SafetensorsFile::open(&fixture(
-        "head-safetensors/model.safetensors",
-    ))
-    .unwrap();
-    let mut tensors = Vec::new();
-    for name in f.names().unwrap() {
-        if name == "t2d" {
-            continue;
-        }
-        let shape = f.shape(&name).unwrap();
-        let mut data = f.tensor_f32(&name, &shape).unwrap();
-        if name == "d2t" {
-            data[1] = data[0] - 1.0; // draft id 1 -> the target id of draft id 0
-        }
-        tensors.push((name, shape, data));
-    }
-    write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
+    let dir = rewritten(
+        |_| {},
+        |name, _, data| {
+            if name == "d2t" {
+                data[1] = data[0] - 1.0; // draft id 1 -> the target id of draft id 0
+            }
+            true
+        },
+    );
     let err = drafter(&model, &t, &dir.path().display().to_string(), 3)
         .err()
         .expect("a d2t with a repeated target id was accepted");
@@ -296,77 +277,60 @@ fn a_head_for_another_target_is_refused_by_name() {
 /// decoding stays lossless.
 #[test]
 fn a_head_over_the_whole_vocabulary_needs_no_d2t() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = fixture("head-safetensors");
-    let mut c: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
-    let vocab = c["vocab_size"].as_u64().unwrap();
-    c["draft_vocab_size"] = vocab.into();
-    std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
-    let f = draftc_runtime::model::safetensors_io::SafetensorsFile::open(
-        &src.join("model.safetensors"),
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("head-safetensors/config.json")).unwrap(),
     )
     .unwrap();
-    let mut tensors = Vec::new();
-    for name in f.names().unwrap() {
-        if name == "t2d" || name == "d2t" {
-            continue;
-        }
-        let shape = f.shape(&name).unwrap();
-        let mut data = f.tensor_f32(&name, &shape).unwrap();
-        let mut shape = shape;
+    let vocab = config["vocab_size"].as_u64().unwrap();
+    let whole = |c: &mut serde_json::Value| c["draft_vocab_size"] = vocab.into();
+    let dir = rewritten(whole, |name, shape, data| {
         if name == "lm_head.weight" {
             // Every target row: the draft rows cycled (any values do).
             let d = shape[1] as usize;
-            data = (0..vocab as usize * d)
+            *data = (0..vocab as usize * d)
                 .map(|i| data[i % data.len()])
                 .collect();
             shape[0] = vocab;
         }
-        tensors.push((name, shape, data));
-    }
-    write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
-    let r = reference();
-    let requests: Vec<Request> = r
-        .cases
-        .iter()
-        .map(|c| Request {
-            prompt: c.prompt.clone(),
-        })
-        .collect();
-    let (model, mut t) = target(requests.len());
-    let plain = generate(
-        &mut t,
-        &requests,
-        16,
-        &Sampling::GREEDY,
-        Stops::default(),
-        &mut |_, _| {},
-    )
-    .unwrap()
-    .tokens;
-    let (_, mut th) = target(requests.len());
-    let mut d = drafter(&model, &th, &dir.path().display().to_string(), 3).unwrap();
-    let spec = generate_speculative(
-        &mut th,
-        d.as_mut(),
-        &requests,
-        16,
-        &Sampling::GREEDY,
-        3,
-        None,
-        &mut |_, _| {},
-    )
-    .unwrap();
-    assert_eq!(spec.tokens, plain);
+        name != "d2t"
+    });
+    let spec = assert_lossless(dir.path(), 16, 3);
     assert!(spec.stats.drafted > 0, "the head drafted nothing");
     // Below the vocabulary without d2t: refused by name.
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
     c["draft_vocab_size"] = 100.into();
     std::fs::write(dir.path().join("config.json"), c.to_string()).unwrap();
+    let (model, t) = target(1);
     let err = drafter(&model, &t, &dir.path().display().to_string(), 3)
         .err()
         .expect("a reduced head without d2t was accepted");
     assert!(err.contains("d2t"), "{err}");
+}
+
+/// A copy of the safetensors head with its config changed by `config` and
+/// every tensor but `t2d` passed through `tensor` (name, shape, values; it
+/// drops those it returns false for), written back as f32.
+fn rewritten(
+    config: impl FnOnce(&mut serde_json::Value),
+    mut tensor: impl FnMut(&str, &mut Vec<u64>, &mut Vec<f32>) -> bool,
+) -> tempfile::TempDir {
+    let dir = edited(config);
+    let f = draftc_runtime::model::safetensors_io::SafetensorsFile::open(&fixture(
+        "head-safetensors/model.safetensors",
+    ))
+    .unwrap();
+    let mut tensors = Vec::new();
+    for name in f.names().unwrap().into_iter().filter(|n| n != "t2d") {
+        let mut shape = f.shape(&name).unwrap();
+        let mut data = f.tensor_f32(&name, &shape).unwrap();
+        if tensor(&name, &mut shape, &mut data) {
+            tensors.push((name, shape, data));
+        }
+    }
+    write_f32_safetensors(&dir.path().join("model.safetensors"), &tensors);
+    dir
 }
 
 fn write_f32_safetensors(path: &std::path::Path, tensors: &[(String, Vec<u64>, Vec<f32>)]) {
