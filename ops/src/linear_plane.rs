@@ -33,10 +33,7 @@
 use cubecl::prelude::*;
 
 use crate::error::{OpsError, Result};
-use crate::launch::MAX_BINDING_BYTES;
-use crate::linear::{
-    accumulate, column_rows, linear_with_binding_limit, Epilogue, Layout, Prologue,
-};
+use crate::linear::{accumulate, column_rows, Epilogue, Layout, Prologue};
 use crate::tensor::DeviceTensor;
 
 /// The launch shape of [`linear_planes`]: what the lowering chooses per
@@ -279,16 +276,14 @@ pub fn linear_planes<R: Runtime>(
     out: &DeviceTensor<R>,
     shape: PlaneShape,
 ) -> Result<()> {
-    let layout = Layout::Planes(shape);
-    linear_with_binding_limit(
+    crate::linear::linear_in(
         client,
         x,
         weight,
         prologue,
         epilogue,
         out,
-        layout,
-        MAX_BINDING_BYTES,
+        Layout::Planes(shape),
     )
 }
 
