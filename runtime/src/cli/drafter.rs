@@ -165,7 +165,7 @@ pub fn make_drafter<R: Runtime>(
         .cloned()
         .partition(|s| model.weights.shape(&s.name).is_ok());
     let source = resolve_weights(&choice.weights, Path::new(&choice.name), own.is_empty())?;
-    let mut weights = match &head {
+    let mut weights = match head {
         Some(h) => head_weights(h, &graph, &own, model, target)?,
         None => drafter_weights(&source, &specs, &own, model)?,
     };
@@ -220,7 +220,7 @@ fn compile_drafter<R: Runtime>(
 /// The drafter's own weights from an EAGLE-3 head trained elsewhere,
 /// checked against the target (its config, its taps, its embedding).
 fn head_weights<R: Runtime>(
-    head: &crate::model::eagle3_head::Eagle3Head,
+    head: crate::model::eagle3_head::Eagle3Head,
     graph: &draftc_ir::Graph,
     own: &[WeightSpec],
     model: &ConvertedModel,
@@ -228,8 +228,14 @@ fn head_weights<R: Runtime>(
 ) -> Result<HostWeights, String> {
     let taps: Vec<i64> = graph.memories.iter().flat_map(|m| m.taps()).collect();
     head.check(&target.target_config, &taps)?;
-    let (name, rows) = target_rows(model, target, "embed")?;
-    head.weights(own, target.vocab, rows.get(&name))
+    // The target's embedding only where the head stores one to check.
+    let embed = if head.stores_embedding() {
+        Some(target_rows(model, target, "embed")?)
+    } else {
+        None
+    };
+    let embed = embed.as_ref().and_then(|(name, rows)| rows.get(name));
+    head.into_weights(own, target.vocab, embed)
 }
 
 /// The target's `[vocab, d]` tensor exported as `export` (`embed`,

@@ -313,16 +313,24 @@ impl Eagle3Head {
         Ok((self.draft_vocab < vocab || !identity).then_some(v))
     }
 
-    /// The drafter's own tensors `own` (a plan's file specs) from the head,
-    /// each with its shape, with its draft vocabulary's ids; `embed`, the
-    /// target's embedding, is what a stored `embed_tokens.weight` must equal.
-    pub fn weights(
-        &self,
+    /// Whether the head stores an embedding (`embed_tokens.weight`, which
+    /// [`Eagle3Head::into_weights`] checks against the target's).
+    pub fn stores_embedding(&self) -> bool {
+        self.tensors.contains_key("embed_tokens.weight")
+    }
+
+    /// The drafter's own tensors `own` (a plan's file specs), moved out of
+    /// the head, each with its shape, with its draft vocabulary's ids;
+    /// `embed`, the target's embedding, is what a stored
+    /// `embed_tokens.weight` must equal (given where
+    /// [`Eagle3Head::stores_embedding`]).
+    pub fn into_weights(
+        mut self,
         own: &[WeightSpec],
         vocab: usize,
         embed: Option<&(Vec<usize>, Vec<f32>)>,
     ) -> Result<HostWeights, String> {
-        let src = self.source.display();
+        let src = self.source.display().to_string();
         let known = |n: &str| n == "d2t" || n == "t2d" || n == "embed_tokens.weight";
         if let Some(n) = self
             .tensors
@@ -362,18 +370,17 @@ impl Eagle3Head {
         for s in own.iter().filter(|s| s.name != DRAFT_VOCAB_IDS) {
             let (shape, data) = self
                 .tensors
-                .get(&s.name)
+                .remove(&s.name)
                 .ok_or_else(|| format!("EAGLE-3 head {src}: no tensor `{}`", s.name))?;
             let want: Vec<usize> = s.shape.iter().map(|&d| d.max(0) as usize).collect();
-            if *shape != want {
+            if shape != want {
                 return Err(format!(
                     "EAGLE-3 head {src}: `{}` has shape {shape:?}, models/eagle3.draft \
                      expects {want:?}",
                     s.name
                 ));
             }
-            w.tensors
-                .insert(s.name.clone(), (shape.clone(), data.clone()));
+            w.tensors.insert(s.name.clone(), (shape, data));
         }
         if let Some(v) = ids {
             v.put_ids(&mut w);
