@@ -532,14 +532,12 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
             let out = self.exec.run(&step, &inputs, &mut self.caches, None)?;
             drop(inputs);
             if st.first_level {
+                // Every cache of the drafter holds the same rows.
+                let cache = self.caches.caches().into_iter().next();
                 for &i in &active {
                     let s = &seqs[i];
                     self.in_cache[s.slot] = s.committed + 1;
-                    self.in_rows[s.slot] = self
-                        .caches
-                        .caches()
-                        .first()
-                        .map_or(0, |c| self.caches.len(c, s.slot));
+                    self.in_rows[s.slot] = cache.as_ref().map_or(0, |c| self.caches.len(c, s.slot));
                     // Every seed so far is read for good: the next first
                     // pass starts at the position after the root.
                     let keep = s.committed as u32;
