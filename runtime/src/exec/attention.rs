@@ -139,7 +139,8 @@ impl<R: Runtime> Run<'_, R> {
     }
 
     /// The step upload before anything of the pass needs the step's
-    /// positions (a `qk_norm`'s RoPE runs before the K rows are appended):
+    /// positions (a RoPE or a `qk_norm`'s RoPE that runs before the K rows
+    /// are appended; the executor calls it ahead of both):
     /// the rows of the first cache the pass appends to are reserved now, and
     /// the metadata of the attention reading it rides in the one upload
     /// with the positions and slots, as when the append comes first. Does

@@ -670,7 +670,12 @@ impl<R: Runtime> Run<'_, R> {
                 let w = weight(self.weights, launch, 0)?;
                 draftc_ops::group_rms_norm::group_rms_norm(c, &x, w, eps.get() as f32, &out)?;
             }
-            Kernel::Rope { .. } => self.rope(launch)?,
+            // A rotation before the pass's first append reads the step's
+            // positions: the step upload goes first (`step_upload_ahead`).
+            Kernel::Rope { .. } => {
+                self.step_upload_ahead(caches, target)?;
+                self.rope(launch)?
+            }
             Kernel::HeadNorm { .. } => {
                 self.step_upload_ahead(caches, target)?;
                 self.head_norm(launch)?
