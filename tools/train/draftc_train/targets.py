@@ -239,7 +239,7 @@ class TargetSpec:
             self._tokenizer = Tokenizer.from_file(str(self.dir / "tokenizer.json"))
         return self._tokenizer
 
-    @property
+    @functools.cached_property
     def runtime_eos_ids(self) -> list[int]:
         """The ids `draftc generate` stops on: config.json's `eos_token_id`,
         or the runtime's default for the family when it is absent
@@ -281,18 +281,15 @@ class TargetSpec:
     @property
     def eos_ids(self) -> list[int]:
         """The ids that end an answer: the runtime's stop ids (config.json's
-        and generation_config.json's eos ids), and ChatML's `<|im_end|>`; for
-        another template, the template's end-of-turn token."""
-        if self.chat == "template":
-            ids = set(self.runtime_eos_ids)
-            if self.end_of_turn is not None:
-                ids.add(self.end_of_turn)
-            return sorted(ids)
-        ids = set(self._eos) | set(self.runtime_eos_ids)
+        and generation_config.json's eos ids), and the template's end of a
+        turn (ChatML's `<|im_end|>`, another template's end-of-turn token)."""
+        ids = set(self.runtime_eos_ids)
         if self.chat == "chatml":
             im_end = self.tokenizer.token_to_id("<|im_end|>")
             if im_end is not None:
                 ids.add(im_end)
+        elif self.end_of_turn is not None:
+            ids.add(self.end_of_turn)
         return sorted(ids)
 
     @property
