@@ -204,45 +204,70 @@ fn a_repeated_speculative_run_settles() {
     }
 }
 
-/// SpecFormer's drafter passes (its own cache, the target's states as an
-/// input) replay too when asked (`DRAFTC_REPLAY=all`, here
+/// A drafter's passes replay when asked (`DRAFTC_REPLAY=all`, here
 /// `Executor::set_replay` on the drafter's executor): its replayed drafts
 /// equal its eager ones (the same tokens drafted and accepted, round for
-/// round), and most of its passes replay.
-#[test]
-fn specformer_draft_passes_replay_their_drafts() {
+/// round), and at least `share` of its passes replay. Returns (replayed,
+/// passes) of the last batch.
+fn draft_passes_replay(name: &str, tree: Option<&str>, share: f64) {
     for b in [1, 3] {
         let mut runs = Vec::new();
         for replay in [false, true] {
-            let (mut t, mut d) = gpu_layout_drafter(b, "specformer", None);
+            let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
             t.exec.set_replay(replay);
-            d.executor_mut().unwrap().set_replay(replay);
+            let e = d.executor_mut().unwrap();
+            e.set_replay(replay);
             let out = speculate(&mut t, d.as_mut(), b, 4, &mut |_, _| {});
-            let (replayed, recorded, why) = d.executor().unwrap().replay_stats();
-            eprintln!("batch {b} replay {replay}: drafter {replayed} replayed, {recorded} recorded ({why:?})");
+            let e = d.executor().unwrap();
+            let (replayed, recorded, why) = e.replay_stats();
+            let passes = e.host_time().passes;
+            eprintln!(
+                "{name} {tree:?} batch {b} replay {replay}: drafter {replayed} replayed, \
+                 {recorded} recorded of {passes} passes ({why:?})"
+            );
             runs.push((
                 out.tokens,
                 out.stats.drafted,
                 out.stats.accepted,
                 out.stats.rounds,
                 replayed,
+                passes,
             ));
         }
         let (eager, fast) = (&runs[0], &runs[1]);
-        assert_eq!(eager.0, fast.0, "batch {b}: tokens");
+        assert_eq!(eager.0, fast.0, "{name} batch {b}: tokens");
         assert_eq!(
             (eager.1, eager.2, eager.3),
             (fast.1, fast.2, fast.3),
-            "batch {b}: drafts differ"
+            "{name} batch {b}: drafts differ"
         );
         assert_eq!(eager.4, 0);
         assert!(
-            2 * fast.4 >= fast.3 as u64,
-            "batch {b}: {} of {} rounds replayed",
+            fast.4 as f64 >= share * fast.5 as f64,
+            "{name} {tree:?} batch {b}: {} of {} passes replayed",
             fast.4,
-            fast.3
+            fast.5
         );
     }
+}
+
+/// SpecFormer's drafter passes (its own cache, the target's states as an
+/// input) replay.
+#[test]
+fn specformer_draft_passes_replay_their_drafts() {
+    draft_passes_replay("specformer", None, 0.4);
+}
+
+/// EAGLE's drafter passes replay, chain and tree: their `prev` rows are
+/// packed into buffers kept per row count, their ids ride in the pass's own
+/// upload, and a level's memory tail over the drafter's own cache rides in
+/// the step upload (keyed by its length). Its first passes, whose rows
+/// follow how many tokens each sequence accepted, replay once their count
+/// repeats.
+#[test]
+fn eagle_draft_passes_replay_their_drafts() {
+    draft_passes_replay("eagle", Some("chain"), 0.8);
+    draft_passes_replay("eagle", None, 0.5);
 }
 
 /// The tiny Qwen 3 and Gemma 3 checkpoints replay their decode passes too,

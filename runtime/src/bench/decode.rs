@@ -174,6 +174,7 @@ pub fn run_decode<R: Runtime>(
                 crate::exec::HostTime {
                     launches: a.launches + h.launches,
                     issue_s: a.issue_s + h.issue_s,
+                    passes: a.passes + h.passes,
                 }
             });
         let seconds = timed.iter().sum::<f64>().max(1e-9);

@@ -58,6 +58,10 @@ struct Pending<R: Runtime> {
     positions: Vec<u32>,
 }
 
+/// Parts of one source tensor: (source, tensor, source rows, destination
+/// rows).
+type Group<'a, R> = (u64, &'a DeviceTensor<R>, Vec<u32>, Vec<u32>);
+
 /// Rows `rows` of `tensor` (`[_, d]`) that feed a memory stream. Parts
 /// with the same `source` are rows of one tensor: a pass's memory input
 /// gathers each source once, for every sequence at once (one launch and
@@ -302,8 +306,34 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         d: usize,
         dtype: DType,
     ) -> Result<DeviceTensor<R>, EngineError> {
-        // (source, tensor, source rows, destination rows)
-        type Group<'a, R> = (u64, &'a DeviceTensor<R>, Vec<u32>, Vec<u32>);
+        let groups = Self::groups(parts);
+        let at: usize = groups.iter().map(|g| g.3.len()).sum();
+        if let [(_, t, src, _)] = groups.as_slice() {
+            let n = t.numel() / d.max(1);
+            if src.len() == n && src.iter().enumerate().all(|(i, &r)| r as usize == i) {
+                return Ok(t.reshape(&[n, d])?);
+            }
+        }
+        let out = DeviceTensor::<R>::empty(client, &[at, d], dtype);
+        Self::gather_parts(client, &groups, d, &out)?;
+        Ok(out)
+    }
+
+    /// Packs `parts` into `out` (`[Σ rows, d]`, the caller's buffer: a
+    /// replayed pass's input stays where its recording read it).
+    pub(super) fn pack_into(
+        client: &ComputeClient<R>,
+        parts: &[Part<R>],
+        d: usize,
+        out: &DeviceTensor<R>,
+    ) -> Result<(), EngineError> {
+        let groups = Self::groups(parts);
+        Self::gather_parts(client, &groups, d, out)
+    }
+
+    /// `parts` grouped by source tensor: (source, tensor, source rows,
+    /// destination rows).
+    fn groups(parts: &[Part<R>]) -> Vec<Group<'_, R>> {
         let mut groups: Vec<Group<'_, R>> = Vec::new();
         let mut at = 0u32;
         for p in parts.iter().filter(|p| !p.rows.is_empty()) {
@@ -319,18 +349,20 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             groups[g].3.extend(at..at + n);
             at += n;
         }
-        if let [(_, t, src, _)] = groups.as_slice() {
-            let n = t.numel() / d.max(1);
-            if src.len() == n && src.iter().enumerate().all(|(i, &r)| r as usize == i) {
-                return Ok(t.reshape(&[n, d])?);
-            }
-        }
-        let out = DeviceTensor::<R>::empty(client, &[at as usize, d], dtype);
-        for (_, t, src, dst) in &groups {
+        groups
+    }
+
+    fn gather_parts(
+        client: &ComputeClient<R>,
+        groups: &[Group<'_, R>],
+        d: usize,
+        out: &DeviceTensor<R>,
+    ) -> Result<(), EngineError> {
+        for (_, t, src, dst) in groups {
             let t = t.reshape(&[t.numel() / d, d])?;
-            draftc_ops::kv::gather_rows(client, &t, src, &out, dst)?;
+            draftc_ops::kv::gather_rows(client, &t, src, out, dst)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     /// A deferred tree's next frontier, picked on the device from the last

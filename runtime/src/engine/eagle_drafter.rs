@@ -37,7 +37,7 @@ use std::collections::{BTreeMap, HashMap};
 use cubecl::prelude::*;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::linear::{Epilogue, Prologue};
-use draftc_ops::{DType, DeviceTensor};
+use draftc_ops::DeviceTensor;
 
 use super::autoregressive_drafter::{
     cuttable, final_norm_of, tree_length, AutoregressiveDrafter, Part,
@@ -94,6 +94,9 @@ pub struct EagleDrafter<R: Runtime> {
     confidence: Option<Confidence>,
     sources: u64,
     top: TopOut,
+    /// With replay on, each `prev` input's buffer by (stream, rows): a
+    /// pass's inputs stay where its recording read them.
+    staged: HashMap<(usize, usize), DeviceTensor<R>>,
 }
 
 impl<R: Runtime> EagleDrafter<R> {
@@ -193,6 +196,7 @@ impl<R: Runtime> EagleDrafter<R> {
             confidence: None,
             sources: 0,
             top: TopOut::default(),
+            staged: HashMap::new(),
         })
     }
 
@@ -236,13 +240,16 @@ impl<R: Runtime> EagleDrafter<R> {
         })
     }
 
-    /// Packs `rows` (one device row each) into a `[rows, width]` tensor.
+    /// Packs stream `k`'s `rows` (one device row each) into a `[rows,
+    /// width]` tensor: with replay on, into the stream's staged buffer of
+    /// that many rows (kept for the drafter's life).
     fn pack(
+        &mut self,
         c: &ComputeClient<R>,
+        k: usize,
         rows: &[Row<R>],
-        width: usize,
-        dtype: DType,
     ) -> Result<DeviceTensor<R>, EngineError> {
+        let (width, dtype) = (self.streams[k].width, self.exec.dtype());
         let parts: Vec<Part<R>> = rows
             .iter()
             .map(|(source, t, r)| Part {
@@ -251,7 +258,16 @@ impl<R: Runtime> EagleDrafter<R> {
                 rows: vec![*r],
             })
             .collect();
-        AutoregressiveDrafter::<R>::pack(c, &parts, width, dtype)
+        if !self.exec.replay_on() {
+            return AutoregressiveDrafter::<R>::pack(c, &parts, width, dtype);
+        }
+        let out = self
+            .staged
+            .entry((k, rows.len()))
+            .or_insert_with(|| DeviceTensor::empty(c, &[rows.len(), width], dtype))
+            .clone();
+        AutoregressiveDrafter::<R>::pack_into(c, &parts, width, &out)?;
+        Ok(out)
     }
 }
 
@@ -495,7 +511,6 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
         budget: usize,
     ) -> Result<Vec<DraftTree>, EngineError> {
         let client = target.client().clone();
-        let dtype = self.exec.dtype();
         for s in seqs {
             self.caches.truncate(s.slot, self.in_rows[s.slot]);
         }
@@ -518,18 +533,15 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
             }
             let (step, ids, prev_rows, queried) = self.level_rows(seqs, &st, &active)?;
             let mut inputs = BTreeMap::new();
-            inputs.insert(
-                "ids".to_string(),
-                DeviceTensor::upload_u32(&client, &ids, &[ids.len()])?,
-            );
-            for (name, k) in &self.prevs {
-                let st = &self.streams[*k];
-                inputs.insert(
-                    name.clone(),
-                    Self::pack(&client, &prev_rows[*k], st.width, dtype)?,
-                );
+            for (name, k) in self.prevs.clone() {
+                inputs.insert(name, self.pack(&client, k, &prev_rows[k])?);
             }
-            let out = self.exec.run(&step, &inputs, &mut self.caches, None)?;
+            // The ids ride in the pass's own upload (a replay writes them
+            // where its recording did).
+            let uploads = [("ids", ids.as_slice())];
+            let out = self
+                .exec
+                .run_uploading(&step, &uploads, &inputs, &mut self.caches, None)?;
             drop(inputs);
             if st.first_level {
                 // Every cache of the drafter holds the same rows.

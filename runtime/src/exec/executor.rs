@@ -410,6 +410,7 @@ impl<R: Runtime> Executor<R> {
             return Err(ExecError::Unsupported("a pass with no rows".into()));
         }
         self.plan(rows)?;
+        self.host.passes += 1;
         let plan = Arc::clone(&self.plans[&rows]);
         let key = if self.replays.on && self.profile.is_none() {
             let facts = self.replays.facts(rows, &plan);
@@ -500,6 +501,11 @@ impl<R: Runtime> Executor<R> {
     /// failed.
     pub fn graph_stats(&self) -> (u64, Option<&str>) {
         (self.replays.graphs, self.replays.graph_refusal.as_deref())
+    }
+
+    /// Whether this executor replays its passes.
+    pub fn replay_on(&self) -> bool {
+        self.replays.on
     }
 
     /// Turns replay on or off for this executor (on unless

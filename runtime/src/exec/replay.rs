@@ -7,8 +7,11 @@
 //! `attention.rs`) or in an input the pass uploads itself from the host
 //! (`Executor::run_uploading`: a verification pass's token ids), which is
 //! every target decode or verification pass over the executor's own
-//! caches: no memory streams, no selected output rows, no memory tail, no
-//! target caches. A pass is keyed by what fixes its launches ([`PassKey`]):
+//! caches, and the drafter passes over their own caches (SpecFormer's;
+//! EAGLE's, whose `prev` rows go into buffers kept per row count and whose
+//! level-by-level memory tail rides in the step upload): no memory
+//! streams, no selected output rows, no tail bits on the device, no target
+//! caches. A pass is keyed by what fixes its launches ([`PassKey`]):
 //! rows per sequence and slot, tree or chain, the plane attention's key
 //! splits, the caller's device inputs, the inputs it uploads, and the
 //! cache halves. Each pass of a key that is not replayed runs eagerly
@@ -29,7 +32,8 @@
 //! must be one of its kept buffers, the caller's inputs, the executor's
 //! weights or RoPE tables, or the cache halves, which the key pins by
 //! identity; otherwise it is not replayed. At most [`MAX_KEYS`] keys are
-//! kept (the oldest goes), each pinning its recordings' buffers.
+//! kept (the oldest unsettled one goes first), each pinning its
+//! recordings' buffers.
 //!
 //! On CUDA a key's recording is captured as one CUDA graph when the key
 //! settles (`Recording::capture_graph`), so a replay is one driver call; a
@@ -65,11 +69,11 @@ pub(super) fn enabled() -> bool {
 }
 
 /// Whether a drafter's executor replays its passes: only with
-/// `DRAFTC_REPLAY=all`. Drafter passes that qualify (SpecFormer's) replay
-/// correctly, but their keys follow the verification pass's output
-/// buffers, which alternate between its two recordings, and do not settle
-/// across runs yet: each new recording takes buffers of its own, so a
-/// steady state would keep allocating.
+/// `DRAFTC_REPLAY=all`. Drafter passes that qualify (SpecFormer's,
+/// EAGLE's) replay correctly, but SpecFormer's keys follow the
+/// verification pass's output buffers, which alternate between its two
+/// recordings, and do not settle across runs yet: each new recording takes
+/// buffers of its own, so a steady state would keep allocating.
 pub fn drafter_replay() -> bool {
     std::env::var(ENV).is_ok_and(|v| v == "all")
 }
@@ -98,6 +102,10 @@ pub(super) struct PassKey {
     /// (cache slot, rows) per sequence.
     seqs: Vec<(usize, usize)>,
     tree: bool,
+    /// The memory tail's length per sequence over the executor's own cache
+    /// (EAGLE drafting level by level; it fixes the mask words a row
+    /// takes), `None` without one.
+    tails: Option<Vec<usize>>,
     /// Key splits of each plane-layout attention (a grid size).
     splits: Vec<usize>,
     /// The caller's input buffers by name (memory ids).
@@ -111,8 +119,10 @@ pub(super) struct PassKey {
 
 impl PassKey {
     /// The key of a pass, or `None` when the pass is not replayable by
-    /// construction (memory streams, selected rows, a memory tail, the
-    /// target's caches, or attention that is not over this store).
+    /// construction (memory streams, selected rows, memory-tail bits on the
+    /// device, the target's caches, or attention that is not over this
+    /// store). A memory tail over the executor's own cache rides in the
+    /// step upload (its bits with the tree bits).
     pub(super) fn of<R: Runtime>(
         facts: &PlanFacts,
         step: &Step,
@@ -127,7 +137,6 @@ impl PassKey {
         if with_target
             || !step.memory.is_empty()
             || step.output_rows.is_some()
-            || step.seqs.iter().any(|s| s.memory_tail.is_some())
             || inputs.contains_key(super::MEMORY_TAIL_BITS)
         {
             return None;
@@ -147,6 +156,12 @@ impl PassKey {
                     .map(|s| (s.slot, s.positions.len()))
                     .collect(),
                 tree: step.is_tree(),
+                tails: step.seqs.iter().any(|s| s.memory_tail.is_some()).then(|| {
+                    step.seqs
+                        .iter()
+                        .map(|s| s.memory_tail.as_ref().map_or(0, |t| t.len))
+                        .collect()
+                }),
                 splits: chunks
                     .iter()
                     .map(|c| max_keys.div_ceil(*c).max(1))
@@ -228,8 +243,8 @@ pub(super) struct Replays<R: Runtime> {
     entries: HashMap<PassKey, Vec<Entry<R>>>,
     /// [`PlanFacts`] by plan rows.
     facts: HashMap<usize, PlanFacts>,
-    /// Keys in the order they were first recorded (the oldest is dropped
-    /// past [`MAX_KEYS`]).
+    /// Keys in the order they were first recorded (past [`MAX_KEYS`] the
+    /// oldest unsettled one is dropped, [`Replays::forget_one`]).
     order: std::collections::VecDeque<PassKey>,
     /// Passes replayed, and recorded, so far.
     pub(super) replayed: u64,
@@ -351,12 +366,10 @@ impl<R: Runtime> Replays<R> {
         };
         self.refusal = None;
         if !self.entries.contains_key(&key) {
-            self.order.push_back(key.clone());
-            if self.order.len() > MAX_KEYS {
-                if let Some(old) = self.order.pop_front() {
-                    self.entries.remove(&old);
-                }
+            if self.order.len() >= MAX_KEYS {
+                self.forget_one();
             }
+            self.order.push_back(key.clone());
         }
         let list = self.entries.entry(key).or_default();
         let matched = list.iter().position(|o| {
@@ -405,6 +418,24 @@ impl<R: Runtime> Replays<R> {
                     }
                 }
             }
+        }
+    }
+}
+
+impl<R: Runtime> Replays<R> {
+    /// Forgets the oldest key that has not settled, or the oldest key when
+    /// all have: keys met once (an EAGLE first pass's rows follow how many
+    /// tokens each sequence accepted) must not push out the settled ones
+    /// that repeat every round.
+    fn forget_one(&mut self) {
+        let settled = |k: &PassKey| {
+            self.entries
+                .get(k)
+                .is_some_and(|l| l.iter().any(|e| e.stable))
+        };
+        let at = self.order.iter().position(|k| !settled(k)).unwrap_or(0);
+        if let Some(old) = self.order.remove(at) {
+            self.entries.remove(&old);
         }
     }
 }

@@ -11,6 +11,8 @@
 pub struct HostTime {
     pub launches: u64,
     pub issue_s: f64,
+    /// Passes run (eager, recorded or replayed).
+    pub passes: u64,
 }
 
 impl HostTime {
@@ -24,6 +26,7 @@ impl HostTime {
         HostTime {
             launches: self.launches - earlier.launches,
             issue_s: self.issue_s - earlier.issue_s,
+            passes: self.passes - earlier.passes,
         }
     }
 }
