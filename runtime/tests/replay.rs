@@ -270,6 +270,19 @@ fn eagle_draft_passes_replay_their_drafts() {
     draft_passes_replay("eagle", None, 0.5);
 }
 
+/// Beagle's drafter passes replay, chain and tree: its memory rows (the
+/// target's states, then each level's predicted states) are packed into
+/// buffers kept per row count and keyed by their count per sequence; the
+/// step upload holds the memory rows' positions and cache slots and the
+/// tree tail, and the pass uploads its own rows' positions (its queries'
+/// RoPE) with its ids. Its first passes' rows follow how many tokens each
+/// sequence accepted.
+#[test]
+fn beagle_draft_passes_replay_their_drafts() {
+    draft_passes_replay("beagle", Some("chain"), 0.7);
+    draft_passes_replay("beagle", None, 0.5);
+}
+
 /// The tiny Qwen 3 and Gemma 3 checkpoints replay their decode passes too,
 /// bit for bit: their per-head q/k norms rotate by the step's positions
 /// before the K rows are appended (the step upload goes first,

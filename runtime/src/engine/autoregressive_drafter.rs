@@ -136,6 +136,9 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     /// A deferred chain's tokens with their probabilities, one kept set
     /// of buffers per depth (when `probabilities`).
     chain_top: Vec<TopOut>,
+    /// With replay on, each memory stream's input buffer by (stream, rows):
+    /// a pass's inputs stay where its recording read them.
+    staged: HashMap<(usize, usize), DeviceTensor<R>>,
     /// A chain's tokens carry their probabilities
     /// (`Drafter::set_probabilities`); trees always do.
     probabilities: bool,
@@ -290,6 +293,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             top: TopOut::default(),
             chain_out: Vec::new(),
             chain_top: Vec::new(),
+            staged: HashMap::new(),
             probabilities: false,
             tree_out: Vec::new(),
             streams,

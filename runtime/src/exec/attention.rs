@@ -394,19 +394,17 @@ pub(super) fn meta_key<R: Runtime>(
 }
 
 /// The bytes of a pass's one upload over a cache (`Run::upload_step`):
-/// `key`'s attention metadata, the step's positions and the cache `slots`
-/// its rows go to. A replayed pass writes them into its recorded upload.
+/// `key`'s attention metadata, the `positions` of the rows appended (the
+/// step's, or a memory stream's) and the cache `slots` they go to. A replayed pass writes them into its recorded upload.
 pub(super) fn step_upload_bytes(
-    step: &Step,
     key: &MetaKey,
+    positions: &[u32],
     slots: &[u32],
 ) -> Result<Vec<u8>, ExecError> {
     let Some((base, rows)) = key.key_base.as_ref() else {
         return Err(ExecError::Internal("a step upload without a cache".into()));
     };
-    let positions = step.positions();
-    let extra: [(&[u32], &[usize]); 2] =
-        [(&positions, &[positions.len()]), (slots, &[slots.len()])];
+    let extra: [(&[u32], &[usize]); 2] = [(positions, &[positions.len()]), (slots, &[slots.len()])];
     Ok(draftc_ops::attention::key_base_bytes(
         &key.batch, key.mask, base, *rows, &extra,
     )?)

@@ -36,6 +36,9 @@ impl<R: Runtime> Run<'_, R> {
         inputs: &BTreeMap<String, DeviceTensor<R>>,
     ) -> Result<(), ExecError> {
         self.tail_bits = inputs.get(super::MEMORY_TAIL_BITS).cloned();
+        if let Some(p) = inputs.get(super::STEP_POSITIONS) {
+            self.positions.push((RowSource::Step, p.clone()));
+        }
         for buf in &self.plan.buffers {
             if buf.class != BufferClass::Input {
                 continue;

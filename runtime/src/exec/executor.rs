@@ -411,6 +411,19 @@ impl<R: Runtime> Executor<R> {
         }
         self.plan(rows)?;
         self.host.passes += 1;
+        // A pass over memory rows uploads its own rows' positions (its
+        // queries' RoPE) with its inputs: the step upload holds the memory
+        // rows' positions, and a replay writes both anew.
+        let positions;
+        let mut with_positions;
+        let uploads = if step.memory.is_empty() {
+            uploads
+        } else {
+            positions = step.positions();
+            with_positions = uploads.to_vec();
+            with_positions.push((super::STEP_POSITIONS, &positions));
+            &with_positions
+        };
         let plan = Arc::clone(&self.plans[&rows]);
         let key = if self.replays.on && self.profile.is_none() {
             let facts = self.replays.facts(rows, &plan);

@@ -47,6 +47,8 @@ pub use draft_vocab::{file_specs, DraftVocab};
 pub use executor::{linear_launch, ops_dtype, ExecError, Executor, LinearLaunch, Outputs};
 pub use interpret::{interpret, HostOutputs};
 pub use replay::drafter_replay;
-pub use step::{HostTensor, MemoryRows, MemoryTail, SeqStep, Step, MEMORY_TAIL_BITS};
+pub use step::{
+    HostTensor, MemoryRows, MemoryTail, SeqStep, Step, MEMORY_TAIL_BITS, STEP_POSITIONS,
+};
 pub use timing::{HostTime, Profile};
 pub use weights::HostWeights;

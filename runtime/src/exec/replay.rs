@@ -58,7 +58,7 @@ use draftc_ops::{DType, DeviceTensor};
 use super::attention::{meta_key, step_upload_bytes};
 use super::cache::CacheStore;
 use super::executor::{ops_mask, ExecError, Outputs};
-use super::step::Step;
+use super::step::{MemoryRows, Step};
 
 /// The environment variable that turns replay off (`off`).
 pub const ENV: &str = "DRAFTC_REPLAY";
@@ -113,6 +113,9 @@ pub(super) struct PassKey {
     /// Inputs the pass uploads from the host itself (names; their buffers
     /// are the recording's writes).
     uploads: Vec<String>,
+    /// New memory rows per stream and sequence (their rows are device
+    /// inputs, in `inputs`).
+    memory: Vec<(String, Vec<usize>)>,
     /// The cache halves' memory ids.
     halves: Vec<usize>,
 }
@@ -134,10 +137,19 @@ impl PassKey {
         let PlanFacts::Replayable { mask, chunks } = facts else {
             return None;
         };
-        if with_target
-            || !step.memory.is_empty()
-            || step.output_rows.is_some()
-            || inputs.contains_key(super::MEMORY_TAIL_BITS)
+        if with_target || step.output_rows.is_some() || inputs.contains_key(super::MEMORY_TAIL_BITS)
+        {
+            return None;
+        }
+        // Memory rows come as device inputs, into the pass's one cache (a
+        // replay builds the step upload over it).
+        if !step.memory.is_empty()
+            && (step.memory.keys().any(|m| !inputs.contains_key(m))
+                || caches.caches().len() != 1
+                || caches
+                    .caches()
+                    .iter()
+                    .any(|c| memory_rows(step, c).is_none()))
         {
             return None;
         }
@@ -171,6 +183,11 @@ impl PassKey {
                     .map(|(n, t)| (n.clone(), t.handle.memory_id()))
                     .collect(),
                 uploads: uploads.iter().map(|(n, _)| n.to_string()).collect(),
+                memory: step
+                    .memory
+                    .iter()
+                    .map(|(n, m)| (n.clone(), m.lens.clone()))
+                    .collect(),
                 halves: caches.half_ids(),
             },
             *mask,
@@ -316,8 +333,10 @@ impl<R: Runtime> Replays<R> {
         let out = (|| {
             let mut slots = Vec::new();
             for (i, c) in names.iter().enumerate() {
-                for s in &step.seqs {
-                    let rows = caches.reserve(c, s.slot, &s.positions)?;
+                let mut at = 0;
+                for (j, s) in step.seqs.iter().enumerate() {
+                    let positions = new_positions(step, c, j, &mut at);
+                    let rows = caches.reserve(c, s.slot, positions)?;
                     if i == 0 {
                         slots.extend(rows);
                     }
@@ -332,7 +351,11 @@ impl<R: Runtime> Replays<R> {
             }
             if let (Some(i), Some(c), Some(mask)) = (step_write, names.first(), e.mask) {
                 let key = meta_key(step, mask, caches, c)?;
-                data[i] = step_upload_bytes(step, &key, &slots)?;
+                let positions = match memory_rows(step, c) {
+                    Some(m) => std::borrow::Cow::Borrowed(&m.positions),
+                    None => std::borrow::Cow::Owned(step.positions()),
+                };
+                data[i] = step_upload_bytes(&key, &positions, &slots)?;
             }
             e.rec
                 .replay(client, data, flush_each)
@@ -483,9 +506,10 @@ fn entry<R: Runtime>(pass: PassRecord<R>) -> Result<Entry<R>, String> {
     } = pass;
     let names = caches.caches();
     for c in &names {
+        let mut at = 0;
         for (i, s) in step.seqs.iter().enumerate() {
             let before = lens_before.get(c).map_or(0, |l| l[i]);
-            if caches.len(c, s.slot) != before + s.positions.len() {
+            if caches.len(c, s.slot) != before + new_positions(step, c, i, &mut at).len() {
                 return Err(format!("cache `{c}` did not take exactly the step's rows"));
             }
         }
@@ -540,6 +564,26 @@ fn entry<R: Runtime>(pass: PassRecord<R>) -> Result<Entry<R>, String> {
         outputs: views,
         mask,
     })
+}
+
+/// The memory rows that cache `cache` takes in `step` (`….kv` of a stream
+/// with new rows), if it is a memory cache.
+fn memory_rows<'a>(step: &'a Step, cache: &str) -> Option<&'a MemoryRows> {
+    step.memory.get(cache.strip_suffix(".kv")?)
+}
+
+/// The positions of the rows sequence `i` of `step` appends to `cache`:
+/// its memory rows (from `*at` in the packed memory positions, advanced)
+/// or its step rows.
+fn new_positions<'a>(step: &'a Step, cache: &str, i: usize, at: &mut usize) -> &'a [u32] {
+    let Some(m) = memory_rows(step, cache) else {
+        return step.seqs.get(i).map_or(&[], |s| &s.positions);
+    };
+    let n = m.lens.get(i).copied().unwrap_or(0);
+    let from = (*at).min(m.positions.len());
+    let to = (from + n).min(m.positions.len());
+    *at = to;
+    &m.positions[from..to]
 }
 
 /// The caches' lengths per sequence of `step` (before a pass).

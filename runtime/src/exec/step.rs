@@ -31,6 +31,12 @@ pub struct SeqStep {
 /// knows each row's ancestors only there.
 pub const MEMORY_TAIL_BITS: &str = "#memory tail bits";
 
+/// An input of [`crate::exec::Executor::run`] that no plan names, uploaded
+/// by the executor itself in a pass with memory rows: the positions of the
+/// step's rows, `[rows]` u32 (its queries' RoPE reads them; the step
+/// upload holds the memory rows' positions).
+pub const STEP_POSITIONS: &str = "#step positions";
+
 /// The last `len` rows of every memory cache of a sequence are states
 /// drafted this round; row `i` of the pass may see those listed in
 /// `visible[i]` (indices into the tail: its ancestors' states). The memory

@@ -125,8 +125,14 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             }
             let first_level = st.predicted.is_none();
             let mut rows = self.level_rows(seqs, &mut st, &active, first_level)?;
-            let inputs = self.level_inputs(&client, &st, &mut rows)?;
-            let out = self.exec.run(&rows.step, &inputs, &mut self.caches, None)?;
+            let (inputs, host_ids) = self.level_inputs(&client, &st, &mut rows)?;
+            // Ids known on the host ride in the pass's own upload (a
+            // replay writes them where its recording did).
+            let uploads = [("ids", rows.ids.as_slice())];
+            let uploads: &[(&str, &[u32])] = if host_ids { &uploads } else { &[] };
+            let out =
+                self.exec
+                    .run_uploading(&rows.step, uploads, &inputs, &mut self.caches, None)?;
             // The ids buffer is free again for this depth's selection.
             drop(inputs);
             if first_level {
@@ -258,16 +264,16 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         Ok(r)
     }
 
-    /// A level pass's inputs: its ids (uploaded, or the last depth's
-    /// selection or the device's frontier, already on the device) and each
-    /// memory stream's new rows, packed (their lengths and positions go
-    /// into the step).
+    /// A level pass's inputs: its ids when they are on the device already
+    /// (the last depth's selection or the device's frontier; otherwise the
+    /// pass uploads them itself: the flag) and each memory stream's new
+    /// rows, packed (their lengths and positions go into the step).
     fn level_inputs(
-        &self,
+        &mut self,
         client: &ComputeClient<R>,
         st: &Levels<R>,
         r: &mut LevelRows<R>,
-    ) -> Result<BTreeMap<String, DeviceTensor<R>>, EngineError> {
+    ) -> Result<(BTreeMap<String, DeviceTensor<R>>, bool), EngineError> {
         let mut inputs = BTreeMap::new();
         let ids = &r.ids;
         let ids_t = match (st.chain.last(), &st.frontier) {
@@ -280,10 +286,10 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                     )));
                 }
                 inputs.insert(MEMORY_TAIL_BITS.to_string(), vis.clone());
-                next.clone()
+                Some(next.clone())
             }
             (chain, _) => match chain {
-                Some((sel, _)) if sel.numel() == ids.len() => sel.clone(),
+                Some((sel, _)) if sel.numel() == ids.len() => Some(sel.clone()),
                 Some((sel, _)) => {
                     return Err(EngineError::Invalid(format!(
                         "a chain depth of {} rows after one of {}",
@@ -291,12 +297,15 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                         sel.numel()
                     )))
                 }
-                None => DeviceTensor::upload_u32(client, ids, &[ids.len()])?,
+                None => None,
             },
         };
-        inputs.insert("ids".to_string(), ids_t);
+        let host_ids = ids_t.is_none();
+        if let Some(t) = ids_t {
+            inputs.insert("ids".to_string(), t);
+        }
         let dtype = self.exec.dtype();
-        for (k, s) in self.streams.iter().enumerate() {
+        for k in 0..self.streams.len() {
             let d = if r.width == 0 {
                 self.exec.graph().memories[k]
                     .width
@@ -305,12 +314,26 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             } else {
                 r.width
             };
-            inputs.insert(
-                s.name.clone(),
-                Self::pack(client, &r.mem_parts[k], d, dtype)?,
-            );
+            let name = self.streams[k].name.clone();
+            let parts = &r.mem_parts[k];
+            let rows = if self.exec.replay_on() {
+                // Into the stream's buffer of this many rows, kept for the
+                // drafter's life: a replay reads its input where its
+                // recording did.
+                let n: usize = parts.iter().map(|p| p.rows.len()).sum();
+                let out = self
+                    .staged
+                    .entry((k, n))
+                    .or_insert_with(|| DeviceTensor::empty(client, &[n, d], dtype))
+                    .clone();
+                Self::pack_into(client, parts, d, &out)?;
+                out
+            } else {
+                Self::pack(client, parts, d, dtype)?
+            };
+            inputs.insert(name.clone(), rows);
             r.step.memory.insert(
-                s.name.clone(),
+                name,
                 MemoryRows {
                     data: Vec::new(),
                     lens: r.mem_lens.clone(),
@@ -318,7 +341,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                 },
             );
         }
-        Ok(inputs)
+        Ok((inputs, host_ids))
     }
 
     /// Candidates for every queried row of a level (`wants` per row): a
