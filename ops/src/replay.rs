@@ -57,8 +57,9 @@ pub enum ReplayError {
     Writes { expected: usize, found: usize },
 }
 
-/// A write noted while recording: the kept buffer and the bytes written.
-type Noted = (KeptRef, Vec<u8>);
+/// A write noted while recording: the kept buffer, the bytes written and
+/// how many launches came before it.
+type Noted = (KeptRef, Vec<u8>, usize);
 
 thread_local! {
     /// The kept buffers written (and their bytes) while this thread records.
@@ -67,11 +68,12 @@ thread_local! {
     static STEP_WRITE: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
 }
 
-/// Notes a write of `bytes` into kept buffer `r` when this thread records.
-pub(crate) fn note_write(r: KeptRef, bytes: &[u8]) {
+/// Notes a write of `bytes` into kept buffer `r`, after `launches` of the
+/// pass's launches, when this thread records.
+pub(crate) fn note_write(r: KeptRef, bytes: &[u8], launches: usize) {
     WRITES.with(|w| {
         if let Some(w) = w.borrow_mut().as_mut() {
-            w.push((r, bytes.to_vec()));
+            w.push((r, bytes.to_vec(), launches));
         }
     });
 }
@@ -97,6 +99,10 @@ pub struct Recording<R: Runtime> {
     write_data: Vec<Vec<u8>>,
     /// Which write was the step's upload ([`mark_step_write`]).
     step_write: Option<usize>,
+    /// How many launches came before each write: a replay writes there
+    /// too (a kept buffer that a launch used and let go of earlier in the
+    /// pass may be the one a later upload took).
+    write_at: Vec<usize>,
     /// The launches captured as a CUDA graph ([`Recording::capture_graph`]):
     /// a `cuda_graph::CudaGraph` where the runtime is CUDA.
     graph: Option<Box<dyn std::any::Any + Send>>,
@@ -141,8 +147,9 @@ pub fn record<R: Runtime, T>(
     }
     let noted = WRITES.with(|w| w.borrow_mut().take()).unwrap_or_default();
     let step_write = STEP_WRITE.with(|s| s.take());
-    let writes: Vec<(KeptRef, usize)> = noted.iter().map(|(r, b)| (*r, b.len())).collect();
-    let write_data: Vec<Vec<u8>> = noted.into_iter().map(|(_, b)| b).collect();
+    let writes: Vec<(KeptRef, usize)> = noted.iter().map(|(r, b, _)| (*r, b.len())).collect();
+    let write_at: Vec<usize> = noted.iter().map(|w| w.2).collect();
+    let write_data: Vec<Vec<u8>> = noted.into_iter().map(|(_, b, _)| b).collect();
     let (kept, made) = if noting {
         kept::finish_noting()
     } else {
@@ -161,6 +168,7 @@ pub fn record<R: Runtime, T>(
             writes,
             write_data,
             step_write,
+            write_at,
             graph: None,
             pins: Vec::new(),
         }),
@@ -197,6 +205,12 @@ impl<R: Runtime> Recording<R> {
         &mut self,
         client: &ComputeClient<R>,
     ) -> std::result::Result<bool, String> {
+        if let Some(i) = self.reused_write() {
+            // A graph's writes all come before its launches.
+            return Err(format!(
+                "write {i} goes into a buffer an earlier launch of the pass used"
+            ));
+        }
         #[cfg(feature = "cuda")]
         {
             use cubecl::cuda::CudaRuntime;
@@ -221,6 +235,23 @@ impl<R: Runtime> Recording<R> {
         }
         let _ = client;
         Ok(false)
+    }
+
+    /// The first write into a kept buffer that a launch before it bound
+    /// (the pool handed the buffer out again within the pass), if any: it
+    /// must happen between the launches, where the eager pass did it.
+    fn reused_write(&self) -> Option<usize> {
+        self.writes
+            .iter()
+            .zip(&self.write_at)
+            .position(|((r, _), &at)| {
+                kept::handle(r).is_some_and(|h| {
+                    let id = h.memory_id();
+                    self.launches[..at.min(self.launches.len())]
+                        .iter()
+                        .any(|l| l.buffer_ids().any(|b| b == id))
+                })
+            })
     }
 
     /// Whether the launches replay as one captured graph.
@@ -349,6 +380,9 @@ impl<R: Runtime> Recording<R> {
         {
             return Some("the uploads' sizes".into());
         }
+        if self.write_at != other.write_at {
+            return Some("the uploads' places among the launches".into());
+        }
         let roles = |r: &Self| -> Vec<usize> {
             let kept = r.kept_ids();
             let mut seen: Vec<usize> = Vec::new();
@@ -388,10 +422,12 @@ impl<R: Runtime> Recording<R> {
         })
     }
 
-    /// Reissues the pass: writes `data[i]` into the recording's write `i`,
-    /// then its launches, ending each as an eager launch ends when
-    /// `flush_each` (lavapipe's policy: flushed unless the thread defers
-    /// flushes), or flushing once at the end. Fails before issuing anything when the
+    /// Reissues the pass: its launches, with `data[i]` written into the
+    /// recording's write `i` where the eager pass wrote it among them (with
+    /// a graph, every write first: a recording whose write reuses a buffer
+    /// an earlier launch bound gets no graph), ending each launch as an
+    /// eager launch ends when `flush_each` (lavapipe's policy: flushed
+    /// unless the thread defers flushes), or flushing once at the end. Fails before issuing anything when the
     /// data do not fit the writes or a kept buffer is held elsewhere.
     pub fn replay(
         &self,
@@ -426,18 +462,23 @@ impl<R: Runtime> Recording<R> {
     }
 
     fn issue(&self, client: &ComputeClient<R>, data: Vec<Vec<u8>>, flush_each: bool) -> Result<()> {
-        for ((r, bytes), d) in self.writes.iter().zip(data) {
-            let h = kept::handle(r).ok_or_else(|| OpsError::Device {
-                op: "replay",
-                message: "a recorded write's buffer left the pool".into(),
-            })?;
-            let class = h.size_in_used() as usize;
-            crate::counters::write();
-            client.write(
-                h.offset_end((class - bytes) as u64),
-                cubecl::bytes::Bytes::from_bytes_vec(d),
-            );
-        }
+        let mut writes = self.writes.iter().zip(&self.write_at).zip(data).peekable();
+        // The writes due before launch `at` (all of them with a graph).
+        let mut write_until = |at: usize| -> Result<()> {
+            while let Some((((r, bytes), _), d)) = writes.next_if(|((_, &w), _)| w <= at) {
+                let h = kept::handle(r).ok_or_else(|| OpsError::Device {
+                    op: "replay",
+                    message: "a recorded write's buffer left the pool".into(),
+                })?;
+                let class = h.size_in_used() as usize;
+                crate::counters::write();
+                client.write(
+                    h.offset_end((class - bytes) as u64),
+                    cubecl::bytes::Bytes::from_bytes_vec(d),
+                );
+            }
+            Ok(())
+        };
         #[cfg(feature = "cuda")]
         if let Some(g) = &self.graph {
             use cubecl::cuda::CudaRuntime;
@@ -447,23 +488,32 @@ impl<R: Runtime> Recording<R> {
                 any.downcast_ref::<ComputeClient<CudaRuntime>>(),
                 g.downcast_ref::<crate::cuda_graph::CudaGraph>(),
             ) {
+                write_until(usize::MAX)?;
                 g.launch(c)?;
                 return crate::launch::flush(client, "replayed graph");
             }
         }
         if flush_each {
             // As an eager launch ends: flushed unless the thread defers.
-            for l in &self.launches {
+            for (i, l) in self.launches.iter().enumerate() {
+                write_until(i)?;
                 client.replay(std::slice::from_ref(l));
                 crate::launch::finish(client, "replayed pass")?;
             }
         } else {
-            client.replay(&self.launches);
+            // The launches between writes in one call each.
+            let mut from = 0;
+            for &at in self.write_at.iter().chain([&self.launches.len()]) {
+                let at = at.clamp(from, self.launches.len());
+                client.replay(&self.launches[from..at]);
+                write_until(at)?;
+                from = at;
+            }
             for _ in &self.launches {
                 crate::counters::launch();
             }
             crate::launch::flush(client, "replayed pass")?;
         }
-        Ok(())
+        write_until(usize::MAX)
     }
 }

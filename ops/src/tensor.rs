@@ -126,7 +126,7 @@ fn upload_bytes<R: Runtime>(client: &ComputeClient<R>, bytes: Vec<u8>) -> Handle
     match crate::kept::take_ref(client, bytes.len()) {
         Some((h, r)) => {
             crate::counters::write();
-            crate::replay::note_write(r, &bytes);
+            crate::replay::note_write(r, &bytes, client.recorded_len().unwrap_or(0));
             client.write(h.clone(), cubecl::bytes::Bytes::from_bytes_vec(bytes));
             h
         }

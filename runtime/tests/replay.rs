@@ -204,49 +204,71 @@ fn a_repeated_speculative_run_settles() {
     }
 }
 
-/// A drafter's passes replay when asked (`DRAFTC_REPLAY=all`, here
-/// `Executor::set_replay` on the drafter's executor): its replayed drafts
-/// equal its eager ones (the same tokens drafted and accepted, round for
-/// round), and at least `share` of its passes replay. Returns (replayed,
-/// passes) of the last batch.
+/// Every round's trees, node by node: (token, parent, log-probability
+/// bits).
+#[derive(Default)]
+struct Trees(Vec<Vec<(u32, Option<usize>, u32)>>);
+
+impl Watch for Trees {
+    fn drafted(
+        &mut self,
+        _name: &str,
+        _seqs: &[draftc_runtime::engine::SeqView<'_>],
+        trees: &[draftc_runtime::speculation::DraftTree],
+    ) {
+        for t in trees {
+            let nodes = (0..t.len())
+                .map(|i| {
+                    let n = t.node(i);
+                    (n.token, n.parent, n.logprob.to_bits())
+                })
+                .collect();
+            self.0.push(nodes);
+        }
+    }
+}
+
+/// A drafter's passes replay when asked (by default for EAGLE and Beagle,
+/// with `DRAFTC_REPLAY=all` for SpecFormer; here `Executor::set_replay` on
+/// the drafter's executor): every tree it drafts with replay equals the
+/// eager one node for node, log-probabilities bit for bit, and at least
+/// `share` of its passes replay.
 fn draft_passes_replay(name: &str, tree: Option<&str>, share: f64) {
     for b in [1, 3] {
         let mut runs = Vec::new();
         for replay in [false, true] {
-            let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
+            let (mut t, d) = gpu_layout_drafter(b, name, tree);
+            let mut d = Watched {
+                inner: d,
+                watch: Trees::default(),
+            };
             t.exec.set_replay(replay);
-            let e = d.executor_mut().unwrap();
-            e.set_replay(replay);
-            let out = speculate(&mut t, d.as_mut(), b, 4, &mut |_, _| {});
-            let e = d.executor().unwrap();
+            d.inner.executor_mut().unwrap().set_replay(replay);
+            let out = speculate(&mut t, &mut d, b, 4, &mut |_, _| {});
+            let e = d.inner.executor().unwrap();
             let (replayed, recorded, why) = e.replay_stats();
             let passes = e.host_time().passes;
             eprintln!(
                 "{name} {tree:?} batch {b} replay {replay}: drafter {replayed} replayed, \
                  {recorded} recorded of {passes} passes ({why:?})"
             );
-            runs.push((
-                out.tokens,
-                out.stats.drafted,
-                out.stats.accepted,
-                out.stats.rounds,
-                replayed,
-                passes,
-            ));
+            runs.push((out.tokens, d.watch.0, replayed, passes));
         }
         let (eager, fast) = (&runs[0], &runs[1]);
         assert_eq!(eager.0, fast.0, "{name} batch {b}: tokens");
-        assert_eq!(
-            (eager.1, eager.2, eager.3),
-            (fast.1, fast.2, fast.3),
-            "{name} batch {b}: drafts differ"
-        );
-        assert_eq!(eager.4, 0);
+        assert_eq!(eager.1.len(), fast.1.len(), "{name} batch {b}: rounds");
+        for (r, (a, f)) in eager.1.iter().zip(&fast.1).enumerate() {
+            assert!(
+                a == f,
+                "{name} {tree:?} batch {b}: tree {r} differs: {a:?} against {f:?}"
+            );
+        }
+        assert_eq!(eager.2, 0);
         assert!(
-            fast.4 as f64 >= share * fast.5 as f64,
+            fast.2 as f64 >= share * fast.3 as f64,
             "{name} {tree:?} batch {b}: {} of {} passes replayed",
-            fast.4,
-            fast.5
+            fast.2,
+            fast.3
         );
     }
 }
@@ -281,6 +303,118 @@ fn eagle_draft_passes_replay_their_drafts() {
 fn beagle_draft_passes_replay_their_drafts() {
     draft_passes_replay("beagle", Some("chain"), 0.7);
     draft_passes_replay("beagle", None, 0.5);
+}
+
+/// EAGLE's passes at the executor, eager against replayed, bit for bit:
+/// rounds of a first pass over each sequence's new committed rows (the
+/// cache truncated to them first), then two draft levels of one row a
+/// sequence with a memory tail over the drafter's own cache (with and
+/// without one). The level passes' step upload takes a kept buffer that
+/// an earlier launch of the pass used and let go of: a replay that wrote
+/// it before its launches (not where the eager pass did) gave other
+/// logits from the first replayed level on.
+#[test]
+fn eagle_level_passes_replay_bit_for_bit() {
+    use draftc_ops::{DType, DeviceTensor};
+    use draftc_runtime::exec::{CacheStore, Executor, MemoryTail};
+    use std::collections::BTreeMap;
+    let (t, tw) = target_layers(3, 4);
+    let g = compile("eagle", &t.target_config);
+    let w = drafter_weights(&t, &tw, &g, None);
+    let c = draftc_ops::testing::wgpu_client();
+    let prev_name = g
+        .inputs
+        .iter()
+        .map(|&i| g.node(i).name.clone())
+        .find(|n| n != "ids")
+        .unwrap();
+    for tail in [true, false] {
+        let mk = |replay: bool| {
+            let mut e =
+                Executor::<Wgpu>::new(&c, &g, &t.weights, &w, PlanDType::F32, true).unwrap();
+            e.set_device(gpu_layout_profile(&c));
+            e.set_replay(replay);
+            (e, CacheStore::<Wgpu>::new(&c, 3, 200, DType::F32))
+        };
+        let (mut ea, mut ca) = mk(false);
+        let (mut eb, mut cb) = mk(true);
+        let width = 32;
+        // The replaying side's `prev` rows stay in one buffer per row count.
+        let mut staged: BTreeMap<usize, DeviceTensor<Wgpu>> = BTreeMap::new();
+        let (mut committed, mut in_rows) = (vec![5usize, 3, 7], vec![0usize; 3]);
+        let mut rng = Rng(17);
+        for round in 0..5 {
+            for level in 0..3 {
+                let mut step = Step::default();
+                let mut ids = Vec::new();
+                for s in 0..3 {
+                    let (positions, memory_tail) = if level == 0 {
+                        ca.truncate(s, in_rows[s]);
+                        cb.truncate(s, in_rows[s]);
+                        ((in_rows[s] as u32..=committed[s] as u32).collect(), None)
+                    } else {
+                        let t = MemoryTail {
+                            len: level,
+                            visible: vec![(0..level).collect()],
+                        };
+                        (vec![(committed[s] + level) as u32], tail.then_some(t))
+                    };
+                    ids.extend(positions.iter().map(|_| rng.next() as u32 % 50));
+                    step.seqs.push(SeqStep {
+                        slot: s,
+                        positions,
+                        parents: None,
+                        memory_tail,
+                    });
+                }
+                let rows = ids.len();
+                let prev: Vec<f32> = (0..rows * width).map(|_| rng.f() - 0.5).collect();
+                let fresh = |p: &[f32]| {
+                    DeviceTensor::<Wgpu>::upload_f32(&c, p, &[rows, width], DType::F32).unwrap()
+                };
+                let kept = staged
+                    .entry(rows)
+                    .or_insert_with(|| DeviceTensor::empty(&c, &[rows, width], DType::F32))
+                    .clone();
+                let all: Vec<u32> = (0..rows as u32).collect();
+                draftc_ops::kv::gather_rows(&c, &fresh(&prev), &all, &kept, &all).unwrap();
+                let mut logits = Vec::new();
+                for (e, cache, input) in
+                    [(&mut ea, &mut ca, fresh(&prev)), (&mut eb, &mut cb, kept)]
+                {
+                    let inputs = BTreeMap::from([(prev_name.clone(), input)]);
+                    let out = e.run_uploading(&step, &[("ids", &ids)], &inputs, cache, None);
+                    let l = out
+                        .unwrap()
+                        .get("logits")
+                        .unwrap()
+                        .download_f32(&c)
+                        .unwrap();
+                    logits.push(l.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+                }
+                assert!(
+                    logits[0] == logits[1],
+                    "tail {tail}: round {round} level {level} differs from the eager pass \
+                     ({:?} replayed, recorded)",
+                    eb.replay_stats()
+                );
+                if level == 0 {
+                    let name = ca.caches()[0].clone();
+                    for (s, r) in in_rows.iter_mut().enumerate() {
+                        *r = ca.len(&name, s);
+                    }
+                }
+            }
+            for (s, n) in committed.iter_mut().enumerate() {
+                *n += 1 + (round + s) % 2;
+            }
+        }
+        let (replayed, _, _) = eb.replay_stats();
+        assert!(
+            replayed >= 6,
+            "tail {tail}: {replayed} level passes replayed"
+        );
+    }
 }
 
 /// The tiny Qwen 3 and Gemma 3 checkpoints replay their decode passes too,

@@ -262,7 +262,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                 )));
             }
         }
-        let (exec, l, vocab) = b.parts()?;
+        let (exec, l, vocab) = b.parts(true)?;
         let final_norm = if streams.iter().any(|s| s.normed) {
             Some(final_norm_of(target, &graph.name)?)
         } else {

@@ -46,14 +46,18 @@ pub(super) struct Build<'a, R: Runtime> {
 
 impl<R: Runtime> Build<'_, R> {
     /// What every model drafter starts from: its executor over the graph
-    /// (its passes replay only with `DRAFTC_REPLAY=all`, exec/replay.rs),
-    /// its draft length `l` (the file's, 4 without one) and its reduced
-    /// draft vocabulary (`None`: the whole one).
-    pub fn parts(&self) -> Result<(Executor<R>, usize, Option<DraftVocab>), EngineError> {
+    /// (its passes replay when the drafter keeps its inputs in buffers of
+    /// its own, `staged`, or with `DRAFTC_REPLAY=all`:
+    /// [`crate::exec::drafter_replay`]), its draft length `l` (the file's, 4
+    /// without one) and its reduced draft vocabulary (`None`: the whole one).
+    pub fn parts(
+        &self,
+        staged: bool,
+    ) -> Result<(Executor<R>, usize, Option<DraftVocab>), EngineError> {
         let (g, t) = (self.graph, self.target);
         let vocab = DraftVocab::of(g, self.weights, t.vocab).map_err(EngineError::Invalid)?;
         let mut exec = Executor::new(self.client, g, &t.weights, self.weights, self.dtype, true)?;
-        exec.set_replay(crate::exec::drafter_replay());
+        exec.set_replay(crate::exec::drafter_replay(staged));
         let l = g.meta.draft_len.unwrap_or(4).max(1) as usize;
         Ok((exec, l, vocab))
     }
@@ -280,7 +284,7 @@ impl<R: Runtime> SelfSpecDrafter<R> {
     /// with the target's weights.
     pub(super) fn new(b: &Build<'_, R>) -> Result<Self, EngineError> {
         // Self-speculation has no draft vocabulary (the IR refuses one).
-        let (exec, l, _) = b.parts()?;
+        let (exec, l, _) = b.parts(false)?;
         let client = b.client;
         Ok(SelfSpecDrafter {
             exec,

@@ -139,7 +139,7 @@ impl<R: Runtime> EagleDrafter<R> {
                 }
             }
         }
-        let (exec, l, vocab) = b.parts()?;
+        let (exec, l, vocab) = b.parts(true)?;
         let dt = ops_dtype(dtype);
         let mut streams = Vec::new();
         for m in &graph.memories {

@@ -76,7 +76,7 @@ impl<R: Runtime> ParallelDrafter<R> {
                 graph.name
             )));
         }
-        let (exec, l, vocab) = b.parts()?;
+        let (exec, l, vocab) = b.parts(false)?;
         let mut taps = Vec::new();
         for &i in &graph.inputs {
             let n = graph.node(i);

@@ -41,7 +41,8 @@
 //! `DRAFTC_GRAPHS=off` keeps every replay launch by launch.
 //!
 //! `DRAFTC_REPLAY=off` runs every pass eagerly; drafters' executors replay
-//! only with `DRAFTC_REPLAY=all` ([`drafter_replay`]). Writes of a pass
+//! when their inputs stay in buffers of their own, or with
+//! `DRAFTC_REPLAY=all` ([`drafter_replay`]). Writes of a pass
 //! other than its own uploads and its step upload are rewritten as
 //! recorded, and a key settles only when both recordings wrote the same
 //! bytes there (constant index lists, as SpecFormer's appends upload).
@@ -68,14 +69,20 @@ pub(super) fn enabled() -> bool {
     std::env::var(ENV).map_or(true, |v| v != "off")
 }
 
-/// Whether a drafter's executor replays its passes: only with
-/// `DRAFTC_REPLAY=all`. Drafter passes that qualify (SpecFormer's,
-/// EAGLE's) replay correctly, but SpecFormer's keys follow the
-/// verification pass's output buffers, which alternate between its two
-/// recordings, and do not settle across runs yet: each new recording takes
-/// buffers of its own, so a steady state would keep allocating.
-pub fn drafter_replay() -> bool {
-    std::env::var(ENV).is_ok_and(|v| v == "all")
+/// Whether a drafter's executor replays its passes. Drafters that keep
+/// their inputs in buffers of their own (`staged`: EAGLE's `prev` rows,
+/// Beagle's memory rows) replay unless `DRAFTC_REPLAY=off`; the others
+/// (SpecFormer, Medusa) only with `DRAFTC_REPLAY=all`: their passes replay
+/// correctly, but their keys follow the verification pass's output
+/// buffers, which alternate between its two recordings, and do not settle
+/// across runs: each new recording takes buffers of its own, so a steady
+/// state would keep allocating.
+pub fn drafter_replay(staged: bool) -> bool {
+    match std::env::var(ENV) {
+        Ok(v) if v == "all" => true,
+        Ok(v) if v == "off" => false,
+        _ => staged,
+    }
 }
 
 /// The environment variable that keeps replays launch by launch on CUDA

@@ -392,6 +392,20 @@ impl<R: Runtime> ComputeClient<R> {
         })
     }
 
+    /// How many launches this thread has recorded so far on this runtime
+    /// (`None` if it is not recording): where a write falls among them.
+    ///
+    /// draftc patch (see [`Self::start_recording`]).
+    #[cfg(feature = "std")]
+    pub fn recorded_len(&self) -> Option<usize> {
+        RECORDING.with(|r| {
+            r.borrow()
+                .as_ref()
+                .and_then(|b| b.downcast_ref::<Vec<RecordedLaunch<R>>>())
+                .map(|v| v.len())
+        })
+    }
+
     /// Ends this thread's recording and returns its launches in order
     /// (`None` if this thread was not recording on this runtime).
     ///
