@@ -106,13 +106,26 @@ pub fn free_but_for(h: &Handle, pins: usize) -> bool {
 /// that nothing else holds, or of a new one that is kept and counted as an
 /// allocation), or `None` when `bytes` is over [`MAX_KEPT_BYTES`].
 pub fn take<R: Runtime>(client: &ComputeClient<R>, bytes: usize) -> Option<Handle> {
-    take_ref(client, bytes).map(|(h, _)| h)
+    take_kept(client, bytes, false).map(|(h, _)| h)
 }
 
-/// [`take`], with which kept buffer it is.
+/// [`take`] for an upload, with which kept buffer it is. While this
+/// thread records a pass, the upload gets none of the buffers the pass took
+/// before: a buffer a launch used and let go of is not written before the
+/// launches of a replay that writes first (a CUDA graph's writes all come
+/// before its launches).
 pub(crate) fn take_ref<R: Runtime>(
     client: &ComputeClient<R>,
     bytes: usize,
+) -> Option<(Handle, KeptRef)> {
+    take_kept(client, bytes, true)
+}
+
+/// [`take`], with which kept buffer it is; `for_write`: see [`take_ref`].
+fn take_kept<R: Runtime>(
+    client: &ComputeClient<R>,
+    bytes: usize,
+    for_write: bool,
 ) -> Option<(Handle, KeptRef)> {
     if bytes > MAX_KEPT_BYTES {
         return None;
@@ -120,10 +133,19 @@ pub(crate) fn take_ref<R: Runtime>(
     let class = bytes.max(MIN_CLASS).next_power_of_two();
     let device = client.properties() as *const _ as usize;
     let key = (TypeId::of::<R>(), device, class);
+    let taken: Vec<usize> = TAKEN.with(|t| match t.borrow().as_ref() {
+        Some((refs, _)) if for_write => refs
+            .iter()
+            .filter(|r| r.key == key)
+            .map(|r| r.index)
+            .collect(),
+        _ => Vec::new(),
+    });
     let (handle, index, made) = KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let list = k.entry(key).or_default();
-        if let Some(i) = list.iter().position(|h| h.can_mut()) {
+        let free = |(i, h): &(usize, &Handle)| h.can_mut() && !taken.contains(i);
+        if let Some((i, _)) = list.iter().enumerate().find(free) {
             return (list[i].clone(), i, false);
         }
         crate::counters::allocation();

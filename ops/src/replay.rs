@@ -205,14 +205,14 @@ impl<R: Runtime> Recording<R> {
         &mut self,
         client: &ComputeClient<R>,
     ) -> std::result::Result<bool, String> {
-        if let Some(i) = self.reused_write() {
-            // A graph's writes all come before its launches.
-            return Err(format!(
-                "write {i} goes into a buffer an earlier launch of the pass used"
-            ));
-        }
         #[cfg(feature = "cuda")]
         {
+            if let Some(i) = self.reused_write() {
+                // A graph's writes all come before its launches.
+                return Err(format!(
+                    "write {i} goes into a buffer an earlier launch of the pass used"
+                ));
+            }
             use cubecl::cuda::CudaRuntime;
             use std::any::Any;
             let any: &dyn Any = client;
@@ -239,8 +239,9 @@ impl<R: Runtime> Recording<R> {
 
     /// The first write into a kept buffer that a launch before it bound
     /// (the pool handed the buffer out again within the pass), if any: it
-    /// must happen between the launches, where the eager pass did it.
-    fn reused_write(&self) -> Option<usize> {
+    /// must happen between the launches, where the eager pass did it, so
+    /// the recording gets no graph.
+    pub fn reused_write(&self) -> Option<usize> {
         self.writes
             .iter()
             .zip(&self.write_at)

@@ -78,6 +78,9 @@ fn check(b: usize, prompt: usize, steps: usize, capacity: usize, gpu: bool) -> u
     }
     let (replayed, recorded, why) = fast.exec.replay_stats();
     assert_eq!(eager.exec.replay_stats().0, 0);
+    // Their writes come before the launches that read them: a CUDA graph
+    // can hold every decode pass.
+    assert_eq!(fast.exec.graph_unfit(), 0, "batch {b}, gpu {gpu}");
     eprintln!(
         "batch {b} gpu {gpu}: {replayed} replayed, {recorded} recorded, last refusal {why:?}"
     );
@@ -309,10 +312,12 @@ fn beagle_draft_passes_replay_their_drafts() {
 /// rounds of a first pass over each sequence's new committed rows (the
 /// cache truncated to them first), then two draft levels of one row a
 /// sequence with a memory tail over the drafter's own cache (with and
-/// without one). The level passes' step upload takes a kept buffer that
-/// an earlier launch of the pass used and let go of: a replay that wrote
-/// it before its launches (not where the eager pass did) gave other
-/// logits from the first replayed level on.
+/// without one). The level passes' step upload once took a kept buffer
+/// that an earlier launch of the pass used and let go of: a replay that
+/// wrote it before its launches (not where the eager pass did) gave other
+/// logits from the first replayed level on. Replays now write where the
+/// eager pass did, and an upload being recorded takes no buffer its pass
+/// used before.
 #[test]
 fn eagle_level_passes_replay_bit_for_bit() {
     use draftc_ops::{DType, DeviceTensor};
@@ -414,6 +419,9 @@ fn eagle_level_passes_replay_bit_for_bit() {
             replayed >= 6,
             "tail {tail}: {replayed} level passes replayed"
         );
+        // An upload takes no buffer the pass used before it
+        // (`draftc_ops::kept::take_ref`): a CUDA graph can hold them.
+        assert_eq!(eb.graph_unfit(), 0, "tail {tail}");
     }
 }
 

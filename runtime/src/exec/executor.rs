@@ -516,6 +516,13 @@ impl<R: Runtime> Executor<R> {
         (self.replays.graphs, self.replays.graph_refusal.as_deref())
     }
 
+    /// Settled recordings that write into a buffer an earlier launch of
+    /// their pass used: they replay with their writes between the
+    /// launches, and no CUDA graph can hold them.
+    pub fn graph_unfit(&self) -> u64 {
+        self.replays.unfit_for_graphs
+    }
+
     /// Whether this executor replays its passes.
     pub fn replay_on(&self) -> bool {
         self.replays.on

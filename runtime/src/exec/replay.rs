@@ -275,6 +275,9 @@ pub(super) struct Replays<R: Runtime> {
     pub(super) recorded: u64,
     /// Why the last recorded pass cannot be replayed (`None`: it can).
     pub(super) refusal: Option<String>,
+    /// Settled recordings that write into a buffer an earlier launch of
+    /// their pass used (`Recording::reused_write`): no graph can hold them.
+    pub(super) unfit_for_graphs: u64,
     /// Graphs captured, and why the last capture failed.
     pub(super) graphs: u64,
     pub(super) graph_refusal: Option<String>,
@@ -290,6 +293,7 @@ impl<R: Runtime> Replays<R> {
             replayed: 0,
             recorded: 0,
             refusal: None,
+            unfit_for_graphs: 0,
             graphs: 0,
             graph_refusal: None,
         }
@@ -431,6 +435,11 @@ impl<R: Runtime> Replays<R> {
                 list.push(new);
             }
         }
+        let unfit = settled
+            .iter()
+            .filter(|&&i| list[i].rec.reused_write().is_some())
+            .count();
+        self.unfit_for_graphs += unfit as u64;
         if graphs_enabled() {
             for i in settled {
                 // One graph per recording, captured when its key settles.
