@@ -170,12 +170,18 @@ fn speculative_rounds_replay_their_verification() {
 /// next (its recording then keeps its buffers), so a third run of the same
 /// requests on the same models replays nearly every verification pass and
 /// allocates at most a few buffers after its first round (the first run
-/// makes the kept buffers its recordings then keep).
+/// makes the kept buffers its recordings then keep), with SpecFormer's
+/// eager drafter passes and with Beagle's and EAGLE's replayed ones.
 #[test]
 fn a_repeated_speculative_run_settles() {
     use draftc_ops::counters::snapshot;
-    for b in [1, 3] {
-        let (mut t, mut d) = gpu_layout_drafter(b, "specformer", None);
+    for (name, tree, b) in [
+        ("specformer", None, 1),
+        ("specformer", None, 3),
+        ("beagle", Some("chain"), 3),
+        ("eagle", Some("chain"), 3),
+    ] {
+        let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
         let mut runs = Vec::new();
         for _ in 0..3 {
             let mut at_token = Vec::new();
@@ -192,16 +198,18 @@ fn a_repeated_speculative_run_settles() {
                 out.stats.rounds as u64,
             ));
         }
-        eprintln!("batch {b}: (allocations after round 1, replayed, recorded, rounds) {runs:?}");
+        eprintln!(
+            "{name} batch {b}: (allocations after round 1, replayed, recorded, rounds) {runs:?}"
+        );
         let third = runs[2];
         assert_eq!(
             third.2, 0,
-            "batch {b}: the third run recorded passes: {runs:?}"
+            "{name} batch {b}: the third run recorded passes: {runs:?}"
         );
-        assert!(10 * third.1 >= 9 * third.3, "batch {b}: {runs:?}");
+        assert!(10 * third.1 >= 9 * third.3, "{name} batch {b}: {runs:?}");
         assert!(
             third.0 <= 4,
-            "batch {b}: the third run allocated {} times: {runs:?}",
+            "{name} batch {b}: the third run allocated {} times: {runs:?}",
             third.0
         );
     }

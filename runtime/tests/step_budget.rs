@@ -201,8 +201,11 @@ fn speculative_rounds_flush_once_a_pass() {
             if repeat == 0 {
                 // The eager round's budget (issue 31). A replayed round's
                 // steady state: runtime/tests/replay.rs.
-                let (mut t, d) = gpu_layout_drafter(b, name, tree);
+                let (mut t, mut d) = gpu_layout_drafter(b, name, tree);
                 t.exec.set_replay(false);
+                if let Some(e) = d.executor_mut() {
+                    e.set_replay(false);
+                }
                 models = Some((t, d));
             }
             let Some((t, d)) = models.as_mut() else {
