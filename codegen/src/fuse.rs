@@ -169,6 +169,8 @@ pub fn fuse(g: &Graph, views: &[bool], enabled: bool) -> Vec<FusedGroup> {
     groups
 }
 
+/// Whether `op` is a weight op, the ops `lower`'s `weight_op` lowers
+/// (exhaustive: a new op is classified here).
 fn is_weight_op(op: &Op) -> bool {
     match op {
         Op::Linear { .. } | Op::TargetLmHead | Op::Attention(_) | Op::SwiGlu { .. } => true,

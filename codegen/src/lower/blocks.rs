@@ -269,21 +269,9 @@ impl Lowerer<'_> {
                 });
             }
             Op::Attention(a) => self.attention(main, &a, pro, residual, x, out, fused)?,
-            Op::Input(_)
-            | Op::RmsNorm { .. }
-            | Op::GroupRmsNorm { .. }
-            | Op::Rope { .. }
-            | Op::Embedding { .. }
-            | Op::TargetEmbed
-            | Op::TargetNorm
-            | Op::Reshape { .. }
-            | Op::Concat { .. }
-            | Op::Split { .. }
-            | Op::Stack { .. }
-            | Op::Add
-            | Op::Mul
-            | Op::Silu
-            | Op::LayerSum => {
+            // Only weight ops reach here: `fuse::is_weight_op` (exhaustive
+            // over `Op`) classifies them, and `single` sends the same ops.
+            _ => {
                 return Err(CodegenError::Internal(format!(
                     "`{}` is not a weight op",
                     op.name()
