@@ -64,6 +64,47 @@ fn chunk_argmax<F: Float>(logits: &Array<F>, row: usize, lo: usize, hi: usize) -
     (bv, bi)
 }
 
+/// Where this unit works (both kernels' layout, see the module docs), for
+/// trees of `n` nodes over `vocab` entries: `(tree, tid, v_len, chunk, lo,
+/// hi, nodes, obase)` = the cube's tree, the unit, `vocab`, the chunk size
+/// ⌈V/block⌉, the unit's chunk `lo..hi` of the vocabulary, the tree's
+/// first node (`tree · n`) and its first word of `out`.
+#[cube]
+fn tree_unit(
+    n: u32,
+    vocab: u32,
+    #[comptime] block: usize,
+) -> (usize, usize, usize, usize, usize, usize, u32, usize) {
+    let tree = CUBE_POS;
+    let tid = UNIT_POS as usize;
+    let v_len = vocab as usize;
+    let chunk = (v_len + block - 1) / block;
+    let lo = usize::min(tid * chunk, v_len);
+    let hi = usize::min(lo + chunk, v_len);
+    let nodes = (tree * n as usize) as u32;
+    let obase = tree * (n as usize + 1);
+    (tree, tid, v_len, chunk, lo, hi, nodes, obase)
+}
+
+/// `q(v)`: the draft probability of entry `v` in row `qrow` of `q`, or with
+/// no `q` one-hot on the drafted token `x`.
+#[cube]
+fn draft_prob<F: Float>(
+    q: &Array<F>,
+    qrow: usize,
+    v: usize,
+    x: usize,
+    #[comptime] has_q: bool,
+) -> f32 {
+    let mut qv = f32::new(0.0);
+    if has_q {
+        qv = f32::cast_from(q[qrow + v]);
+    } else if v == x {
+        qv = f32::new(1.0);
+    }
+    qv
+}
+
 /// Greedy acceptance. `out[tree]` = `[len, bonus, accepted nodes…]` (`n + 1` words).
 #[cube(launch_unchecked)]
 pub(crate) fn accept_greedy<F: Float + CubeElement>(
@@ -75,14 +116,7 @@ pub(crate) fn accept_greedy<F: Float + CubeElement>(
     vocab: u32,
     #[comptime] block: usize,
 ) {
-    let tree = CUBE_POS;
-    let tid = UNIT_POS as usize;
-    let v_len = vocab as usize;
-    let chunk = (v_len + block - 1) / block;
-    let lo = usize::min(tid * chunk, v_len);
-    let hi = usize::min(lo + chunk, v_len);
-    let nodes = (tree * n as usize) as u32;
-    let obase = tree * (n as usize + 1);
+    let (_, tid, v_len, _, lo, hi, nodes, obase) = tree_unit(n, vocab, block);
     let mut sv = SharedMemory::<f32>::new(block);
     let mut si = SharedMemory::<u32>::new(block);
 
@@ -136,14 +170,7 @@ pub(crate) fn accept_sampling<F: Float + CubeElement>(
     #[comptime] has_q: bool,
     #[comptime] block: usize,
 ) {
-    let tree = CUBE_POS;
-    let tid = UNIT_POS as usize;
-    let v_len = vocab as usize;
-    let chunk = (v_len + block - 1) / block;
-    let lo = usize::min(tid * chunk, v_len);
-    let hi = usize::min(lo + chunk, v_len);
-    let nodes = (tree * n as usize) as u32;
-    let obase = tree * (n as usize + 1);
+    let (tree, tid, v_len, chunk, lo, hi, nodes, obase) = tree_unit(n, vocab, block);
     let wbase = tree * v_len;
     let tstep = step + tree as u32;
     let mut smem = SharedMemory::<f32>::new(block);
@@ -199,12 +226,7 @@ pub(crate) fn accept_sampling<F: Float + CubeElement>(
         }
         if reject {
             for v in lo..hi {
-                let mut qv = f32::new(0.0);
-                if has_q {
-                    qv = f32::cast_from(q[qrow + v]);
-                } else if v == x {
-                    qv = f32::new(1.0);
-                }
+                let qv = draft_prob::<F>(q, qrow, v, x, has_q);
                 ls += f32::max(work[wbase + v] - qv, f32::new(0.0));
             }
         }
@@ -221,12 +243,7 @@ pub(crate) fn accept_sampling<F: Float + CubeElement>(
         }
         if reject && s > 0.0 {
             for v in lo..hi {
-                let mut qv = f32::new(0.0);
-                if has_q {
-                    qv = f32::cast_from(q[qrow + v]);
-                } else if v == x {
-                    qv = f32::new(1.0);
-                }
+                let qv = draft_prob::<F>(q, qrow, v, x, has_q);
                 work[wbase + v] = f32::max(work[wbase + v] - qv, f32::new(0.0)) / s;
             }
         }
