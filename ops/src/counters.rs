@@ -51,27 +51,30 @@ pub struct Counts {
 impl Counts {
     /// The requests made since `earlier`.
     pub fn since(&self, earlier: &Counts) -> Counts {
-        Counts {
-            launches: self.launches - earlier.launches,
-            flushes: self.flushes - earlier.flushes,
-            reads: self.reads - earlier.reads,
-            uploads: self.uploads - earlier.uploads,
-            allocations: self.allocations - earlier.allocations,
-            blocked_s: self.blocked_s - earlier.blocked_s,
-            heap: self.heap - earlier.heap,
-        }
+        self.zip(earlier, |a, b| a - b, |a, b| a - b)
     }
 
     /// The sum of two counts (aggregating passes).
     pub fn plus(&self, other: &Counts) -> Counts {
+        self.zip(other, |a, b| a + b, |a, b| a + b)
+    }
+
+    /// `self` and `other` combined field by field: the counts by `count`,
+    /// the blocked seconds by `seconds`.
+    fn zip(
+        &self,
+        other: &Counts,
+        count: impl Fn(u64, u64) -> u64,
+        seconds: impl Fn(f64, f64) -> f64,
+    ) -> Counts {
         Counts {
-            launches: self.launches + other.launches,
-            flushes: self.flushes + other.flushes,
-            reads: self.reads + other.reads,
-            uploads: self.uploads + other.uploads,
-            allocations: self.allocations + other.allocations,
-            blocked_s: self.blocked_s + other.blocked_s,
-            heap: self.heap + other.heap,
+            launches: count(self.launches, other.launches),
+            flushes: count(self.flushes, other.flushes),
+            reads: count(self.reads, other.reads),
+            uploads: count(self.uploads, other.uploads),
+            allocations: count(self.allocations, other.allocations),
+            blocked_s: seconds(self.blocked_s, other.blocked_s),
+            heap: count(self.heap, other.heap),
         }
     }
 }
