@@ -19,8 +19,8 @@ use draftc_ops::attention::TREE_ROOT;
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::device::gpu_layout_profile;
 use draftc_runtime::engine::{
-    generate_with_policy, model_drafter, warm_up, weight_specs, DraftPolicy, Drafter, EngineError,
-    LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
+    generate_with_policy, model_drafter, warm_up, weight_specs, DraftCall, DraftPolicy, Drafter,
+    EngineError, LookupFirst, PromptLookupDrafter, Sampling, SeqView, TargetModel,
 };
 use draftc_runtime::exec::{HostWeights, SeqStep, Step};
 use draftc_runtime::speculation::planner::confidence::CONF_BINS;
@@ -436,12 +436,8 @@ impl<R: Runtime> Drafter<R> for Faulty {
     fn length(&self) -> usize {
         4
     }
-    fn draft(
-        &mut self,
-        _: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        _: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let seqs = call.seqs;
         if self.0 % 5 == 4 {
             self.0 += 1;
             return Err(EngineError::Invalid("drafter crashed".into()));
@@ -637,14 +633,9 @@ impl<R: Runtime> Drafter<R> for Slow {
     fn length(&self) -> usize {
         3
     }
-    fn draft(
-        &mut self,
-        t: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
         std::thread::sleep(std::time::Duration::from_millis(150));
-        self.0.draft(t, seqs, budget)
+        self.0.draft(call)
     }
 }
 

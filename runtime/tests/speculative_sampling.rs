@@ -18,8 +18,8 @@
 mod tiny;
 
 use draftc_runtime::engine::{
-    generate_with_policy, DraftPolicy, Drafter, EngineError, LookupFirst, Request, Sampling,
-    SeqView, TargetModel,
+    generate_with_policy, DraftCall, DraftPolicy, Drafter, EngineError, LookupFirst, Request,
+    Sampling, TargetModel,
 };
 use draftc_runtime::speculation::{DraftTree, PlanMode, Planner, PlannerConfig};
 use tiny::*;
@@ -64,12 +64,8 @@ impl Drafter<Wgpu> for FixedTree {
     fn length(&self) -> usize {
         2
     }
-    fn draft(
-        &mut self,
-        _: &mut TargetModel<Wgpu>,
-        seqs: &[SeqView<'_>],
-        _: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, Wgpu>) -> Result<Vec<DraftTree>, EngineError> {
+        let seqs = call.seqs;
         Ok(seqs
             .iter()
             .map(|_| {

@@ -30,10 +30,10 @@ use cubecl::prelude::*;
 use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::{DType, DeviceTensor};
 
-use super::drafters::{live_rows, Build, Committed, Drafter, SeqView};
+use super::drafters::{live_rows, Build, DraftCall, Drafter, Observed};
 use super::select::{SelectOut, TopOut};
 use super::target::{EngineError, TargetModel};
-use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, Outputs};
+use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor};
 use crate::speculation::tree::Candidate;
 use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
 
@@ -110,8 +110,7 @@ struct Predicted<R: Runtime> {
 pub struct AutoregressiveDrafter<R: Runtime> {
     exec: Executor<R>,
     caches: CacheStore<R>,
-    shape: TreeShape,
-    l: usize,
+    tree: TreePlan,
     streams: Vec<Stream>,
     /// A reduced draft vocabulary: draft ids map back to target ids, on
     /// the host and (`vocab_map`, its ids on the device) for the next
@@ -123,8 +122,6 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     /// Per slot: target states already in the memory caches.
     in_cache: Vec<usize>,
     pending: Vec<Pending<R>>,
-    /// `--confidence`: the builders' cut (see [`Confidence`]).
-    confidence: Option<Confidence>,
     /// The last [`Part::source`] handed out.
     sources: u64,
     /// The selection's and the candidates' buffers, kept across depths
@@ -195,25 +192,50 @@ pub(super) fn final_norm_of<R: Runtime>(
     Ok((w.clone(), target.weights.eps.get() as f32))
 }
 
-/// Draft length of an autoregressive drafter with draft length `l`
-/// drafting `shape`.
-pub(super) fn tree_length(shape: &TreeShape, l: usize) -> usize {
-    match shape {
-        TreeShape::Chain | TreeShape::MultiSequence { .. } => l,
-        TreeShape::Static(b) => b.len(),
-        TreeShape::Dynamic { depth, .. } => *depth,
-    }
+/// The trees an autoregressive drafter grows, level by level (it and
+/// [`super::EagleDrafter`] share it): the round's shape, the draft length
+/// `l` a chain runs to, and the confidence cut (`--confidence`).
+pub(super) struct TreePlan {
+    pub shape: TreeShape,
+    pub l: usize,
+    pub confidence: Option<Confidence>,
 }
 
-/// Whether `--confidence` can cut `shape` (a multi-sequence tree has its
-/// own threshold).
-pub(super) fn cuttable(shape: &TreeShape) -> Result<(), EngineError> {
-    if matches!(shape, TreeShape::MultiSequence { .. }) {
-        return Err(EngineError::Invalid(format!(
-            "--confidence cuts chain, static and dynamic trees; `{shape}` has its own threshold"
-        )));
+impl TreePlan {
+    pub fn new(shape: TreeShape, l: usize) -> TreePlan {
+        TreePlan {
+            shape,
+            l,
+            confidence: None,
+        }
     }
-    Ok(())
+
+    /// The draft length it aims for ([`Drafter::length`]).
+    pub fn length(&self) -> usize {
+        match &self.shape {
+            TreeShape::Chain | TreeShape::MultiSequence { .. } => self.l,
+            TreeShape::Static(b) => b.len(),
+            TreeShape::Dynamic { depth, .. } => *depth,
+        }
+    }
+
+    /// Cuts its trees by `confidence` ([`Drafter::set_confidence`]); a
+    /// multi-sequence tree has its own threshold.
+    pub fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
+        if matches!(self.shape, TreeShape::MultiSequence { .. }) {
+            return Err(EngineError::Invalid(format!(
+                "--confidence cuts chain, static and dynamic trees; `{}` has its own threshold",
+                self.shape
+            )));
+        }
+        self.confidence = Some(confidence);
+        Ok(())
+    }
+
+    /// A builder of one sequence's tree of at most `budget` nodes.
+    pub fn builder(&self, budget: usize) -> TreeBuilder {
+        TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence)
+    }
 }
 
 impl<R: Runtime> AutoregressiveDrafter<R> {
@@ -283,11 +305,9 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                 target.caches.capacity() + DRAFT_ROWS,
                 ops_dtype(dtype),
             ),
-            shape,
-            l,
+            tree: TreePlan::new(shape, l),
             in_cache: vec![0; slots],
             pending: (0..slots).map(|_| Pending::new(streams.len())).collect(),
-            confidence: None,
             sources: 0,
             selected: SelectOut::default(),
             top: TopOut::default(),
@@ -488,7 +508,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
                         pk[s * f..(s + 1) * f].to_vec()
                     })
                     .collect();
-                TreeBuilder::dynamic_from_picks(&self.shape, budget, &layers, &picks)
+                TreeBuilder::dynamic_from_picks(&self.tree.shape, budget, &layers, &picks)
                     .map_err(|e| EngineError::Invalid(e.to_string()))
             })
             .collect()
@@ -496,18 +516,10 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
 }
 
 impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
-    super::drafters::own_executor!(R);
+    super::drafters::own_executor!(tree R);
 
-    fn length(&self) -> usize {
-        tree_length(&self.shape, self.l)
-    }
-
-    fn observe(
-        &mut self,
-        c: &ComputeClient<R>,
-        out: &Outputs<R>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
+    fn observe(&mut self, pass: Observed<'_, R>) -> Result<(), EngineError> {
+        let (c, out, committed) = (pass.client, pass.out, pass.committed);
         // Every sequence's committed rows at once: one gather (and norm)
         // per stream, each sequence keeping its rows of the result.
         let Some((live, rows)) = live_rows(committed) else {
@@ -548,24 +560,14 @@ impl<R: Runtime> Drafter<R> for AutoregressiveDrafter<R> {
         Ok(())
     }
 
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (target, seqs, budget) = (call.target, call.seqs, call.budget);
         self.draft_levels(target, seqs, budget)
     }
 
     fn set_probabilities(&mut self, on: bool) -> bool {
         self.probabilities = on;
         true
-    }
-
-    fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
-        cuttable(&self.shape)?;
-        self.confidence = Some(confidence);
-        Ok(())
     }
 
     fn reset(&mut self, slot: usize) {

@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use cubecl::prelude::*;
 
-use super::drafters::{Drafter, PromptLookupDrafter, SeqView};
+use super::drafters::{DraftCall, Drafter, PromptLookupDrafter, SeqView};
 use super::select::top_candidates;
 use super::target::{EngineError, TargetModel};
 use crate::exec::{SeqStep, Step};
@@ -483,12 +483,8 @@ impl<R: Runtime> Drafter<R> for ConcurrentDrafter {
         self.k
     }
 
-    fn draft(
-        &mut self,
-        _target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (seqs, budget) = (call.seqs, call.budget);
         self.max = budget.max(1);
         let answered = match self.collect()? {
             Some(a) => a,
@@ -585,12 +581,8 @@ impl<R: Runtime> Drafter<R> for SyncTokenDrafter {
         0
     }
 
-    fn draft(
-        &mut self,
-        _target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (seqs, budget) = (call.seqs, call.budget);
         let requests: Vec<DraftRequest> = seqs
             .iter()
             .map(|s| DraftRequest {

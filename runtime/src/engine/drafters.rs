@@ -64,7 +64,9 @@ impl<R: Runtime> Build<'_, R> {
 }
 
 /// [`Drafter::executor`] and [`Drafter::executor_mut`] of a drafter whose
-/// executor is its field `exec`.
+/// executor is its field `exec`; `tree $r`: also [`Drafter::length`] and
+/// [`Drafter::set_confidence`] of one that grows its trees level by level
+/// by its field `tree` (`autoregressive_drafter::TreePlan`).
 macro_rules! own_executor {
     ($r:ty) => {
         fn executor(&self) -> Option<&crate::exec::Executor<$r>> {
@@ -73,6 +75,20 @@ macro_rules! own_executor {
 
         fn executor_mut(&mut self) -> Option<&mut crate::exec::Executor<$r>> {
             Some(&mut self.exec)
+        }
+    };
+    (tree $r:ty) => {
+        super::drafters::own_executor!($r);
+
+        fn length(&self) -> usize {
+            self.tree.length()
+        }
+
+        fn set_confidence(
+            &mut self,
+            confidence: crate::speculation::Confidence,
+        ) -> Result<(), EngineError> {
+            self.tree.set_confidence(confidence)
         }
     };
 }
@@ -112,6 +128,24 @@ pub(super) fn rows_within_binding(width: usize, dtype: draftc_ops::DType) -> usi
     ((120usize << 20) / (width.max(1) * dtype.size())).max(1)
 }
 
+/// A target pass as a drafter sees it ([`Drafter::observe`]): the pass's
+/// outputs and, per sequence, the rows it committed.
+#[derive(Clone, Copy)]
+pub struct Observed<'a, R: Runtime> {
+    pub client: &'a ComputeClient<R>,
+    pub out: &'a Outputs<R>,
+    pub committed: &'a [Committed],
+}
+
+/// One round's drafting ([`Drafter::draft`]): the target (its client, and
+/// its caches for self-speculation), the sequences to draft for and the
+/// most nodes a tree may have.
+pub struct DraftCall<'a, 's, R: Runtime> {
+    pub target: &'a mut TargetModel<R>,
+    pub seqs: &'a [SeqView<'s>],
+    pub budget: usize,
+}
+
 /// Proposes draft trees; sees every target pass's committed rows.
 pub trait Drafter<R: Runtime> {
     /// Its name: the graph's for drafters that run one.
@@ -137,22 +171,13 @@ pub trait Drafter<R: Runtime> {
 
     /// Called after every target pass (prefill chunks included) with the
     /// rows that pass committed.
-    fn observe(
-        &mut self,
-        _client: &ComputeClient<R>,
-        _out: &Outputs<R>,
-        _committed: &[Committed],
-    ) -> Result<(), EngineError> {
+    fn observe(&mut self, _pass: Observed<'_, R>) -> Result<(), EngineError> {
         Ok(())
     }
 
-    /// One tree per sequence of `seqs`, each of at most `budget` nodes.
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError>;
+    /// One tree per sequence of `call.seqs`, each of at most `call.budget`
+    /// nodes.
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError>;
 
     /// The engine is about to verify `trees` (one per sequence of `seqs`).
     /// A concurrent drafter starts drafting the next round here.
@@ -240,12 +265,8 @@ impl<R: Runtime> Drafter<R> for PromptLookupDrafter {
         self.lookup.max_tokens
     }
 
-    fn draft(
-        &mut self,
-        _target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (seqs, budget) = (call.seqs, call.budget);
         seqs.iter()
             .map(|s| self.propose(s.tokens, budget).map_err(spec_err))
             .collect()
@@ -302,12 +323,8 @@ impl<R: Runtime> Drafter<R> for SelfSpecDrafter<R> {
         self.l
     }
 
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (target, seqs, budget) = (call.target, call.seqs, call.budget);
         let chains = self.draft_chains(target, seqs, budget);
         // Drop the tentative rows, also after an error: verification writes
         // these positions again.

@@ -39,17 +39,15 @@ use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::linear::{Epilogue, Prologue};
 use draftc_ops::DeviceTensor;
 
-use super::autoregressive_drafter::{
-    cuttable, final_norm_of, tree_length, AutoregressiveDrafter, Part,
-};
-use super::drafters::{live_rows, Build, Committed, Drafter, SeqView};
+use super::autoregressive_drafter::{final_norm_of, AutoregressiveDrafter, Part, TreePlan};
+use super::drafters::{live_rows, Build, DraftCall, Drafter, Observed, SeqView};
 use super::select::{top_candidates_into, TopOut};
-use super::target::{EngineError, TargetModel};
+use super::target::EngineError;
 use crate::exec::{
     ops_dtype, CacheStore, DraftVocab, Executor, MemoryTail, Outputs, SeqStep, Step,
 };
 use crate::speculation::tree::Candidate;
-use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
+use crate::speculation::{DraftTree, TreeBuilder, TreeShape};
 
 /// Draft rows a round may add per sequence beyond the target's capacity.
 const DRAFT_ROWS: usize = 512;
@@ -74,8 +72,7 @@ type Row<R> = (u64, DeviceTensor<R>, u32);
 pub struct EagleDrafter<R: Runtime> {
     exec: Executor<R>,
     caches: CacheStore<R>,
-    shape: TreeShape,
-    l: usize,
+    tree: TreePlan,
     streams: Vec<Stream<R>>,
     /// `prev(stream)` inputs: graph input name and stream index.
     prevs: Vec<(String, usize)>,
@@ -91,7 +88,6 @@ pub struct EagleDrafter<R: Runtime> {
     /// Per slot and stream: seed rows of committed positions not yet read
     /// by a first pass (and the last one read), by position.
     seeds: Vec<Vec<BTreeMap<u32, Row<R>>>>,
-    confidence: Option<Confidence>,
     sources: u64,
     top: TopOut,
     /// With replay on, each `prev` input's buffer by (stream, rows): a
@@ -181,8 +177,7 @@ impl<R: Runtime> EagleDrafter<R> {
         Ok(EagleDrafter {
             vocab,
             caches: CacheStore::new(client, slots, target.caches.capacity() + DRAFT_ROWS, dt),
-            shape,
-            l,
+            tree: TreePlan::new(shape, l),
             in_cache: vec![0; slots],
             in_rows: vec![0; slots],
             skip_first: graph.meta.prev_start == draftc_ir::graph::PrevStart::Skip,
@@ -193,7 +188,6 @@ impl<R: Runtime> EagleDrafter<R> {
             prevs,
             final_norm,
             exec,
-            confidence: None,
             sources: 0,
             top: TopOut::default(),
             staged: HashMap::new(),
@@ -475,18 +469,10 @@ struct Queried {
 }
 
 impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
-    super::drafters::own_executor!(R);
+    super::drafters::own_executor!(tree R);
 
-    fn length(&self) -> usize {
-        tree_length(&self.shape, self.l)
-    }
-
-    fn observe(
-        &mut self,
-        c: &ComputeClient<R>,
-        out: &Outputs<R>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
+    fn observe(&mut self, pass: Observed<'_, R>) -> Result<(), EngineError> {
+        let (c, out, committed) = (pass.client, pass.out, pass.committed);
         let Some((live, rows)) = live_rows(committed) else {
             return Ok(());
         };
@@ -504,21 +490,14 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
         Ok(())
     }
 
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (target, seqs, budget) = (call.target, call.seqs, call.budget);
         let client = target.client().clone();
         for s in seqs {
             self.caches.truncate(s.slot, self.in_rows[s.slot]);
         }
         let mut st = EagleLevels {
-            builders: seqs
-                .iter()
-                .map(|_| TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence))
-                .collect(),
+            builders: seqs.iter().map(|_| self.tree.builder(budget)).collect(),
             out_of: vec![HashMap::new(); seqs.len()],
             tail_of: vec![HashMap::new(); seqs.len()],
             tail: vec![0; seqs.len()],
@@ -567,12 +546,6 @@ impl<R: Runtime> Drafter<R> for EagleDrafter<R> {
     fn set_probabilities(&mut self, _on: bool) -> bool {
         // Its candidates always come with their probabilities.
         true
-    }
-
-    fn set_confidence(&mut self, confidence: Confidence) -> Result<(), EngineError> {
-        cuttable(&self.shape)?;
-        self.confidence = Some(confidence);
-        Ok(())
     }
 
     fn reset(&mut self, slot: usize) {

@@ -22,9 +22,9 @@ use cubecl::prelude::*;
 
 use std::ops::RangeInclusive;
 
-use super::drafters::{Committed, Drafter, PromptLookupDrafter, SeqView};
-use super::target::{EngineError, TargetModel};
-use crate::exec::{Outputs, Profile};
+use super::drafters::{DraftCall, Drafter, Observed, PromptLookupDrafter, SeqView};
+use super::target::EngineError;
+use crate::exec::Profile;
 use crate::speculation::{Confidence, DraftTree, PromptLookup};
 
 /// Longest n-gram a lookup tries first.
@@ -88,21 +88,12 @@ impl<R: Runtime> Drafter<R> for LookupFirst<R> {
         self.model.length()
     }
 
-    fn observe(
-        &mut self,
-        client: &ComputeClient<R>,
-        out: &Outputs<R>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
-        self.model.observe(client, out, committed)
+    fn observe(&mut self, pass: Observed<'_, R>) -> Result<(), EngineError> {
+        self.model.observe(pass)
     }
 
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (target, seqs, budget) = (call.target, call.seqs, call.budget);
         let mut trees = Vec::with_capacity(seqs.len());
         let mut rest = Vec::new();
         self.lookup.lookup.max_tokens = budget;
@@ -122,7 +113,11 @@ impl<R: Runtime> Drafter<R> for LookupFirst<R> {
             return Ok(trees);
         }
         let views: Vec<SeqView<'_>> = rest.iter().map(|&i| seqs[i].clone()).collect();
-        let drafted = self.model.draft(target, &views, budget)?;
+        let drafted = self.model.draft(DraftCall {
+            target,
+            seqs: &views,
+            budget,
+        })?;
         if drafted.len() != views.len() {
             return Err(EngineError::Invalid(format!(
                 "{} drafted {} trees for {} sequences",

@@ -44,7 +44,8 @@ pub use concurrent::{
 };
 pub use continuous::{Emitted, Engine, EngineConfig, EngineStats, Finish, SeqParams};
 pub use drafters::{
-    model_drafter, Committed, Drafter, PromptLookupDrafter, SelfSpecDrafter, SeqView,
+    model_drafter, Committed, DraftCall, Drafter, Observed, PromptLookupDrafter, SelfSpecDrafter,
+    SeqView,
 };
 pub use eagle_drafter::EagleDrafter;
 pub use lookup_first::{

@@ -15,9 +15,9 @@ use cubecl::prelude::*;
 use draftc_ir::op::{InputSource, Op};
 use draftc_ops::DeviceTensor;
 
-use super::drafters::{spec_err, Build, Committed, Drafter, SeqView};
+use super::drafters::{spec_err, Build, Committed, DraftCall, Drafter, Observed};
 use super::select::{select_tokens_into, top_candidates_into, Kept, Sampling, SelectOut, TopOut};
-use super::target::{EngineError, TargetModel};
+use super::target::EngineError;
 use crate::exec::{ops_dtype, CacheStore, DraftVocab, Executor, Outputs, Step};
 use crate::speculation::tree::Candidate;
 use crate::speculation::{Confidence, DraftTree, TreeBuilder, TreeShape};
@@ -126,12 +126,8 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
     /// Gathers the committed rows' taps (in chunks of at most `max_rows`
     /// rows: a long prefill would not fit its `l` logit rows per token in
     /// one binding); the drafter pass runs at the next draft.
-    fn observe(
-        &mut self,
-        c: &ComputeClient<R>,
-        out: &Outputs<R>,
-        committed: &[Committed],
-    ) -> Result<(), EngineError> {
+    fn observe(&mut self, pass: Observed<'_, R>) -> Result<(), EngineError> {
+        let (c, out, committed) = (pass.client, pass.out, pass.committed);
         let mut chunk: Vec<Committed> = Vec::new();
         let mut room = self.max_rows;
         for x in committed {
@@ -155,12 +151,8 @@ impl<R: Runtime> Drafter<R> for ParallelDrafter<R> {
         self.gather(c, out, &chunk)
     }
 
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<R>,
-        seqs: &[SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<DraftTree>, EngineError> {
+    fn draft(&mut self, call: DraftCall<'_, '_, R>) -> Result<Vec<DraftTree>, EngineError> {
+        let (target, seqs, budget) = (call.target, call.seqs, call.budget);
         let client = target.client().clone();
         self.catch_up(&client)?;
         seqs.iter()

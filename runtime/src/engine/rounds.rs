@@ -19,7 +19,7 @@ use cubecl::prelude::*;
 use draftc_ops::sampling::MAX_CANDIDATES;
 
 use super::continuous::{EngineConfig, EngineStats, Finish, SeqParams};
-use super::drafters::{Committed, Drafter, SeqView};
+use super::drafters::{Committed, DraftCall, Drafter, Observed, SeqView};
 use super::rounds_plan::RoundFacts;
 use super::select::{choose_rows, SelectOut};
 use super::speculative::{sanitize, DraftPolicy};
@@ -445,7 +445,11 @@ impl Batch {
         let vocab = cx.target.vocab;
         let idx: Vec<usize> = d.drafting.iter().map(|&j| decoding[j]).collect();
         let views = views(&self.seqs, &idx);
-        let got = match drafter.draft(cx.target, &views, budget) {
+        let got = match drafter.draft(DraftCall {
+            target: cx.target,
+            seqs: &views,
+            budget,
+        }) {
             Ok(t) if t.len() == views.len() => t,
             // A failing drafter costs a round of speed, not correctness.
             Ok(t) => {
@@ -698,7 +702,11 @@ impl Batch {
             let gone: Vec<usize> = gave.finished.iter().map(|&i| self.seqs[i].slot).collect();
             committed_rows.retain(|c| !gone.contains(&c.slot));
             if !committed_rows.is_empty() {
-                d.observe(cx.target.client(), out, &committed_rows)?;
+                d.observe(Observed {
+                    client: cx.target.client(),
+                    out,
+                    committed: &committed_rows,
+                })?;
             }
         }
         if !pass.placed.is_empty() && !drafts.drafted {

@@ -12,12 +12,12 @@ use draftc_ir::{Graph, TargetConfig};
 use draftc_ops::testing::wgpu_client;
 use draftc_runtime::device::gpu_layout_profile;
 use draftc_runtime::engine::{
-    generate, generate_speculative, model_drafter, weight_specs, Drafter, EngineError,
-    PromptLookupDrafter, Request, Sampling, SpecGeneration, TargetModel,
+    generate, generate_speculative, model_drafter, weight_specs, DraftCall, Drafter, EngineError,
+    Observed, PromptLookupDrafter, Request, Sampling, SpecGeneration, TargetModel,
 };
 use draftc_runtime::exec::HostWeights;
 use draftc_runtime::model::tokenizer::ChatMessage;
-use draftc_runtime::speculation::{PromptLookup, TreeShape};
+use draftc_runtime::speculation::{DraftTree, PromptLookup, TreeShape};
 
 pub type Wgpu = cubecl::wgpu::WgpuRuntime;
 
@@ -506,23 +506,13 @@ impl<W: Watch> Drafter<Wgpu> for Watched<W> {
     fn length(&self) -> usize {
         self.inner.length()
     }
-    fn observe(
-        &mut self,
-        c: &cubecl::prelude::ComputeClient<Wgpu>,
-        out: &draftc_runtime::exec::Outputs<Wgpu>,
-        committed: &[draftc_runtime::engine::Committed],
-    ) -> Result<(), draftc_runtime::engine::EngineError> {
-        self.watch.observed(c, out, committed);
-        self.inner.observe(c, out, committed)
+    fn observe(&mut self, pass: Observed<'_, Wgpu>) -> Result<(), EngineError> {
+        self.watch.observed(pass.client, pass.out, pass.committed);
+        self.inner.observe(pass)
     }
-    fn draft(
-        &mut self,
-        target: &mut TargetModel<Wgpu>,
-        seqs: &[draftc_runtime::engine::SeqView<'_>],
-        budget: usize,
-    ) -> Result<Vec<draftc_runtime::speculation::DraftTree>, draftc_runtime::engine::EngineError>
-    {
-        let trees = self.inner.draft(target, seqs, budget)?;
+    fn draft(&mut self, call: DraftCall<'_, '_, Wgpu>) -> Result<Vec<DraftTree>, EngineError> {
+        let seqs = call.seqs;
+        let trees = self.inner.draft(call)?;
         self.watch.drafted(&self.inner.name(), seqs, &trees);
         Ok(trees)
     }

@@ -89,15 +89,15 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         for s in seqs {
             self.caches.truncate(s.slot, self.in_cache[s.slot]);
         }
-        let deferred_tree = matches!(self.shape, TreeShape::Dynamic { .. })
-            && self.confidence.is_none()
+        let deferred_tree = matches!(self.tree.shape, TreeShape::Dynamic { .. })
+            && self.tree.confidence.is_none()
             && TreePicks::chosen() == TreePicks::Device;
-        let greedy_chain = self.shape == TreeShape::Chain && self.confidence.is_none();
+        let greedy_chain = self.tree.shape == TreeShape::Chain && self.tree.confidence.is_none();
         let mut st = Levels {
             builders: seqs
                 .iter()
                 .map(|_| {
-                    let b = TreeBuilder::new(&self.shape, budget).with_confidence(self.confidence);
+                    let b = self.tree.builder(budget);
                     if deferred_tree {
                         b.without_cut()
                     } else {
@@ -462,7 +462,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         let probs: Vec<&DeviceTensor<R>> = st.chain_probs.iter().collect();
         let (probs, tokens) = DeviceTensor::download_f32_u32_all(client, &probs, &sels)?;
         let mut builders: Vec<TreeBuilder> = (0..n_seqs)
-            .map(|_| TreeBuilder::new(&self.shape, budget))
+            .map(|_| TreeBuilder::new(&self.tree.shape, budget))
             .collect();
         for (d, ((_, fed), toks)) in st.chain.iter().zip(&tokens).enumerate() {
             let mut row = 0;
