@@ -133,18 +133,19 @@ fn take_kept<R: Runtime>(
     let class = bytes.max(MIN_CLASS).next_power_of_two();
     let device = client.properties() as *const _ as usize;
     let key = (TypeId::of::<R>(), device, class);
-    let taken: Vec<usize> = TAKEN.with(|t| match t.borrow().as_ref() {
-        Some((refs, _)) if for_write => refs
-            .iter()
-            .filter(|r| r.key == key)
-            .map(|r| r.index)
-            .collect(),
-        _ => Vec::new(),
-    });
+    // An upload being recorded skips the buffers its pass took before.
+    let taken_before = |index: usize| {
+        for_write
+            && TAKEN.with(|t| {
+                t.borrow()
+                    .as_ref()
+                    .is_some_and(|(refs, _)| refs.contains(&KeptRef { key, index }))
+            })
+    };
     let (handle, index, made) = KEPT.with(|k| {
         let mut k = k.borrow_mut();
         let list = k.entry(key).or_default();
-        let free = |(i, h): &(usize, &Handle)| h.can_mut() && !taken.contains(i);
+        let free = |(i, h): &(usize, &Handle)| h.can_mut() && !taken_before(*i);
         if let Some((i, _)) = list.iter().enumerate().find(free) {
             return (list[i].clone(), i, false);
         }

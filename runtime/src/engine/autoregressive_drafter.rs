@@ -133,9 +133,8 @@ pub struct AutoregressiveDrafter<R: Runtime> {
     /// A deferred chain's tokens with their probabilities, one kept set
     /// of buffers per depth (when `probabilities`).
     chain_top: Vec<TopOut>,
-    /// With replay on, each memory stream's input buffer by (stream, rows):
-    /// a pass's inputs stay where its recording read them.
-    staged: HashMap<(usize, usize), DeviceTensor<R>>,
+    /// Each memory stream's packed rows (kept while replaying).
+    staged: StagedInputs<R>,
     /// A chain's tokens carry their probabilities
     /// (`Drafter::set_probabilities`); trees always do.
     probabilities: bool,
@@ -190,6 +189,44 @@ pub(super) fn final_norm_of<R: Runtime>(
         ))
     })?;
     Ok((w.clone(), target.weights.eps.get() as f32))
+}
+
+/// A drafter's pass inputs packed from rows of other tensors (Beagle's
+/// memory rows, EAGLE's `prev` rows). While its executor replays, each
+/// input goes into a buffer kept per (stream, rows) for the drafter's life,
+/// so a replayed pass reads it where its recording did; otherwise into a
+/// fresh tensor, or no copy at all ([`AutoregressiveDrafter::pack`]).
+pub(super) struct StagedInputs<R: Runtime>(HashMap<(usize, usize), DeviceTensor<R>>);
+
+impl<R: Runtime> StagedInputs<R> {
+    pub fn new() -> Self {
+        StagedInputs(HashMap::new())
+    }
+
+    /// Stream `k`'s `parts` packed into a `[Σ rows, d]` tensor; `staged`:
+    /// the executor replays.
+    pub fn pack(
+        &mut self,
+        client: &ComputeClient<R>,
+        staged: bool,
+        k: usize,
+        parts: &[Part<R>],
+        d: usize,
+        dtype: DType,
+    ) -> Result<DeviceTensor<R>, EngineError> {
+        if !staged {
+            return AutoregressiveDrafter::pack(client, parts, d, dtype);
+        }
+        let n = parts.iter().map(|p| p.rows.len()).sum();
+        let out = self
+            .0
+            .entry((k, n))
+            .or_insert_with(|| DeviceTensor::empty(client, &[n, d], dtype))
+            .clone();
+        let groups = AutoregressiveDrafter::groups(parts);
+        AutoregressiveDrafter::gather_parts(client, &groups, d, &out)?;
+        Ok(out)
+    }
 }
 
 /// The trees an autoregressive drafter grows, level by level (it and
@@ -313,7 +350,7 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             top: TopOut::default(),
             chain_out: Vec::new(),
             chain_top: Vec::new(),
-            staged: HashMap::new(),
+            staged: StagedInputs::new(),
             probabilities: false,
             tree_out: Vec::new(),
             streams,
@@ -341,18 +378,6 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
         let out = DeviceTensor::<R>::empty(client, &[at, d], dtype);
         Self::gather_parts(client, &groups, d, &out)?;
         Ok(out)
-    }
-
-    /// Packs `parts` into `out` (`[Σ rows, d]`, the caller's buffer: a
-    /// replayed pass's input stays where its recording read it).
-    pub(super) fn pack_into(
-        client: &ComputeClient<R>,
-        parts: &[Part<R>],
-        d: usize,
-        out: &DeviceTensor<R>,
-    ) -> Result<(), EngineError> {
-        let groups = Self::groups(parts);
-        Self::gather_parts(client, &groups, d, out)
     }
 
     /// `parts` grouped by source tensor: (source, tensor, source rows,

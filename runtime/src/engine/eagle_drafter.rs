@@ -39,7 +39,7 @@ use draftc_ir::op::{Cache, InputSource, Op};
 use draftc_ops::linear::{Epilogue, Prologue};
 use draftc_ops::DeviceTensor;
 
-use super::autoregressive_drafter::{final_norm_of, AutoregressiveDrafter, Part, TreePlan};
+use super::autoregressive_drafter::{final_norm_of, Part, StagedInputs, TreePlan};
 use super::drafters::{live_rows, Build, DraftCall, Drafter, Observed, SeqView};
 use super::select::{top_candidates_into, TopOut};
 use super::target::EngineError;
@@ -90,9 +90,8 @@ pub struct EagleDrafter<R: Runtime> {
     seeds: Vec<Vec<BTreeMap<u32, Row<R>>>>,
     sources: u64,
     top: TopOut,
-    /// With replay on, each `prev` input's buffer by (stream, rows): a
-    /// pass's inputs stay where its recording read them.
-    staged: HashMap<(usize, usize), DeviceTensor<R>>,
+    /// Each `prev` input's packed rows (kept while replaying).
+    staged: StagedInputs<R>,
 }
 
 impl<R: Runtime> EagleDrafter<R> {
@@ -190,7 +189,7 @@ impl<R: Runtime> EagleDrafter<R> {
             exec,
             sources: 0,
             top: TopOut::default(),
-            staged: HashMap::new(),
+            staged: StagedInputs::new(),
         })
     }
 
@@ -235,8 +234,7 @@ impl<R: Runtime> EagleDrafter<R> {
     }
 
     /// Packs stream `k`'s `rows` (one device row each) into a `[rows,
-    /// width]` tensor: with replay on, into the stream's staged buffer of
-    /// that many rows (kept for the drafter's life).
+    /// width]` tensor ([`StagedInputs`]).
     fn pack(
         &mut self,
         c: &ComputeClient<R>,
@@ -252,16 +250,8 @@ impl<R: Runtime> EagleDrafter<R> {
                 rows: vec![*r],
             })
             .collect();
-        if !self.exec.replay_on() {
-            return AutoregressiveDrafter::<R>::pack(c, &parts, width, dtype);
-        }
-        let out = self
-            .staged
-            .entry((k, rows.len()))
-            .or_insert_with(|| DeviceTensor::empty(c, &[rows.len(), width], dtype))
-            .clone();
-        AutoregressiveDrafter::<R>::pack_into(c, &parts, width, &out)?;
-        Ok(out)
+        let staged = self.exec.replay_on();
+        self.staged.pack(c, staged, k, &parts, width, dtype)
     }
 }
 

@@ -379,7 +379,7 @@ pub(super) fn meta_key<R: Runtime>(
     let mut k_lens = Vec::new();
     let mut k_pos = Vec::new();
     let mut key_base = Vec::new();
-    let is_memory = cache.ends_with(".kv") && step.memory.contains_key(&cache[..cache.len() - 3]);
+    let is_memory = step.memory_rows_of(cache).is_some();
     for seq in &step.seqs {
         k_lens.push(store.len(cache, seq.slot));
         k_pos.extend_from_slice(store.positions(cache, seq.slot));

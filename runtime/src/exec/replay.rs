@@ -7,11 +7,13 @@
 //! `attention.rs`) or in an input the pass uploads itself from the host
 //! (`Executor::run_uploading`: a verification pass's token ids), which is
 //! every target decode or verification pass over the executor's own
-//! caches, and the drafter passes over their own caches (SpecFormer's;
+//! caches, and the drafter passes over their own caches: SpecFormer's;
 //! EAGLE's, whose `prev` rows go into buffers kept per row count and whose
-//! level-by-level memory tail rides in the step upload): no memory
-//! streams, no selected output rows, no tail bits on the device, no target
-//! caches. A pass is keyed by what fixes its launches ([`PassKey`]):
+//! level-by-level memory tail rides in the step upload; Beagle's, whose
+//! memory rows are such inputs too, into its one memory cache, the step
+//! upload holding their positions and slots. Not replayed: selected output
+//! rows, tail bits on the device, the target's caches, memory rows given
+//! on the host. A pass is keyed by what fixes its launches ([`PassKey`]):
 //! rows per sequence and slot, tree or chain, the plane attention's key
 //! splits, the caller's device inputs, the inputs it uploads, and the
 //! cache halves. Each pass of a key that is not replayed runs eagerly
@@ -59,7 +61,7 @@ use draftc_ops::{DType, DeviceTensor};
 use super::attention::{meta_key, step_upload_bytes};
 use super::cache::CacheStore;
 use super::executor::{ops_mask, ExecError, Outputs};
-use super::step::{MemoryRows, Step};
+use super::step::Step;
 
 /// The environment variable that turns replay off (`off`).
 pub const ENV: &str = "DRAFTC_REPLAY";
@@ -129,10 +131,10 @@ pub(super) struct PassKey {
 
 impl PassKey {
     /// The key of a pass, or `None` when the pass is not replayable by
-    /// construction (memory streams, selected rows, memory-tail bits on the
-    /// device, the target's caches, or attention that is not over this
-    /// store). A memory tail over the executor's own cache rides in the
-    /// step upload (its bits with the tree bits).
+    /// construction (selected rows, memory-tail bits on the device, the
+    /// target's caches, attention that is not over this store, memory rows
+    /// not given as device inputs or beside another cache). A memory tail
+    /// rides in the step upload (its bits with the tree bits).
     pub(super) fn of<R: Runtime>(
         facts: &PlanFacts,
         step: &Step,
@@ -156,7 +158,7 @@ impl PassKey {
                 || caches
                     .caches()
                     .iter()
-                    .any(|c| memory_rows(step, c).is_none()))
+                    .any(|c| step.memory_rows_of(c).is_none()))
         {
             return None;
         }
@@ -344,9 +346,7 @@ impl<R: Runtime> Replays<R> {
         let out = (|| {
             let mut slots = Vec::new();
             for (i, c) in names.iter().enumerate() {
-                let mut at = 0;
-                for (j, s) in step.seqs.iter().enumerate() {
-                    let positions = new_positions(step, c, j, &mut at);
+                for (s, positions) in step.seqs.iter().zip(appended_positions(step, c)) {
                     let rows = caches.reserve(c, s.slot, positions)?;
                     if i == 0 {
                         slots.extend(rows);
@@ -362,7 +362,7 @@ impl<R: Runtime> Replays<R> {
             }
             if let (Some(i), Some(c), Some(mask)) = (step_write, names.first(), e.mask) {
                 let key = meta_key(step, mask, caches, c)?;
-                let positions = match memory_rows(step, c) {
+                let positions = match step.memory_rows_of(c) {
                     Some(m) => std::borrow::Cow::Borrowed(&m.positions),
                     None => std::borrow::Cow::Owned(step.positions()),
                 };
@@ -459,9 +459,7 @@ impl<R: Runtime> Replays<R> {
             }
         }
     }
-}
 
-impl<R: Runtime> Replays<R> {
     /// Forgets the oldest key that has not settled, or the oldest key when
     /// all have: keys met once (an EAGLE first pass's rows follow how many
     /// tokens each sequence accepted) must not push out the settled ones
@@ -522,10 +520,10 @@ fn entry<R: Runtime>(pass: PassRecord<R>) -> Result<Entry<R>, String> {
     } = pass;
     let names = caches.caches();
     for c in &names {
-        let mut at = 0;
-        for (i, s) in step.seqs.iter().enumerate() {
+        let appended = step.seqs.iter().zip(appended_positions(step, c));
+        for (i, (s, positions)) in appended.enumerate() {
             let before = lens_before.get(c).map_or(0, |l| l[i]);
-            if caches.len(c, s.slot) != before + new_positions(step, c, i, &mut at).len() {
+            if caches.len(c, s.slot) != before + positions.len() {
                 return Err(format!("cache `{c}` did not take exactly the step's rows"));
             }
         }
@@ -582,24 +580,24 @@ fn entry<R: Runtime>(pass: PassRecord<R>) -> Result<Entry<R>, String> {
     })
 }
 
-/// The memory rows that cache `cache` takes in `step` (`….kv` of a stream
-/// with new rows), if it is a memory cache.
-fn memory_rows<'a>(step: &'a Step, cache: &str) -> Option<&'a MemoryRows> {
-    step.memory.get(cache.strip_suffix(".kv")?)
-}
-
-/// The positions of the rows sequence `i` of `step` appends to `cache`:
-/// its memory rows (from `*at` in the packed memory positions, advanced)
-/// or its step rows.
-fn new_positions<'a>(step: &'a Step, cache: &str, i: usize, at: &mut usize) -> &'a [u32] {
-    let Some(m) = memory_rows(step, cache) else {
-        return step.seqs.get(i).map_or(&[], |s| &s.positions);
-    };
-    let n = m.lens.get(i).copied().unwrap_or(0);
-    let from = (*at).min(m.positions.len());
-    let to = (from + n).min(m.positions.len());
-    *at = to;
-    &m.positions[from..to]
+/// The positions of the rows each sequence of `step` appends to `cache`,
+/// in step order: its memory rows for a memory stream's cache, else its
+/// step rows.
+fn appended_positions<'a>(step: &'a Step, cache: &str) -> impl Iterator<Item = &'a [u32]> {
+    let memory = step.memory_rows_of(cache);
+    let mut at = 0;
+    step.seqs
+        .iter()
+        .enumerate()
+        .map(move |(i, s)| match memory {
+            None => s.positions.as_slice(),
+            Some(m) => {
+                let n = m.lens.get(i).copied().unwrap_or(0);
+                let from = at.min(m.positions.len());
+                at = (from + n).min(m.positions.len());
+                &m.positions[from..at]
+            }
+        })
 }
 
 /// The caches' lengths per sequence of `step` (before a pass).

@@ -93,6 +93,12 @@ impl Step {
         self.seqs.iter().map(|s| s.positions.len()).sum()
     }
 
+    /// The new memory rows that cache `cache` takes in this pass, when it
+    /// is a memory stream's cache (`<stream>.kv`) and the stream has rows.
+    pub fn memory_rows_of(&self, cache: &str) -> Option<&MemoryRows> {
+        self.memory.get(cache.strip_suffix(".kv")?)
+    }
+
     /// Positions of all rows, packed.
     pub fn positions(&self) -> Vec<u32> {
         self.seqs

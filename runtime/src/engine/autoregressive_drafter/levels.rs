@@ -316,21 +316,8 @@ impl<R: Runtime> AutoregressiveDrafter<R> {
             };
             let name = self.streams[k].name.clone();
             let parts = &r.mem_parts[k];
-            let rows = if self.exec.replay_on() {
-                // Into the stream's buffer of this many rows, kept for the
-                // drafter's life: a replay reads its input where its
-                // recording did.
-                let n: usize = parts.iter().map(|p| p.rows.len()).sum();
-                let out = self
-                    .staged
-                    .entry((k, n))
-                    .or_insert_with(|| DeviceTensor::empty(client, &[n, d], dtype))
-                    .clone();
-                Self::pack_into(client, parts, d, &out)?;
-                out
-            } else {
-                Self::pack(client, parts, d, dtype)?
-            };
+            let staged = self.exec.replay_on();
+            let rows = self.staged.pack(client, staged, k, parts, d, dtype)?;
             inputs.insert(name.clone(), rows);
             r.step.memory.insert(
                 name,
