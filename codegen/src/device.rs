@@ -272,7 +272,8 @@ pub enum LinearLayout {
 /// or `ops::attention::attention_planes` with this shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AttentionLayout {
-    /// One unit per (query row, query head).
+    /// One unit per (query row, the query heads of one KV head that fit:
+    /// `ops::attention::lane_heads_per_unit`).
     Lanes,
     /// `planes` planes of `plane` lanes per (query row, KV head, split of
     /// `chunk` keys).

@@ -216,6 +216,40 @@ fn main() {
             DType::F16,
         );
     }
+    let g8 = AttnDims {
+        heads: 8,
+        kv_heads: 1,
+        head_dim: 64,
+    };
+    let gemma = AttnDims {
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 256,
+    };
+    for (b, t, dims, what) in [
+        (16, 128, SMOL, ""),
+        (16, 1024, SMOL, ""),
+        (16, 128, g8, ", group 8"),
+        (16, 128, gemma, ", group 4 hd 256"),
+    ] {
+        let per = SeqBatch::single(1, t);
+        let batch = SeqBatch {
+            q_lens: vec![1; b],
+            k_lens: vec![t; b],
+            q_pos: (0..b).flat_map(|_| per.q_pos.clone()).collect(),
+            k_pos: (0..b).flat_map(|_| per.k_pos.clone()).collect(),
+            parents: Vec::new(),
+            tail: None,
+        };
+        ours(
+            &client,
+            &format!("decode causal {b} rows over t={t}{what} f32"),
+            dims,
+            &batch,
+            Mask::Causal,
+            DType::F32,
+        );
+    }
     ours(
         &client,
         "prefill causal t=512 f32",

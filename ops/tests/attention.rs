@@ -362,6 +362,54 @@ proptest! {
     }
 }
 
+/// The lane layout over `q, k, v` (f32 values, uploaded as `dtype`).
+fn run_lanes(
+    dtype: DType,
+    dims: AttnDims,
+    batch: &SeqBatch,
+    mask: Mask,
+    qkv: (&[f32], &[f32], &[f32]),
+) -> draftc_ops::Result<Vec<f32>> {
+    let client = test_client();
+    let [qt, kt, vt, out] = upload(dims, dtype, qkv)?;
+    attention(&client, &qt, &kt, &vt, dims, batch, mask, &out)?;
+    out.download_f32(&client)
+}
+
+proptest! {
+    #![proptest_config(config(8))]
+
+    /// The lane layout keeps the same contract as the planes: a tree node's
+    /// row has the bits of the decode row at its position, with a unit
+    /// serving several query heads of one KV head (groups of 3 and 4).
+    #[test]
+    fn lane_layout_tree_rows_equal_decode_rows_bit_for_bit(
+        dtype in float_dtype(), dims in dims_strategy(),
+        committed in prop_oneof![Just(0usize), Just(37), 1..24usize],
+        nodes in prop_oneof![Just(12usize), 2..30usize],
+        seed in 0u64..1000,
+    ) {
+        let tree = tree_batch(committed, nodes, seed);
+        let (decode, key_rows) = paths_as_decode_rows(&tree);
+        let tk = tree.total_k();
+        let (q, k, v) = random_qkv(dims, nodes, tk, seed, dtype);
+        let gather = |x: &[f32]| gather_rows(x, &key_rows, dims);
+        let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
+        let got = run_lanes(dtype, dims, &tree, Mask::Tree, (&q, &k, &v)).map_err(fail)?;
+        let want = run_lanes(dtype, dims, &decode, Mask::Causal, (&q, &gather(&k), &gather(&v)))
+            .map_err(fail)?;
+        let w = dims.heads * dims.head_dim;
+        for node in 0..nodes {
+            let (a, b) = (&got[node * w..][..w], &want[node * w..][..w]);
+            prop_assert!(
+                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{dims:?}: node {node} differs from its decode row: {:?} vs {:?}",
+                &a[..4.min(w)], &b[..4.min(w)]
+            );
+        }
+    }
+}
+
 /// The tree batch's sequences as plain causal sequences (for a tail test).
 fn batch_from_tree(b: &SeqBatch) -> SeqBatch {
     SeqBatch {
@@ -373,14 +421,17 @@ fn batch_from_tree(b: &SeqBatch) -> SeqBatch {
     }
 }
 
+/// Lane-layout shapes: groups of 1, 3 and 4 query heads per KV head (a
+/// unit serves its whole group where it fits, two heads of a group of 4
+/// with 50-wide heads, one with 3-wide heads: `attention::lane_heads_per_unit`).
 fn dims_strategy() -> impl Strategy<Value = AttnDims> {
     (
         prop_oneof![Just(1usize), Just(3), Just(9)],
         prop_oneof![Just(3usize), Just(8), Just(50), Just(64)],
-        0..2usize,
+        0..3usize,
     )
         .prop_map(|(kv_heads, head_dim, g)| AttnDims {
-            heads: kv_heads * [1, 3][g],
+            heads: kv_heads * [1, 3, 4][g],
             kv_heads,
             head_dim,
         })
@@ -701,7 +752,7 @@ fn tree_sliding_is_its_own_kernel_source() {
                 let spec = if gpu {
                     KernelSpec::attention_planes(DType::F16, 64, 8, 2, m)
                 } else {
-                    KernelSpec::attention(DType::F16, 64, m)
+                    KernelSpec::attention(DType::F16, 64, 3, m)
                 };
                 source(&spec, backend).unwrap()
             };

@@ -1,9 +1,13 @@
 //! The fused flash-style attention kernel: Q·Kᵀ, mask, online softmax and ·V
-//! in one launch, one unit per (query row, query head).
+//! in one launch, one unit per (query row, `gq` adjacent query heads of one
+//! KV head), `gq` comptime ([`super::lane_heads_per_unit`]: the whole group
+//! where its accumulators fit), so each K and V vector a unit loads serves
+//! all `gq` heads; each head's arithmetic is the same, in the same order,
+//! whatever `gq` is.
 //!
-//! Each unit keeps its query (pre-scaled by the runtime `scale`: 1/√hd unless
-//! the metadata sets another) and its output accumulator in local arrays of
-//! `cap` vectors (f32, whatever the storage type), walks the keys of its
+//! Each unit keeps its queries (pre-scaled by the runtime `scale`: 1/√hd unless
+//! the metadata sets another) and its output accumulators in local arrays of
+//! `cap` vectors per head (f32, whatever the storage type), walks the keys of its
 //! sequence in order, skips masked ones, and maintains the running max `m`
 //! and denominator `l` of the online softmax (FlashAttention, Dao et al.
 //! 2022). The mask kind is a comptime code (see `mask::code`);
@@ -110,13 +114,16 @@ pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
     #[comptime] mask: u32,
     #[comptime] tree: bool,
     #[comptime] cap: usize,
+    #[comptime] gq: usize,
 ) {
+    // Unit = (query row, `gq` adjacent query heads of one KV head).
+    let per_row = heads / comptime!(gq as u32);
     let idx = ABSOLUTE_POS;
-    if idx < (rows * heads) as usize {
+    if idx < (rows * per_row) as usize {
         let local = idx as u32;
-        let row = row_offset + local / heads;
-        let head = local % heads;
-        let kvh = head / group;
+        let row = row_offset + local / per_row;
+        let head0 = (local % per_row) * comptime!(gq as u32);
+        let kvh = head0 / group;
         let mb = (row * 4) as usize;
         let qp = meta[mb];
         let k_begin = meta[mb + 1];
@@ -124,61 +131,88 @@ pub(crate) fn fused_attention<F: Float + CubeElement, N: Size>(
         let tree_base = meta[mb + 3];
         let hdv_u = hdv as usize;
 
-        let q_base = ((row * heads + head) * hdv) as usize;
-        let mut qv = Array::<Vector<f32, N>>::new(cap);
-        let mut acc = Array::<Vector<f32, N>>::new(cap);
+        // qv[h * cap + d], acc[h * cap + d]: head h of the unit's group.
+        let q_base = ((row * heads + head0) * hdv) as usize;
+        let mut qv = Array::<Vector<f32, N>>::new(comptime!(cap * gq));
+        let mut acc = Array::<Vector<f32, N>>::new(comptime!(cap * gq));
+        let mut m = Array::<f32>::new(gq);
+        let mut l = Array::<f32>::new(gq);
         let scale_v = Vector::<f32, N>::new(scale);
         #[unroll]
-        for d in 0..cap {
-            if d < hdv_u {
-                qv[d] = Vector::cast_from(q[q_base + d]) * scale_v;
+        for h in 0..gq {
+            #[unroll]
+            for d in 0..cap {
+                if d < hdv_u {
+                    qv[h * cap + d] = Vector::cast_from(q[q_base + h * hdv_u + d]) * scale_v;
+                }
+                acc[h * cap + d] = Vector::new(0.0);
             }
-            acc[d] = Vector::new(0.0);
+            m[h] = f32::new(NEG_BIG);
+            l[h] = f32::new(0.0);
         }
 
-        let mut m = f32::new(NEG_BIG);
-        let mut l = f32::new(0.0);
+        let mut corr = Array::<f32>::new(gq);
+        let mut p = Array::<f32>::new(gq);
         for j in k_begin..k_end {
             let vis = key_visible(j, qp, row, tree_base, k_pos, anc, words, p0, p1, mask, tree);
             if vis {
                 let k_base = ((j * kv_heads + kvh) * hdv) as usize;
-                let mut dotv = Vector::<f32, N>::new(0.0);
+                // Each K vector is loaded once for the group's heads.
+                let mut dotv = Array::<Vector<f32, N>>::new(gq);
+                #[unroll]
+                for h in 0..gq {
+                    dotv[h] = Vector::<f32, N>::new(0.0);
+                }
                 #[unroll]
                 for d in 0..cap {
                     if d < hdv_u {
-                        dotv += qv[d] * Vector::cast_from(k[k_base + d]);
+                        let kd = Vector::<f32, N>::cast_from(k[k_base + d]);
+                        #[unroll]
+                        for h in 0..gq {
+                            dotv[h] += qv[h * cap + d] * kd;
+                        }
                     }
                 }
-                let mut s = f32::new(0.0);
                 #[unroll]
-                for i in 0..N::value() {
-                    s += dotv[i];
+                for h in 0..gq {
+                    let mut s = f32::new(0.0);
+                    #[unroll]
+                    for i in 0..N::value() {
+                        s += dotv[h][i];
+                    }
+                    let m_new = m[h].max(s);
+                    corr[h] = f32::exp(m[h] - m_new);
+                    p[h] = f32::exp(s - m_new);
+                    l[h] = l[h] * corr[h] + p[h];
+                    m[h] = m_new;
                 }
-                let m_new = m.max(s);
-                let corr = f32::exp(m - m_new);
-                let p = f32::exp(s - m_new);
-                l = l * corr + p;
-                let corr_v = Vector::<f32, N>::new(corr);
-                let p_v = Vector::<f32, N>::new(p);
+                // Each V vector likewise.
                 #[unroll]
                 for d in 0..cap {
                     if d < hdv_u {
-                        acc[d] = acc[d] * corr_v + p_v * Vector::cast_from(v[k_base + d]);
+                        let vd = Vector::<f32, N>::cast_from(v[k_base + d]);
+                        #[unroll]
+                        for h in 0..gq {
+                            acc[h * cap + d] = acc[h * cap + d] * Vector::<f32, N>::new(corr[h])
+                                + Vector::<f32, N>::new(p[h]) * vd;
+                        }
                     }
                 }
-                m = m_new;
             }
         }
 
-        let mut inv = f32::new(0.0);
-        if l > 0.0 {
-            inv = f32::new(1.0) / l;
-        }
-        let inv_v = Vector::<f32, N>::new(inv);
         #[unroll]
-        for d in 0..cap {
-            if d < hdv_u {
-                out[q_base + d] = Vector::cast_from(acc[d] * inv_v);
+        for h in 0..gq {
+            let mut inv = f32::new(0.0);
+            if l[h] > 0.0 {
+                inv = f32::new(1.0) / l[h];
+            }
+            let inv_v = Vector::<f32, N>::new(inv);
+            #[unroll]
+            for d in 0..cap {
+                if d < hdv_u {
+                    out[q_base + h * hdv_u + d] = Vector::cast_from(acc[h * cap + d] * inv_v);
+                }
             }
         }
     }

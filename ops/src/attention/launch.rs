@@ -19,7 +19,7 @@ use crate::launch::{
 };
 use crate::tensor::DeviceTensor;
 
-/// Units per cube (one unit per query row and head).
+/// Units per cube (one unit per query row and group of query heads).
 const CUBE_UNITS: u32 = 64;
 
 /// Per-row metadata of a [`SeqBatch`] in device memory, for one mask.
@@ -296,7 +296,8 @@ pub fn attention_rows<R: Runtime>(
     } = dims;
     let vec = crate::block::widest_vector(head_dim, 4);
     let cap_scalars = super::head_dim_cap(head_dim);
-    let units = rows.len() * heads;
+    let gq = super::lane_heads_per_unit(heads / kv_heads, head_dim);
+    let units = rows.len() * heads / gq;
     let count = cube_count(OP, units.div_ceil(CUBE_UNITS as usize))?;
     let (code, p0, p1) = meta.mask.kernel_args();
     let tree = meta.words > 0;
@@ -330,6 +331,7 @@ pub fn attention_rows<R: Runtime>(
                 code,
                 tree,
                 cap_scalars / vec,
+                gq,
             )
         }
     })?;

@@ -37,7 +37,7 @@ pub(crate) use kernel::fused_attention;
 /// Largest supported head dimension.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// The per-unit accumulator sizes (in scalars) of the lanes attention
+/// The per-head accumulator sizes (in scalars) of the lanes attention
 /// kernel, each a comptime variant: a head is held in the smallest that
 /// fits, and the kernel's loops over it are unrolled (`kernel.rs`).
 pub const HEAD_DIM_CAPS: [usize; 3] = [64, 128, MAX_HEAD_DIM];
@@ -48,6 +48,31 @@ pub fn head_dim_cap(head_dim: usize) -> usize {
         .into_iter()
         .find(|&c| c >= head_dim)
         .unwrap_or(MAX_HEAD_DIM)
+}
+
+/// Most accumulator vectors (per query head, times the heads a unit
+/// serves) a unit of the lanes kernel holds: the most a unit held before
+/// units served several heads (a 256-wide head in vectors of 4). Bigger
+/// unrolled bodies compile superlinearly slower on lavapipe: a tree-masked
+/// unit of 4 × 64 vectors took 18 s to compile against 2.9 s for 64.
+pub const LANE_UNIT_VECTORS: usize = 64;
+
+/// Query heads one unit of the lanes kernel serves: the largest divisor of
+/// the group (query heads per KV head) whose accumulators fit in
+/// [`LANE_UNIT_VECTORS`]. Each K and V vector a unit loads then serves all
+/// of them. On lavapipe time follows the number of loads: with SmolLM2's
+/// group of 3 (64-wide heads, 3 × 16 vectors), sixteen decode rows over
+/// 128 keys took 1.69 ms with a unit per query head and 0.74 ms with a unit
+/// per group, one row over 1,024 keys 1.84 → 0.88 ms, a 512-row prefill
+/// 105 → 30 ms (`cargo bench -p draftc-ops --bench attention`). It depends
+/// on the model's shape alone, never on the row count, so a verification
+/// row and a decode row at the same position run the same code.
+pub fn lane_heads_per_unit(group: usize, head_dim: usize) -> usize {
+    let vectors = head_dim_cap(head_dim) / crate::block::widest_vector(head_dim, 4);
+    (1..=group.max(1))
+        .rev()
+        .find(|&g| group.is_multiple_of(g) && g * vectors <= LANE_UNIT_VECTORS)
+        .unwrap_or(1)
 }
 
 /// Head counts and head size of one attention call.
@@ -80,5 +105,32 @@ impl AttnDims {
             return Ok(());
         };
         Err(crate::OpsError::InvalidArgument { op, reason })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_heads_per_unit;
+
+    #[test]
+    fn a_lane_unit_serves_the_group_that_fits() {
+        // (group, head_dim) -> heads a unit serves.
+        for (group, hd, want) in [
+            (3, 64, 3),  // SmolLM2: 3 × 16 vectors
+            (4, 64, 4),  // Llama 3.2 1B: 4 × 16
+            (2, 128, 2), // Qwen 3 0.6B: 2 × 32
+            (7, 64, 1),  // Qwen 2.5 0.5B: 7 × 16 does not fit, 7 is prime
+            (8, 64, 4),  // 4 × 16 of a group of 8
+            (4, 256, 1), // Gemma 3 270M: one 256-wide head is 64 vectors
+            (4, 50, 2),  // vectors of 2: 32 a head
+            (3, 3, 1),   // vectors of 1: 64 a head
+            (1, 64, 1),
+        ] {
+            assert_eq!(
+                lane_heads_per_unit(group, hd),
+                want,
+                "group {group}, head {hd}"
+            );
+        }
     }
 }

@@ -252,7 +252,10 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             scalar splits: u32;)
         }
         KernelSpec::Attention {
-            mask, head_dim_cap, ..
+            mask,
+            head_dim_cap,
+            heads_per_unit,
+            ..
         } => expand!(b, fused_attention, vector n;
             input q: Vector<F, N>,
             input k: Vector<F, N>,
@@ -273,7 +276,8 @@ fn define<F: Float + CubeElement>(spec: &KernelSpec, props: TargetProperties) ->
             scalar words: u32;
             mask.code(),
             mask.is_tree(),
-            head_dim_cap / n),
+            head_dim_cap / n,
+            heads_per_unit),
         KernelSpec::Embedding { .. } => expand!(b, embedding::embedding_kernel, vector n;
             input table: Vector<F, N>,
             input ids: u32,

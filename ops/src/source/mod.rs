@@ -308,8 +308,8 @@ mod tests {
                 KernelSpec::rope_append(dtype),
                 KernelSpec::rope_qkv_append(dtype),
                 KernelSpec::copy_rows(dtype, 192),
-                KernelSpec::attention(dtype, 64, MaskKind::Tree),
-                KernelSpec::attention(dtype, 130, MaskKind::SlidingSink),
+                KernelSpec::attention(dtype, 64, 3, MaskKind::Tree),
+                KernelSpec::attention(dtype, 130, 1, MaskKind::SlidingSink),
                 KernelSpec::embedding(dtype, 576),
                 KernelSpec::embedding_scaled(dtype, 640),
                 KernelSpec::embedding_rows(dtype, 640, true),
@@ -461,6 +461,21 @@ mod tests {
                 vector: 4,
                 mask: MaskKind::Full,
                 head_dim_cap: 100,
+                heads_per_unit: 1,
+            },
+            KernelSpec::Attention {
+                dtype: DType::F32,
+                vector: 4,
+                mask: MaskKind::Full,
+                head_dim_cap: 256,
+                heads_per_unit: 2,
+            },
+            KernelSpec::Attention {
+                dtype: DType::F32,
+                vector: 4,
+                mask: MaskKind::Full,
+                head_dim_cap: 64,
+                heads_per_unit: 0,
             },
         ];
         for spec in bad {

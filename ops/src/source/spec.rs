@@ -198,13 +198,16 @@ pub enum KernelSpec {
     /// The KV row-copy kernel of [`crate::kv`] (append, compaction, block copies).
     CopyRows { dtype: DType, vector: usize },
     /// The fused attention kernel ([`crate::attention`]); `head_dim_cap` is
-    /// the per-unit accumulator size in scalars (one of
-    /// [`crate::attention::HEAD_DIM_CAPS`]).
+    /// the per-head accumulator size in scalars (one of
+    /// [`crate::attention::HEAD_DIM_CAPS`]), `heads_per_unit` the query
+    /// heads of one KV head each unit serves
+    /// ([`crate::attention::lane_heads_per_unit`]).
     Attention {
         dtype: DType,
         vector: usize,
         mask: MaskKind,
         head_dim_cap: usize,
+        heads_per_unit: usize,
     },
     /// The GPU attention layout's main kernel (`attention::decode`): `pv`
     /// vectors of `vector` per lane, `planes` planes per cube.
@@ -341,14 +344,16 @@ impl KernelSpec {
         }
     }
 
-    /// Fused attention with heads of `head_dim` under a mask of kind `mask`
-    /// (draft-dim attention is `MaskKind::Full`).
-    pub fn attention(dtype: DType, head_dim: usize, mask: MaskKind) -> KernelSpec {
+    /// Fused attention with heads of `head_dim`, `group` query heads per KV
+    /// head, under a mask of kind `mask` (draft-dim attention is
+    /// `MaskKind::Full`).
+    pub fn attention(dtype: DType, head_dim: usize, group: usize, mask: MaskKind) -> KernelSpec {
         KernelSpec::Attention {
             dtype,
             vector: vector_width(head_dim),
             mask,
             head_dim_cap: crate::attention::head_dim_cap(head_dim),
+            heads_per_unit: crate::attention::lane_heads_per_unit(group, head_dim),
         }
     }
 
@@ -595,6 +600,21 @@ impl KernelSpec {
                     crate::attention::HEAD_DIM_CAPS
                 ))
             }
+            KernelSpec::Attention {
+                vector,
+                head_dim_cap,
+                heads_per_unit,
+                ..
+            } if heads_per_unit == 0
+                || heads_per_unit * (head_dim_cap / vector)
+                    > crate::attention::LANE_UNIT_VECTORS =>
+            {
+                bad(format!(
+                    "attention heads per unit {heads_per_unit} (accumulators of {head_dim_cap} \
+                     in vectors of {vector}) is 0 or holds more than {} vectors",
+                    crate::attention::LANE_UNIT_VECTORS
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -647,8 +667,15 @@ impl fmt::Display for KernelSpec {
                 write!(f, " epilogue={}", epilogue.name())
             }
             KernelSpec::Attention {
-                mask, head_dim_cap, ..
-            } => write!(f, " mask={} cap={head_dim_cap}", mask.name()),
+                mask,
+                head_dim_cap,
+                heads_per_unit,
+                ..
+            } => write!(
+                f,
+                " mask={} cap={head_dim_cap} heads={heads_per_unit}",
+                mask.name()
+            ),
             KernelSpec::AttentionPlanes {
                 pv, planes, mask, ..
             } => write!(f, " pv={pv} planes={planes} mask={}", mask.name()),

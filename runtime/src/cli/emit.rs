@@ -261,6 +261,8 @@ pub fn kernel_spec(
         }
         Kernel::KvAppend { width, .. } => KernelSpec::copy_rows(dt, size("width", width)?),
         Kernel::Attention {
+            heads,
+            kv_heads,
             head_dim,
             mask,
             layout,
@@ -275,7 +277,7 @@ pub fn kernel_spec(
                 Mask::Tree => MaskKind::Tree,
             };
             match layout {
-                AttentionLayout::Lanes => attention(dt, head_dim, kind)?,
+                AttentionLayout::Lanes => attention(dt, heads, kv_heads, head_dim, kind)?,
                 AttentionLayout::Planes { plane, planes, .. } => KernelSpec::attention_planes(
                     dt,
                     size("head_dim", head_dim)?,
@@ -285,7 +287,12 @@ pub fn kernel_spec(
                 ),
             }
         }
-        Kernel::DraftDimAttention { head_dim, .. } => attention(dt, head_dim, MaskKind::Full)?,
+        Kernel::DraftDimAttention {
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } => attention(dt, heads, kv_heads, head_dim, MaskKind::Full)?,
         // A table above one binding is gathered in row chunks
         // (`ops::embedding`), by a kernel of its own.
         Kernel::Embedding {
@@ -330,10 +337,24 @@ pub fn kernel_spec(
     Ok(spec)
 }
 
-fn attention(dtype: DType, head_dim: i64, mask: MaskKind) -> Result<KernelSpec, String> {
+fn attention(
+    dtype: DType,
+    heads: i64,
+    kv_heads: i64,
+    head_dim: i64,
+    mask: MaskKind,
+) -> Result<KernelSpec, String> {
+    let group = match (usize::try_from(heads), usize::try_from(kv_heads)) {
+        (Ok(h), Ok(kv)) if h >= 1 && kv >= 1 && h % kv == 0 => h / kv,
+        _ => {
+            return Err(format!(
+                "heads = {heads} is not a multiple of kv_heads = {kv_heads}"
+            ))
+        }
+    };
     match usize::try_from(head_dim) {
         Ok(hd) if (1..=draftc_ops::attention::MAX_HEAD_DIM).contains(&hd) => {
-            Ok(KernelSpec::attention(dtype, hd, mask))
+            Ok(KernelSpec::attention(dtype, hd, group, mask))
         }
         _ => Err(format!(
             "head_dim = {head_dim} is outside 1..={}",
