@@ -51,8 +51,9 @@ pub fn head_dim_cap(head_dim: usize) -> usize {
 }
 
 /// Most accumulator vectors (per query head, times the heads a unit
-/// serves) a unit of the lanes kernel holds: the most a unit held before
-/// units served several heads (a 256-wide head in vectors of 4). Bigger
+/// serves) a unit of the lanes kernel holds when it serves several heads: a
+/// 256-wide head in vectors of 4, the largest a unit of one head holds but
+/// for odd head sizes (vectors of 1 or 2), which keep a unit a head. Bigger
 /// unrolled bodies compile superlinearly slower on lavapipe: a tree-masked
 /// unit of 4 × 64 vectors took 18 s to compile against 2.9 s for 64.
 pub const LANE_UNIT_VECTORS: usize = 64;

@@ -606,12 +606,13 @@ impl KernelSpec {
                 heads_per_unit,
                 ..
             } if heads_per_unit == 0
-                || heads_per_unit * (head_dim_cap / vector)
-                    > crate::attention::LANE_UNIT_VECTORS =>
+                || (heads_per_unit > 1
+                    && heads_per_unit * (head_dim_cap / vector)
+                        > crate::attention::LANE_UNIT_VECTORS) =>
             {
                 bad(format!(
                     "attention heads per unit {heads_per_unit} (accumulators of {head_dim_cap} \
-                     in vectors of {vector}) is 0 or holds more than {} vectors",
+                     in vectors of {vector}) is 0, or several holding more than {} vectors",
                     crate::attention::LANE_UNIT_VECTORS
                 ))
             }
