@@ -319,6 +319,42 @@ fn paths_as_decode_rows(tree: &SeqBatch) -> (SeqBatch, Vec<usize>) {
     (b, key_rows)
 }
 
+/// Runs a tree of `nodes` over `committed` keys (tree mask) and each node's
+/// path as a decode row (causal mask) through `run` (a layout's launch on
+/// `q, k, v` as f32 values), and fails unless every node's row has its
+/// decode row's bits.
+fn tree_rows_equal_decode_rows(
+    dtype: DType,
+    dims: AttnDims,
+    committed: usize,
+    nodes: usize,
+    seed: u64,
+    run: impl Fn(&SeqBatch, Mask, (&[f32], &[f32], &[f32])) -> draftc_ops::Result<Vec<f32>>,
+) -> Result<(), TestCaseError> {
+    let tree = tree_batch(committed, nodes, seed);
+    let (decode, key_rows) = paths_as_decode_rows(&tree);
+    let (q, k, v) = random_qkv(dims, nodes, tree.total_k(), seed, dtype);
+    let (gk, gv) = (
+        gather_rows(&k, &key_rows, dims),
+        gather_rows(&v, &key_rows, dims),
+    );
+    let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
+    let got = run(&tree, Mask::Tree, (&q, &k, &v)).map_err(fail)?;
+    let want = run(&decode, Mask::Causal, (&q, &gk, &gv)).map_err(fail)?;
+    let w = dims.heads * dims.head_dim;
+    for node in 0..nodes {
+        let (a, b) = (&got[node * w..][..w], &want[node * w..][..w]);
+        prop_assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{dims:?}: node {node} (parents {:?}) differs from its decode row: {:?} vs {:?}",
+            tree.parents,
+            &a[..4.min(w)],
+            &b[..4.min(w)]
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(config(12))]
 
@@ -338,27 +374,9 @@ proptest! {
         planes in prop_oneof![Just(2u32), Just(4)],
         chunk in prop_oneof![Just(3u32), Just(16), Just(256)],
     ) {
-        let tree = tree_batch(committed, nodes, seed);
-        let (decode, key_rows) = paths_as_decode_rows(&tree);
-        let (hd, tk) = (dims.head_dim, tree.total_k());
-        let (q, k, v) = random_qkv(dims, nodes, tk, seed, dtype);
-        let gather = |x: &[f32]| gather_rows(x, &key_rows, dims);
-        let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
-        let got = run_planes(dtype, dims, &tree, Mask::Tree, (&q, &k, &v), planes, chunk)
-            .map_err(fail)?;
-        let want = run_planes(
-            dtype, dims, &decode, Mask::Causal, (&q, &gather(&k), &gather(&v)), planes, chunk,
-        )
-        .map_err(fail)?;
-        let w = dims.heads * hd;
-        for node in 0..nodes {
-            let (a, b) = (&got[node * w..][..w], &want[node * w..][..w]);
-            prop_assert!(
-                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "node {node} (parents {:?}) differs from its decode row: {:?} vs {:?}",
-                tree.parents, &a[..4.min(w)], &b[..4.min(w)]
-            );
-        }
+        tree_rows_equal_decode_rows(dtype, dims, committed, nodes, seed, |batch, mask, qkv| {
+            run_planes(dtype, dims, batch, mask, qkv, planes, chunk)
+        })?;
     }
 }
 
@@ -389,24 +407,9 @@ proptest! {
         nodes in prop_oneof![Just(12usize), 2..30usize],
         seed in 0u64..1000,
     ) {
-        let tree = tree_batch(committed, nodes, seed);
-        let (decode, key_rows) = paths_as_decode_rows(&tree);
-        let tk = tree.total_k();
-        let (q, k, v) = random_qkv(dims, nodes, tk, seed, dtype);
-        let gather = |x: &[f32]| gather_rows(x, &key_rows, dims);
-        let fail = |e: draftc_ops::OpsError| TestCaseError::fail(e.to_string());
-        let got = run_lanes(dtype, dims, &tree, Mask::Tree, (&q, &k, &v)).map_err(fail)?;
-        let want = run_lanes(dtype, dims, &decode, Mask::Causal, (&q, &gather(&k), &gather(&v)))
-            .map_err(fail)?;
-        let w = dims.heads * dims.head_dim;
-        for node in 0..nodes {
-            let (a, b) = (&got[node * w..][..w], &want[node * w..][..w]);
-            prop_assert!(
-                a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{dims:?}: node {node} differs from its decode row: {:?} vs {:?}",
-                &a[..4.min(w)], &b[..4.min(w)]
-            );
-        }
+        tree_rows_equal_decode_rows(dtype, dims, committed, nodes, seed, |batch, mask, qkv| {
+            run_lanes(dtype, dims, batch, mask, qkv)
+        })?;
     }
 }
 
