@@ -1,3 +1,10 @@
+"""One no-draft `draftc serve`, a warm-up, then N requests at one concurrency
+(the ad-hoc runs of this report's "Why 64-token answers" section).
+
+Run from the repository root:
+    [DRAFTC_ENGINE_TRACE=1] [N=32] [PROMPTS=data/train/heldout-prompts.jsonl] \
+        .venv-serve/bin/python docs/bench/lavapipe/serve-beagle-128/probe.py DRAFTC LOG CONCURRENCY [SERVE ARGS...]
+Prints the tokens/s and the change of every nonzero /metrics counter."""
 import sys, asyncio, json, time, os
 sys.path.insert(0, "tools/serve")
 import bench
