@@ -10,7 +10,7 @@
 #[path = "argmax_topk.rs"]
 mod argmax_topk;
 #[cfg(feature = "cuda-tests")]
-#[path = "attention.rs"]
+#[path = "attention/main.rs"]
 mod attention;
 #[cfg(feature = "cuda-tests")]
 #[path = "cuda_graph.rs"]
@@ -64,19 +64,25 @@ mod tree;
 #[path = "tree_frontier.rs"]
 mod tree_frontier;
 
-/// A new kernel test file must join the list above, or the GPU run would
-/// silently skip it.
+/// A new kernel test file (or test directory with a `main.rs`) must join
+/// the list above, or the GPU run would silently skip it.
 #[test]
 fn every_kernel_test_file_is_included() {
     let me = include_str!("cuda_all.rs");
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     for entry in std::fs::read_dir(&dir).unwrap() {
-        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-        if name.ends_with(".rs") && name != "cuda_all.rs" {
-            assert!(
-                me.contains(&format!("#[path = \"{name}\"]")),
-                "ops/tests/{name} is missing from ops/tests/cuda_all.rs"
-            );
-        }
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let file = if entry.path().join("main.rs").is_file() {
+            format!("{name}/main.rs")
+        } else if name.ends_with(".rs") && name != "cuda_all.rs" {
+            name
+        } else {
+            continue;
+        };
+        assert!(
+            me.contains(&format!("#[path = \"{file}\"]")),
+            "ops/tests/{file} is missing from ops/tests/cuda_all.rs"
+        );
     }
 }
