@@ -77,7 +77,7 @@ def parallel_loss(mod, net, target, head, ids, valid, resp, hidden, weights, max
     draft position j + 1 a `[B, T - 2 - j]` mask of the rows whose greedy
     draft equals the label (false where there is none): `chain_tau` reads
     it. `nxt` `[B, T-1]`: the label of each position's next token (default
-    the sequence's own; `train.batch_of`)."""
+    the sequence's own; `trainset.batch_of`)."""
     B, T = ids.shape
     nxt = ids[:, 1:] if nxt is None else nxt
     pos = torch.arange(T)[None, :].expand(B, T)
