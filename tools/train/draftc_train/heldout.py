@@ -48,11 +48,11 @@ def main(argv):
                     help="conversations of about TOKENS tokens (at least half) instead of first turns")
     args = ap.parse_args(argv)
     from . import prompts as P
-    from . import targets, train
+    from . import targets, trainset
 
     spec = targets.TargetSpec(args.model)
-    train.check_data_target(args.data or train.DEFAULT_DATA, spec)
-    seqs, index = train.load_sequences(args.max_len, directory=args.data, with_index=True)
+    trainset.check_data_target(args.data or trainset.DEFAULT_DATA, spec)
+    seqs, index = trainset.load_sequences(args.max_len, directory=args.data, with_index=True)
     n_val = max(8, len(seqs) // 20)
     tok = spec.tokenizer
     if args.context:

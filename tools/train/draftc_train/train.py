@@ -54,7 +54,7 @@ from .losses import Head, autoregressive_loss, make_target, parallel_loss, ttt_l
 from .schedule import Pacer, lr_at
 from .progress import Progress
 from .svg import line_plot
-from .trainset import (  # also train's API: heldout.py reads DEFAULT_DATA, load_sequences, check_data_target
+from .trainset import (
     DEFAULT_DATA,
     batch_of,
     check_data_target,
